@@ -1,0 +1,189 @@
+"""``ModelConfig``: every size and switch that defines a oneblock model, validated once, stored as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from oneblock.errors import ConfigError
+
+ARCHS = ("encoder", "decoder", "encoder-decoder")
+NORM_POSITIONS = ("pre", "post")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+FFNS = ("mlp", "swiglu")
+POSITIONS = ("learned", "rope", "none")
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        options = ", ".join(repr(a) for a in allowed)
+        raise ConfigError(f"{name} must be one of {options}; got {value!r}")
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer; got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The complete description of a model; ``build_model(cfg)`` turns it into modules.
+
+    The defaults are the small decoder of the lesson (172,288 parameters). Fields after ``dropout`` exist so that a
+    config can describe published models exactly (GPT-2, BERT, BART, Llama-family); their defaults switch them off.
+
+    Raises:
+        ConfigError: on any impossible or unknown value, naming it.
+    """
+
+    arch: str = "decoder"
+    vocab_size: int = 1000
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int | None = None  # None means 4 * d_model, the lesson's (and GPT-2's) expansion
+    max_seq_len: int = 128
+    norm_position: str = "pre"
+    norm: str = "layernorm"
+    activation: str = "gelu"
+    bias: bool = True  # biases of the Linear layers; LayerNorm always has gamma and beta
+    tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    n_decoder_layers: int | None = None  # encoder-decoder only; None means n_layers
+    # The modern block (Llama family).
+    ffn: str = "mlp"  # "swiglu" is W2 (silu(W1 x) * W3 x) and ignores `activation`
+    position: str = "learned"
+    rope_theta: float = 10000.0
+    n_kv_heads: int | None = None  # grouped-query attention; None means n_heads (ordinary multi-head)
+    d_head: int | None = None  # None means d_model // n_heads
+    # Details of published checkpoints.
+    type_vocab_size: int = 0  # BERT's segment embeddings
+    embed_norm: bool = False  # a norm right after the embeddings (BERT, BART)
+    scale_embeddings: bool = False  # token embeddings times sqrt(d_model) (BART's scale_embedding)
+    position_offset: int = 0  # learned positions read row p + offset; BART keeps two unused rows
+    pooler: bool = False  # BERT's tanh(Linear(h_CLS)); encoder only
+    final_logits_bias: bool = False  # a (1, V) buffer added to the logits (BART); not a parameter
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # free metadata, e.g. the source model
+
+    def __post_init__(self) -> None:
+        _choice("arch", self.arch, ARCHS)
+        _choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _choice("norm", self.norm, NORMS)
+        _choice("activation", self.activation, ACTIVATIONS)
+        _choice("ffn", self.ffn, FFNS)
+        _choice("position", self.position, POSITIONS)
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len"):
+            _positive(name, getattr(self, name))
+        for name in ("d_ff", "n_decoder_layers", "n_kv_heads", "d_head"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.d_ff is None:
+            object.__setattr__(self, "d_ff", 4 * self.d_model)
+        if self.d_head is None and self.d_model % self.n_heads != 0:
+            raise ConfigError(
+                f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}); "
+                f"choose n_heads from {_divisors(self.d_model)} or set d_head explicitly"
+            )
+        if self.kv_heads > self.n_heads or self.n_heads % self.kv_heads != 0:
+            raise ConfigError(
+                f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads}); "
+                f"choose n_kv_heads from {_divisors(self.n_heads)}"
+            )
+        if self.position == "rope" and self.head_dim % 2 != 0:
+            raise ConfigError(f"rotary positions need an even head width; got d_head {self.head_dim}")
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1); got {self.dropout!r}")
+        if not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
+            raise ConfigError(f"norm_eps must be a positive number; got {self.norm_eps!r}")
+        if not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 0:
+            raise ConfigError(f"rope_theta must be a positive number; got {self.rope_theta!r}")
+        for name in ("type_vocab_size", "position_offset"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer; got {value!r}")
+        if self.n_decoder_layers is not None and self.arch != "encoder-decoder":
+            raise ConfigError(
+                f"n_decoder_layers ({self.n_decoder_layers}) only applies to arch='encoder-decoder'; "
+                f"got arch={self.arch!r}"
+            )
+        if self.pooler and self.arch != "encoder":
+            raise ConfigError(f"pooler only applies to arch='encoder'; got arch={self.arch!r}")
+        if self.final_logits_bias and self.arch == "encoder":
+            raise ConfigError("final_logits_bias needs a language-model head; arch='encoder' has none")
+        if self.position != "learned" and self.position_offset:
+            raise ConfigError(
+                f"position_offset ({self.position_offset}) needs position='learned'; got {self.position!r}"
+            )
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ConfigError(f"{name} ({value}) must lie in [0, vocab_size={self.vocab_size})")
+
+    # Derived values.
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, ``Dh``."""
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads; fewer than ``n_heads`` means grouped-query attention."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def decoder_layers(self) -> int:
+        """Blocks in the decoder stack of an encoder-decoder model."""
+        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Pre-LN leaves the residual stream unnormalized, so one norm closes each stack."""
+        return self.norm_position == "pre"
+
+    # Serialisation.
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Build a config from a dict, refusing keys that are not fields."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config must be a JSON object; got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as error:  # e.g. a list where an int belongs
+            raise ConfigError(f"invalid config: {error}") from error
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"config is not valid JSON: {error}") from error
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed; ``d_ff`` is recomputed if only ``d_model`` changes."""
+        data = self.to_dict()
+        if "d_model" in changes and "d_ff" not in changes and self.d_ff == 4 * self.d_model:
+            data["d_ff"] = None
+        data.update(changes)
+        return ModelConfig.from_dict(data)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]

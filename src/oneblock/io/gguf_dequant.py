@@ -1,0 +1,166 @@
+"""Dequantizing GGUF tensors to floating point.
+
+GGUF (llama.cpp's file format) stores most weight matrices in *blocks*: each row is cut into groups of 32
+values, and each group keeps one or two float16 numbers (a scale ``d``, sometimes a minimum ``m``) next to
+small integer codes ``q``. The formats oneblock decodes itself:
+
+=======  =====  ===========================================  ==================
+type     bytes  layout of one block of 32 values             value
+=======  =====  ===========================================  ==================
+F32      4/val  plain float32                                x
+F16      2/val  plain float16                                x
+BF16     2/val  the top 16 bits of a float32                 x
+Q8_0     34     d (f16), 32 x int8                           d * q
+Q4_0     18     d (f16), 16 bytes of 4-bit codes             d * (q - 8)
+Q4_1     20     d (f16), m (f16), 16 bytes of 4-bit codes    d * q + m
+=======  =====  ===========================================  ==================
+
+In the 4-bit formats byte ``j`` holds value ``j`` in its low nibble and value ``j + 16`` in its high nibble.
+The "K-quants" (Q2_K..Q6_K, 256-value super-blocks with 6-bit sub-scales) and Q5_0/Q5_1 are decoded by the
+``gguf`` package's reference implementation, which llama.cpp maintains next to the C code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.gguf_reader import ReaderTensor
+
+from oneblock.errors import ConversionError
+
+_BLOCK = 32
+
+_NATIVE = (
+    GGMLQuantizationType.F32,
+    GGMLQuantizationType.F16,
+    GGMLQuantizationType.BF16,
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_1,
+)
+_REFERENCE = (
+    GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q2_K,
+    GGMLQuantizationType.Q3_K,
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K,
+    GGMLQuantizationType.Q6_K,
+)
+SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = _NATIVE + _REFERENCE
+"""Every GGML tensor type :func:`dequantize` accepts."""
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    """Reinterpret the last dim of a uint8 tensor, two bytes at a time, as little-endian float16 -> float32."""
+    return raw.contiguous().view(torch.float16).float()
+
+
+def _nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Unpack (N, 16) bytes into (N, 32) 4-bit codes: low nibbles are values 0..15, high nibbles 16..31."""
+    low = codes & 0x0F  # (N, 16)
+    high = codes >> 4  # (N, 16)
+    return torch.cat([low, high], dim=-1)  # (N, 32)
+
+
+def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
+    d = _f16(blocks[:, :2])  # (N, 1)
+    q = blocks[:, 2:].contiguous().view(torch.int8).float()  # (N, 32)
+    return d * q
+
+
+def _q4_0(blocks: torch.Tensor) -> torch.Tensor:
+    d = _f16(blocks[:, :2])  # (N, 1)
+    q = _nibbles(blocks[:, 2:]).float() - 8.0  # (N, 32), codes centred on zero
+    return d * q
+
+
+def _q4_1(blocks: torch.Tensor) -> torch.Tensor:
+    d = _f16(blocks[:, :2])  # (N, 1)
+    m = _f16(blocks[:, 2:4])  # (N, 1)
+    q = _nibbles(blocks[:, 4:]).float()  # (N, 32)
+    return d * q + m
+
+
+_BLOCK_DECODERS = {
+    GGMLQuantizationType.Q8_0: _q8_0,
+    GGMLQuantizationType.Q4_0: _q4_0,
+    GGMLQuantizationType.Q4_1: _q4_1,
+}
+
+
+def tensor_shape(tensor: ReaderTensor) -> tuple[int, ...]:
+    """The PyTorch shape of a GGUF tensor.
+
+    GGUF lists dimensions innermost first (``ne0`` is the row length), so a ``(out, in)`` weight is stored
+    with ``shape == [in, out]``; reversing gives the row-major shape.
+    """
+    return tuple(int(n) for n in reversed(tensor.shape.tolist()))
+
+
+def _type_name(ggml_type: int) -> str:
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"unknown type id {ggml_type}"
+
+
+def check_supported(name: str, ggml_type: int) -> None:
+    """Raise ``ConversionError`` unless :func:`dequantize` can decode ``ggml_type``.
+
+    Raises:
+        ConversionError: naming the tensor, its type and the supported types.
+    """
+    if ggml_type not in SUPPORTED_TYPES:
+        supported = ", ".join(t.name for t in SUPPORTED_TYPES)
+        raise ConversionError(
+            f"tensor {name!r} is stored as {_type_name(ggml_type)}, which oneblock cannot dequantize; "
+            f"supported types: {supported}. Re-quantize the model to one of these (for example with "
+            f"llama.cpp's llama-quantize ... Q8_0)."
+        )
+
+
+def dequantize(tensor: ReaderTensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode one GGUF tensor into a dense PyTorch tensor.
+
+    Args:
+        tensor: a tensor from ``gguf.GGUFReader(path).tensors``; its ``data`` is a view of the memory-mapped
+            file (float arrays for F32/F16, raw bytes of shape ``(rows, bytes_per_row)`` for block types).
+        dtype: floating dtype of the result. Decoding happens in float32 and is cast at the end.
+
+    Returns:
+        A new tensor (not backed by the file) of shape :func:`tensor_shape`.
+
+    Raises:
+        ConversionError: if the type is not in :data:`SUPPORTED_TYPES` or the byte count does not match.
+    """
+    check_supported(tensor.name, tensor.tensor_type)
+    ggml_type = GGMLQuantizationType(tensor.tensor_type)
+    shape = tensor_shape(tensor)
+    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    n_values = int(np.prod(shape, dtype=np.int64))
+    expected_bytes = n_values // block_size * type_size
+    if tensor.data.nbytes != expected_bytes or n_values % block_size:
+        raise ConversionError(
+            f"tensor {tensor.name!r} ({ggml_type.name}, shape {shape}) holds {tensor.data.nbytes} bytes, expected "
+            f"{expected_bytes}; the file is truncated or corrupt"
+        )
+    raw = np.array(tensor.data)  # a writable copy, detached from the memory-mapped file
+    if ggml_type == GGMLQuantizationType.F32:
+        out = torch.from_numpy(raw.view(np.float32))
+    elif ggml_type == GGMLQuantizationType.F16:
+        out = torch.from_numpy(raw.view(np.float16).astype(np.float32))
+    elif ggml_type == GGMLQuantizationType.BF16:
+        # bfloat16 is the upper half of a float32: shift the 16 stored bits into place.
+        bits = torch.from_numpy(raw.view(np.uint16).astype(np.int32)) << 16
+        out = bits.view(torch.float32)
+    elif ggml_type in _BLOCK_DECODERS:
+        blocks = torch.from_numpy(raw.reshape(-1, type_size))  # (n_values / 32, type_size) uint8
+        out = _BLOCK_DECODERS[ggml_type](blocks)  # (n_values / 32, 32)
+    else:
+        from gguf.quants import dequantize as reference_dequantize
+
+        out = torch.from_numpy(np.ascontiguousarray(reference_dequantize(raw, ggml_type), dtype=np.float32))
+    return out.reshape(shape).to(dtype)

@@ -1,0 +1,105 @@
+"""Decoder-only models (GPT-style): causal blocks and a language-model head predicting the next token."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from oneblock.config import ModelConfig
+from oneblock.layers.kv_cache import Cache
+from oneblock.models.inputs import check_hidden, check_tokens
+from oneblock.models.stack import Stack
+
+
+class Decoder(Stack):
+    """Causal stack plus LM head; also the decoder half of ``EncoderDecoder`` (``cross_attention=True``).
+
+    The head is tied to the token embedding when ``cfg.tie_embeddings`` (one matrix, counted once).
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        cross_attention: bool = False,
+        n_layers: int | None = None,
+        tok: nn.Embedding | None = None,
+    ) -> None:
+        super().__init__(cfg, causal=True, cross_attention=cross_attention, n_layers=n_layers, tok=tok)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.tok.weight
+        if cfg.final_logits_bias:
+            self.register_buffer("final_logits_bias", torch.zeros(1, cfg.vocab_size))
+        else:
+            self.final_logits_bias = None
+
+    def hidden(
+        self,
+        tokens: Tensor,
+        *,
+        padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: Cache | None = None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        return_attention: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Final hidden states (B, T, C) before the head, with the attention weights when asked."""
+        b, _ = check_tokens(tokens, self.config, past=cache.length if cache is not None else 0)
+        if self.blocks[0].cross_attn is not None and (cache is None or cache.cross[0] is None):
+            check_hidden(memory, b, self.config.d_model, "memory")
+        return self.run(
+            tokens,
+            padding_mask=padding_mask,
+            positions=positions,
+            cache=cache,
+            memory=memory,
+            memory_mask=memory_mask,
+            return_attention=return_attention,
+        )
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """(B, T, C) -> (B, T, V)."""
+        logits = self.lm_head(hidden)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
+        return logits
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: Cache | None = None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        return_attention: bool = False,
+        last_only: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Next-token logits.
+
+        Args:
+            tokens: (B, T) ids.
+            padding_mask: (B, S) bool, True = real token, over all keys (``S = cache.length + T``).
+            positions: (T,) or (B, T) positions, e.g. shifted for left-padded prompts.
+            cache: from ``new_cache``; keys and values of these tokens are appended to it.
+            memory, memory_mask: encoder output (B, S_src, C) and its padding mask (cross-attention only).
+            return_attention: also return the self-attention weights, one (B, H, T, S) per block.
+            last_only: compute the head on the last position only (B, 1, V), as generation needs.
+
+        Returns:
+            Logits (B, T, V), or ``(logits, weights)``.
+        """
+        x, weights, _ = self.hidden(
+            tokens,
+            padding_mask=padding_mask,
+            positions=positions,
+            cache=cache,
+            memory=memory,
+            memory_mask=memory_mask,
+            return_attention=return_attention,
+        )
+        logits = self.logits(x[:, -1:] if last_only else x)
+        return (logits, weights) if return_attention else logits

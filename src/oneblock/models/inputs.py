@@ -1,0 +1,54 @@
+"""Validation of what a user hands to a model, so mistakes surface as one clear error, not a deep traceback."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from oneblock.config import ModelConfig
+from oneblock.errors import InputError
+
+
+def check_tokens(tokens: object, cfg: ModelConfig, *, past: int = 0, name: str = "tokens") -> tuple[int, int]:
+    """Refuse token ids that are not a (B, T) integer tensor of ids in ``[0, vocab_size)`` that fits the context.
+
+    Args:
+        tokens: the ids.
+        cfg: the model's config.
+        past: positions already in the cache; ``past + T`` must not exceed ``max_seq_len``.
+
+    Returns:
+        ``(B, T)``.
+    """
+    if not isinstance(tokens, Tensor):
+        raise InputError(f"{name} must be a torch.Tensor of token ids; got {type(tokens).__name__}")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise InputError(
+            f"{name} must hold integer token ids; got dtype {tokens.dtype}. Use tokens.long() if they are ids"
+        )
+    if tokens.dim() != 2:
+        hint = " (add a batch axis with tokens.unsqueeze(0))" if tokens.dim() == 1 else ""
+        raise InputError(f"{name} must have shape (B, T); got {tuple(tokens.shape)}{hint}")
+    b, t = tokens.shape
+    if t == 0 or b == 0:
+        raise InputError(f"{name} is empty, shape {tuple(tokens.shape)}; give at least one token per sequence")
+    if past + t > cfg.max_seq_len:
+        where = f"{past} cached + {t} new = {past + t}" if past else f"{t}"
+        raise InputError(
+            f"sequence length {where} exceeds max_seq_len ({cfg.max_seq_len}); crop the input to the last "
+            f"{cfg.max_seq_len - past} tokens or build a model with a larger max_seq_len"
+        )
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= cfg.vocab_size:
+        bad = low if low < 0 else high
+        raise InputError(f"{name} contains id {bad}, outside the vocabulary [0, {cfg.vocab_size})")
+    return b, t
+
+
+def check_hidden(x: object, batch_size: int | None, d_model: int, name: str) -> Tensor:
+    """Refuse an encoder output that is not (B, S, C) floating point."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise InputError(f"{name} must be a floating-point tensor (B, S, {d_model})")
+    if x.dim() != 3 or x.shape[-1] != d_model or (batch_size is not None and x.shape[0] != batch_size):
+        raise InputError(f"{name} must have shape ({batch_size or 'B'}, S, {d_model}); got {tuple(x.shape)}")
+    return x

@@ -1,0 +1,137 @@
+"""``Stack``: embeddings, a column of blocks and (pre-LN) a closing norm; the body of every model family."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from oneblock.config import ModelConfig
+from oneblock.errors import InputError
+from oneblock.layers.block import Block
+from oneblock.layers.kv_cache import Cache
+from oneblock.layers.masks import check_padding_mask, padding_to_attention_mask
+from oneblock.layers.norms import make_norm
+from oneblock.layers.rotary import RotaryEmbedding
+from oneblock.models.embeddings import Embeddings
+
+
+class Stack(nn.Module):
+    """The shared body of ``Encoder`` and ``Decoder``.
+
+    Args:
+        cfg: the model's config.
+        causal: decoder blocks (each position sees only itself and earlier ones).
+        cross_attention: decoder blocks of an encoder-decoder model.
+        n_layers: number of blocks; ``cfg.n_layers`` when omitted.
+        tok: a token embedding to share.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        causal: bool,
+        cross_attention: bool = False,
+        n_layers: int | None = None,
+        tok: nn.Embedding | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = cfg
+        self.causal = causal
+        self.embed = Embeddings(cfg, tok=tok)
+        self.rope = (
+            RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, theta=cfg.rope_theta) if cfg.position == "rope" else None
+        )
+        n = cfg.n_layers if n_layers is None else n_layers
+        self.blocks = nn.ModuleList(
+            Block(cfg, causal=causal, cross_attention=cross_attention) for _ in range(n)
+        )
+        self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.has_final_norm else None
+
+    def new_cache(
+        self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
+    ) -> Cache:
+        """An empty key/value cache for this stack, preallocated to ``max_len`` (default ``max_seq_len``)."""
+        cfg = self.config
+        max_len = cfg.max_seq_len if max_len is None else max_len
+        if not 0 < max_len <= cfg.max_seq_len:
+            raise InputError(f"cache max_len ({max_len}) must lie in [1, max_seq_len={cfg.max_seq_len}]")
+        weight = self.embed.tok.weight
+        return Cache(
+            len(self.blocks),
+            batch_size,
+            cfg.kv_heads,
+            max_len,
+            cfg.head_dim,
+            dtype=dtype or weight.dtype,
+            device=weight.device,
+            cross_attention=self.blocks[0].cross_attn is not None,
+        )
+
+    def run(
+        self,
+        tokens: Tensor,
+        *,
+        padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        cache: Cache | None = None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        return_attention: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Embed ``tokens`` (B, T) and run every block.
+
+        Args:
+            padding_mask: (B, S) bool, True = real token, over every key (``S = cache.length + T``).
+            positions: (B, T) or (T,) positions; ``cache.length + arange(T)`` when omitted.
+            cache: per-layer caches, advanced by T.
+            memory: encoder output (B, S_src, C) for cross-attention.
+            memory_mask: (B, S_src) bool, True = real source token.
+
+        Returns:
+            ``(hidden, self_weights, cross_weights)``: hidden (B, T, C) after the closing norm; the weights
+            lists hold one (B, H, T, S) tensor per block when ``return_attention``.
+        """
+        b, t = tokens.shape
+        past = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(past, past + t, device=tokens.device)  # (T,)
+        elif tuple(positions.shape) not in ((t,), (b, t)):
+            raise InputError(f"positions must have shape (T,) or (B, T) = ({b}, {t}); got {tuple(positions.shape)}")
+        mask = None
+        if padding_mask is not None:
+            check_padding_mask(padding_mask, b, past + t)
+            mask = padding_to_attention_mask(padding_mask)  # (B, 1, 1, S)
+        cross_mask = None
+        if memory_mask is not None:
+            check_padding_mask(memory_mask, b, memory.shape[1], "memory_mask")
+            cross_mask = padding_to_attention_mask(memory_mask)  # (B, 1, 1, S_src)
+
+        x = self.embed(tokens, positions, token_type_ids)  # (B, T, C)
+        rope = self.rope(positions, x.dtype) if self.rope is not None else None
+        self_weights: list[Tensor] = []
+        cross_weights: list[Tensor] = []
+        for i, block in enumerate(self.blocks):
+            cross_kv = None
+            if block.cross_attn is not None and cache is not None and cache.cross is not None:
+                if cache.cross[i] is None:  # the source is fixed: project it once per generation
+                    cache.cross[i] = block.cross_attn.context_kv(memory)
+                cross_kv = cache.cross[i]
+            x, weights = block(
+                x,
+                mask=mask,
+                rope=rope,
+                cache=cache.layers[i] if cache is not None else None,
+                memory=memory,
+                memory_mask=cross_mask,
+                cross_kv=cross_kv,
+                return_attention=return_attention,
+            )
+            if return_attention:
+                self_weights.append(weights["self"])
+                if "cross" in weights:
+                    cross_weights.append(weights["cross"])
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, self_weights, cross_weights
