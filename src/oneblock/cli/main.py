@@ -1,17 +1,92 @@
-"""Entry point of the ``oneblock`` command."""
+"""Entry point of the ``oneblock`` command: one argparse parser, one module per subcommand.
+
+Each subcommand lives in ``oneblock/cli/<name>.py`` and exposes ``add_parser(subparsers)`` and
+``run(args) -> int``. Subcommand modules import only argparse-level helpers at the top and do their heavy
+imports (torch, the models, matplotlib) inside ``run``, so building the parser, and ``oneblock --help``, stays
+cheap.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import sys
+from typing import NoReturn
+
+# Adding a subcommand is adding its module name here, in the order ``--help`` lists them.
+SUBCOMMANDS: tuple[str, ...] = (
+    "demo",
+    "count",
+    "trace",
+    "check",
+    "plot",
+)
+
+PROG = "oneblock"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr (``oneblock: error: ...``) and exit status 2.
+
+    Subparsers inherit the class, so a bad flag anywhere reads the same.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        hint = f" (see '{self.prog} --help')"
+        self.exit(2, f"{PROG}: error: {_one_line(message)}{hint}\n")
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+def build_parser() -> Parser:
+    """The full parser, with every subcommand in ``SUBCOMMANDS`` registered."""
+    parser = Parser(
+        prog=PROG,
+        description=(
+            "The transformer block from first principles: build it, count it, trace it, check it, plot it. "
+            "Run 'oneblock <command> --help' for the flags of one command."
+        ),
+    )
+    from oneblock import __version__
+
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
+    subparsers.required = True
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"oneblock.cli.{name}")
+        sub = module.add_parser(subparsers)
+        sub.set_defaults(_run=module.run)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
-    import oneblock as ob
+    """Run the command line with ``argv`` (``sys.argv[1:]`` when ``None``); returns the exit status.
 
-    cfg = ob.ModelConfig()
-    print(ob.count_parameters(cfg).as_dict())
-    return 0
+    Errors a user can fix (any ``OneBlockError``, bad flags) print one line on stderr and return 2.
+    """
+    from oneblock.errors import OneBlockError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, --version and argparse errors
+        return _exit_code(stop.code)
+    try:
+        return int(args._run(args))
+    except OneBlockError as error:
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
 
 
 if __name__ == "__main__":

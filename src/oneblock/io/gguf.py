@@ -197,12 +197,13 @@ def oneblock_name(gguf_name: str) -> str:
 
 
 def read_gguf(
-    path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32
+    path: str | os.PathLike[str] | GGUFReader, *, dtype: torch.dtype = torch.float32
 ) -> tuple[ModelConfig, dict[str, Tensor]]:
     """Read a Llama-family GGUF file into a config and a oneblock state_dict.
 
     Args:
-        path: the ``.gguf`` file.
+        path: the ``.gguf`` file, or a ``gguf.GGUFReader`` already open on it (opening parses the whole
+            vocabulary, a few seconds for a 50k-token file, so the tokenizer and the model can share one).
         dtype: dtype of the returned tensors (dequantization itself runs in float32).
 
     Returns:
@@ -213,7 +214,7 @@ def read_gguf(
         CheckpointError: if the file is missing, not GGUF or corrupt.
         ConversionError: for an unsupported architecture, variant or quantization type.
     """
-    reader = open_gguf(path)
+    reader = path if isinstance(path, GGUFReader) else open_gguf(path)
     metadata = read_metadata(reader)  # the vocabulary and merges stay in the file
     shapes = {t.name: tensor_shape(t) for t in reader.tensors}
     cfg = config_from_metadata(metadata, shapes)
@@ -232,14 +233,14 @@ def read_gguf(
 
 
 def from_gguf(
-    path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    path: str | os.PathLike[str] | GGUFReader, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
 ) -> Decoder:
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 
     Quantized weights are dequantized once, at load time; the model computes in ``dtype``.
 
     Args:
-        path: the ``.gguf`` file, e.g. :func:`oneblock.io.smollm2.smollm2_gguf_path`.
+        path: the ``.gguf`` file (e.g. :func:`oneblock.io.smollm2.smollm2_gguf_path`) or an open reader.
         dtype: parameter dtype, ``torch.float32`` (default) or ``torch.bfloat16`` / ``torch.float16``.
         device: where to put the parameters.
 

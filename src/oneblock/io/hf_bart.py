@@ -59,6 +59,7 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
         },
     )
     vocab = hf.get("vocab_size", 50265)
+    n_layers, n_decoder_layers = hf.get("encoder_layers", 12), hf.get("decoder_layers", 12)
     tie = hf.get("tie_word_embeddings", True)
     if not tie and "lm_head.weight" not in keys:
         tie = True  # a bare BartModel has no head of its own; the tied head is the only one it can have
@@ -67,8 +68,8 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
         vocab_size=vocab,
         d_model=hf.get("d_model", 1024),
         n_heads=heads,
-        n_layers=hf.get("encoder_layers", 12),
-        n_decoder_layers=hf.get("decoder_layers", 12),
+        n_layers=n_layers,
+        n_decoder_layers=None if n_decoder_layers == n_layers else n_decoder_layers,
         d_ff=d_ff,
         max_seq_len=hf.get("max_position_embeddings", 1024),
         norm_position="post",
@@ -125,7 +126,7 @@ def weights_from_hf(cfg: ModelConfig, source: TensorSource) -> dict[str, Tensor]
         source.take(EMBED_NAMES[0])  # raises, naming the tensor
     embed = source.take(present[0])  # (V, C)
     for name in present[1:]:
-        take_tied(source, name, embed, present[0])
+        take_tied(source, name, embed, present[0], "but oneblock shares one token embedding between both stacks")
     out["encoder.embed.tok.weight"] = embed
     if cfg.tie_embeddings:
         take_tied(source, "lm_head.weight", embed, "model.shared.weight")

@@ -56,7 +56,7 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
         norm="layernorm",
         activation=activation_from_hf(FAMILY, "hidden_act", hf.get("hidden_act", "gelu")),
         bias=True,
-        tie_embeddings=False,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),  # an encoder has no head; kept as metadata
         dropout=float(hf.get("hidden_dropout_prob", 0.1)),
         norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
         position="learned",

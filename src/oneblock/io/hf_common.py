@@ -158,13 +158,14 @@ def give_pairs(pairs: Iterable[Pair], state: Mapping[str, Tensor]) -> dict[str, 
     return out
 
 
-def take_tied(source: TensorSource, key: str, reference: Tensor, what: str) -> None:
+def take_tied(source: TensorSource, key: str, reference: Tensor, what: str, why: str = "") -> None:
     """Read a tensor that must equal one already read, e.g. a tied LM head; absent is fine."""
     if key in source and not torch.equal(source.take(key), reference):
-        raise ConversionError(
-            f"{source.family}: {key!r} differs from {what}, but the config ties them "
-            f"(tie_word_embeddings=True); set tie_word_embeddings=False in the source config to keep both"
+        why = why or (
+            "but the config ties them (tie_word_embeddings=True); "
+            "set tie_word_embeddings=False in the source config to keep both"
         )
+        raise ConversionError(f"{source.family}: {key!r} differs from {what!r}, {why}")
 
 
 def _alias_groups(state: Mapping[str, Tensor]) -> dict[str, list[str]]:

@@ -174,7 +174,7 @@ class MultiHeadAttention(nn.Module):
             mask = causal_mask(q.shape[2], k.shape[2], device=q.device)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))  # before the softmax, never after
-        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        weights = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype)
         dropped = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
         return dropped @ v, weights  # (B, H, T, Dh), (B, H, T, S)
 

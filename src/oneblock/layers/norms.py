@@ -52,7 +52,8 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_width(x, self.d)
-        y = F.layer_norm(x.float(), (self.d,), self.weight.float(), self.bias.float(), self.eps)
+        dtype = torch.promote_types(x.dtype, torch.float32)  # at least float32; float64 stays float64
+        y = F.layer_norm(x.to(dtype), (self.d,), self.weight.to(dtype), self.bias.to(dtype), self.eps)
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -74,7 +75,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_width(x, self.d)
-        x32 = x.float()
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         y = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         return self.weight * y.to(x.dtype)
 

@@ -1,0 +1,207 @@
+"""Sanity checks a user can run on any model: oneblock's own, or any callable mapping token ids to outputs.
+
+Each check returns a ``CheckResult`` with its figures, so a failure says by how much. The checks that need
+attention weights use oneblock models' ``return_attention=True``; on a plain callable they are skipped and only
+the behavioural checks (causality, batch independence) run. ``check_causality`` fails on a model that leaks the
+future; ``mask_after_softmax_leak`` shows the classic bug of masking after the softmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from oneblock.layers.feedforward import FeedForward
+from oneblock.layers.masks import causal_mask
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of one check: its name, pass or fail, a one-line explanation and the figures behind it."""
+
+    name: str
+    passed: bool
+    detail: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail, "figures": self.figures}
+
+
+def _tokens(vocab_size: int, batch: int, length: int, seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch, length), generator=g)
+
+
+def _output(model: Callable[..., Any], tokens: Tensor) -> Tensor:
+    out = model(tokens)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def check_attention_shapes(weights: list[Tensor], expected: tuple[int, ...]) -> CheckResult:
+    """Every layer's weights have shape (B, H, T, S)."""
+    shapes = [tuple(w.shape) for w in weights]
+    ok = all(s == expected for s in shapes)
+    return CheckResult("attention shape", ok, f"expected {expected}, got {shapes[0] if shapes else None}",
+                       {"expected": list(expected), "shapes": [list(s) for s in shapes]})
+
+
+def check_rows_sum_to_one(weights: list[Tensor], *, atol: float = 1e-5) -> CheckResult:
+    """Each query's weights over the keys sum to one."""
+    err = max(float((w.double().sum(-1) - 1).abs().max()) for w in weights)
+    return CheckResult("rows sum to one", err <= atol, f"max |row sum - 1| = {err:.2e} (tolerance {atol:g})",
+                       {"max_error": err, "atol": atol})
+
+
+def check_upper_triangle_zero(weights: list[Tensor]) -> CheckResult:
+    """Under a causal mask, every weight above the diagonal is exactly zero."""
+    t, s = weights[0].shape[-2:]
+    future = ~causal_mask(t, s)
+    worst = max(float(w[..., future].abs().max()) if future.any() else 0.0 for w in weights)
+    return CheckResult("future weights exactly zero", worst == 0.0,
+                       f"largest weight above the diagonal = {worst:g}", {"max_future_weight": worst})
+
+
+def check_causality(model: Callable[..., Any], tokens: Tensor, vocab_size: int) -> CheckResult:
+    """Change the last token: outputs at every earlier position must not move at all."""
+    changed = tokens.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % vocab_size
+    with torch.no_grad():
+        a, b = _output(model, tokens), _output(model, changed)
+    earlier = float((a[:, :-1] - b[:, :-1]).abs().max())
+    last = float((a[:, -1] - b[:, -1]).abs().max())
+    ok = earlier == 0.0 and last > 0.0
+    return CheckResult("causality", ok,
+                       f"earlier positions moved by {earlier:g}; the changed position by {last:.3g}",
+                       {"earlier_max_change": earlier, "last_max_change": last})
+
+
+def check_batch_independence(model: Callable[..., Any], tokens: Tensor) -> CheckResult:
+    """A sequence gives the same output alone as inside a batch."""
+    with torch.no_grad():
+        batched = _output(model, tokens)
+        alone = _output(model, tokens[:1])
+    err = float((batched[:1] - alone).abs().max())
+    return CheckResult("batch row equals run alone", err <= 1e-5, f"max difference {err:.2e}", {"max_error": err})
+
+
+def check_position_wise(ffn: nn.Module, d_model: int, *, length: int = 5, seed: int = 0) -> CheckResult:
+    """Change one token's input to the feed-forward network: the other positions' outputs stay identical."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, length, d_model, generator=g)
+    y = x.clone()
+    j = length // 2
+    y[:, j] = torch.randn(d_model, generator=g)
+    with torch.no_grad():
+        a, b = ffn(x), ffn(y)
+    others = [i for i in range(length) if i != j]
+    moved = float((a[:, others] - b[:, others]).abs().max())
+    changed = float((a[:, j] - b[:, j]).abs().max())
+    return CheckResult("feed-forward is position-wise", moved == 0.0 and changed > 0.0,
+                       f"changing position {j} moved the others by {moved:g}, itself by {changed:.3g}",
+                       {"others_max_change": moved, "changed_position_max_change": changed})
+
+
+def check_cross_attention(weights: list[Tensor], t: int, s: int) -> CheckResult:
+    """Cross-attention is T x S and not causal: queries see source positions after their own index."""
+    shapes = [tuple(w.shape[-2:]) for w in weights]
+    upper = float(weights[0][..., ~causal_mask(t, s)].sum()) if t > 1 or s > 1 else 1.0
+    ok = all(sh == (t, s) for sh in shapes) and upper > 0.0
+    return CheckResult("cross-attention is T x S, unmasked", ok,
+                       f"shape {shapes[0]} (expected ({t}, {s})); weight above the diagonal {upper:.3g} > 0",
+                       {"shape": list(shapes[0]), "weight_above_diagonal": upper})
+
+
+def mask_after_softmax_leak(scores: Tensor) -> dict[str, Any]:
+    """Compare masking the scores before the softmax (right) with zeroing the weights after it (wrong).
+
+    Args:
+        scores: (T, T) attention scores.
+
+    Returns:
+        The two weight matrices and their row sums: before-softmax rows sum to one; after-softmax rows do not,
+        and their values were computed with the future in the denominator.
+    """
+    mask = causal_mask(scores.shape[-2], scores.shape[-1])
+    right = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    wrong = torch.softmax(scores, dim=-1) * mask
+    return {
+        "masked_before": right,
+        "masked_after": wrong,
+        "row_sums_before": right.sum(-1),
+        "row_sums_after": wrong.sum(-1),
+        "leaks": bool((wrong.sum(-1) - 1).abs().max() > 1e-6),
+    }
+
+
+def run_checks(
+    model: Callable[..., Any],
+    *,
+    vocab_size: int | None = None,
+    batch: int = 2,
+    length: int = 4,
+    seed: int = 0,
+) -> list[CheckResult]:
+    """Run every check that applies to ``model``.
+
+    Args:
+        model: a oneblock model (all checks), or any callable mapping (B, T) token ids to (B, T, ...) outputs
+            and assumed causal (causality and batch independence only).
+        vocab_size: needed for a plain callable; read from ``model.config`` otherwise.
+        batch, length: size of the random input.
+        seed: seed of the random input.
+
+    Returns:
+        One ``CheckResult`` per check.
+    """
+    cfg = getattr(model, "config", None)
+    vocab_size = vocab_size if vocab_size is not None else (cfg.vocab_size if cfg is not None else None)
+    if vocab_size is None:
+        raise TypeError("run_checks on a plain callable needs vocab_size=")
+    if cfg is not None:
+        length = min(length, cfg.max_seq_len)
+    tokens = _tokens(vocab_size, batch, length, seed)
+    was_training = getattr(model, "training", False)
+    if isinstance(model, nn.Module):
+        model.eval()
+    try:
+        if cfg is None:
+            return [check_causality(model, tokens, vocab_size), check_batch_independence(model, tokens)]
+        return _model_checks(model, cfg, tokens)
+    finally:
+        if isinstance(model, nn.Module):
+            model.train(was_training)
+
+
+def _model_checks(model: nn.Module, cfg: Any, tokens: Tensor) -> list[CheckResult]:
+    b, t = tokens.shape
+    h = cfg.n_heads
+    results: list[CheckResult] = []
+    with torch.no_grad():
+        if cfg.arch == "encoder-decoder":
+            s = min(t + 1, cfg.max_seq_len)
+            src = _tokens(cfg.vocab_size, b, s, 1)
+            _, w = model(src, tokens, return_attention=True)
+            results += [
+                check_attention_shapes(w["decoder"], (b, h, t, t)),
+                check_rows_sum_to_one(w["decoder"] + w["cross"] + w["encoder"]),
+                check_upper_triangle_zero(w["decoder"]),
+                check_cross_attention(w["cross"], t, s),
+            ]
+            decoder: Callable[[Tensor], Tensor] = lambda x: model(src[: x.shape[0]], x)  # noqa: E731
+        else:
+            _, w = model(tokens, return_attention=True)
+            results += [check_attention_shapes(w, (b, h, t, t)), check_rows_sum_to_one(w)]
+            if cfg.arch == "decoder":
+                results.append(check_upper_triangle_zero(w))
+            decoder = model
+    if cfg.arch != "encoder":
+        results.append(check_causality(decoder, tokens, cfg.vocab_size))
+    results.append(check_batch_independence(decoder if cfg.arch != "encoder" else model, tokens))
+    ffn = next(m for m in model.modules() if isinstance(m, FeedForward))
+    results.append(check_position_wise(ffn, cfg.d_model))
+    return results

@@ -1,0 +1,1 @@
+"""Reading and writing weights, configs and tokenizers in other libraries' formats."""

@@ -1,0 +1,137 @@
+"""Byte-level text data: any UTF-8 file becomes a stream of token ids 0..255, split into a training part and a
+held-out part, and served as random windows whose position in the epoch can be saved and restored.
+
+Bytes need no tokenizer and no download: the vocabulary is the 256 byte values, every file is representable,
+and a multi-byte character simply spans several tokens.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from oneblock.errors import InputError
+
+BYTE_VOCAB = 256
+DEFAULT_CORPUS = "corpus.txt"
+
+
+def default_corpus() -> bytes:
+    """The small original corpus shipped in ``oneblock/data`` (used when no ``--text`` is given)."""
+    return resources.files("oneblock").joinpath("data", DEFAULT_CORPUS).read_bytes()
+
+
+def read_text(path: str | Path | None) -> bytes:
+    """Bytes of a UTF-8 text file, or of the default corpus when ``path`` is None.
+
+    Raises:
+        InputError: the file is missing, empty or not UTF-8.
+    """
+    if path is None:
+        return default_corpus()
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"text file {str(path)!r} does not exist; pass an existing UTF-8 file to --text")
+    data = path.read_bytes()
+    if not data:
+        raise InputError(f"text file {str(path)!r} is empty; give it some text to learn from")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(
+            f"text file {str(path)!r} is not UTF-8 (byte {error.start} is {data[error.start]:#04x}); "
+            "convert it with iconv or pick another file"
+        ) from None
+    return data
+
+
+def encode(text: str | bytes) -> Tensor:
+    """Text to byte ids (N,) long."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+def decode(ids: Tensor | list[int]) -> str:
+    """Byte ids to text; ids outside 0..255 are dropped and broken UTF-8 sequences become U+FFFD."""
+    values = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+    return bytes(v for v in values if 0 <= v < BYTE_VOCAB).decode("utf-8", errors="replace")
+
+
+def split(ids: Tensor, val_fraction: float, window: int) -> tuple[Tensor, Tensor]:
+    """Split ids (N,) into a training head and a held-out tail of ``val_fraction`` of the bytes.
+
+    Both parts must hold at least one window of ``window`` ids (inputs plus the shifted target).
+
+    Raises:
+        InputError: the text is too short for the window.
+    """
+    n_val = max(window, round(len(ids) * val_fraction))
+    n_train = len(ids) - n_val
+    if n_train < window:
+        raise InputError(
+            f"text of {len(ids)} bytes is too short for windows of {window} bytes with a held-out split of "
+            f"{n_val}; use a longer text or a smaller --seq-len"
+        )
+    return ids[:n_train], ids[n_train:]
+
+
+class TextWindows:
+    """Random windows of ``window`` ids from a 1-D id tensor, epoch by epoch.
+
+    Each epoch lays non-overlapping windows at a random shift and visits them in a random order; both come from
+    ``(seed, epoch)`` alone, so the position ``(epoch, cursor)`` is the complete state of the stream.
+
+    Args:
+        ids: (N,) token ids.
+        window: ids per window (``seq_len + 1`` for next-token prediction).
+        seed: fixes every epoch's shift and order.
+    """
+
+    def __init__(self, ids: Tensor, window: int, *, seed: int) -> None:
+        if len(ids) < window:
+            raise InputError(f"need at least {window} ids for one window; got {len(ids)}")
+        self.ids = ids
+        self.window = window
+        self.seed = seed
+        self.epoch = 0
+        self.cursor = 0
+        self._starts = self._epoch_starts(0)
+
+    def _epoch_starts(self, epoch: int) -> Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        slack = len(self.ids) - self.window
+        shift = int(torch.randint(0, min(self.window, slack) + 1, (1,), generator=gen))
+        starts = torch.arange(shift, slack + 1, self.window)  # (W,) non-overlapping windows
+        return starts[torch.randperm(len(starts), generator=gen)]
+
+    def next(self, n: int) -> Tensor:
+        """The next ``n`` windows, (n, window) long; crosses into the next epoch when this one runs out."""
+        rows: list[Tensor] = []
+        while len(rows) < n:
+            if self.cursor == len(self._starts):
+                self.epoch += 1
+                self.cursor = 0
+                self._starts = self._epoch_starts(self.epoch)
+            start = int(self._starts[self.cursor])
+            rows.append(self.ids[start : start + self.window])
+            self.cursor += 1
+        return torch.stack(rows)  # (n, window)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.cursor = int(state["cursor"])
+        self._starts = self._epoch_starts(self.epoch)
+
+
+def eval_windows(ids: Tensor, window: int, max_windows: int) -> Tensor:
+    """Up to ``max_windows`` evenly spaced windows covering a held-out id tensor, (W, window): the same every time."""
+    slack = len(ids) - window
+    count = max(1, min(max_windows, slack // max(1, window // 2) + 1))
+    starts = torch.linspace(0, slack, count).round().long()  # (W,)
+    return torch.stack([ids[s : s + window] for s in starts.tolist()])

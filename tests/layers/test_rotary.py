@@ -1,0 +1,58 @@
+import math
+
+import pytest
+import torch
+
+from oneblock.layers.rotary import RotaryEmbedding, apply_rotary
+
+
+def reference_rotary(x, positions, theta):
+    """Rotate feature pairs (i, i + Dh/2) of the vector at position p by p * theta^(-2i/Dh), element by element."""
+    dh = x.shape[-1]
+    out = x.clone()
+    for t, p in enumerate(positions):
+        for i in range(dh // 2):
+            angle = p * theta ** (-2 * i / dh)
+            a, b = x[..., t, i], x[..., t, i + dh // 2]
+            out[..., t, i] = a * math.cos(angle) - b * math.sin(angle)
+            out[..., t, i + dh // 2] = a * math.sin(angle) + b * math.cos(angle)
+    return out
+
+
+def test_rotary_equals_reference_formula():
+    rope = RotaryEmbedding(6, 32, theta=100.0)
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64)
+    positions = torch.tensor([0, 1, 4, 9, 31])
+    cos, sin = rope(positions, torch.float64)
+    # The tables are float32 by design (as in Llama): angles up to 31 rad carry ~3e-6 rounding.
+    torch.testing.assert_close(apply_rotary(x, cos, sin), reference_rotary(x, positions.tolist(), 100.0),
+                               atol=1e-5, rtol=0)
+
+
+def test_scores_depend_only_on_relative_position():
+    rope = RotaryEmbedding(8, 64)
+    q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
+
+    def score(pq, pk):
+        cq, sq = rope(torch.tensor([pq]), torch.float64)
+        ck, sk = rope(torch.tensor([pk]), torch.float64)
+        return (apply_rotary(q, cq, sq) * apply_rotary(k, ck, sk)).sum().item()
+
+    assert score(10, 7) == pytest.approx(score(33, 30), abs=1e-5)
+    assert score(10, 7) != pytest.approx(score(10, 3), abs=1e-3)
+
+
+def test_rotary_equals_transformers_llama():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama as ml
+
+    config = transformers.LlamaConfig(hidden_size=48, num_attention_heads=4, max_position_embeddings=64,
+                                      rope_theta=500.0)
+    theirs = ml.LlamaRotaryEmbedding(config)
+    ours = RotaryEmbedding(12, 64, theta=500.0)
+    positions = torch.tensor([[0, 3, 5, 17, 63]])
+    x = torch.randn(1, 4, 5, 12)
+    cos, sin = theirs(x, positions)
+    expected, _ = ml.apply_rotary_pos_emb(x, x, cos, sin)
+    c, s = ours(positions, torch.float32)
+    torch.testing.assert_close(apply_rotary(x, c, s), expected, atol=1e-6, rtol=0)
