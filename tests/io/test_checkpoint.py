@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save as save_bytes
 from safetensors.torch import save_file
 
 from oneblock import ModelConfig, build_model
@@ -188,6 +189,19 @@ def test_plain_safetensors_is_not_a_checkpoint(tmp_path):
     save_file({"w": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
     with pytest.raises(CheckpointError, match="not a oneblock checkpoint.*oneblock convert"):
         load(tmp_path / "plain.safetensors")
+
+
+def test_header_length_that_looks_like_pickle_protocol(tmp_path):
+    """A safetensors header of 640 bytes begins with 0x80 0x02, pickle protocol 2's first bytes."""
+    data = next(
+        data
+        for pad in range(700)
+        if (data := save_bytes({"w": torch.zeros(2)}, metadata={"pad": "x" * pad}))[:2] == b"\x80\x02"
+    )
+    path = tmp_path / "plain.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError, match="not a oneblock checkpoint"):
+        load(path)
 
 
 def test_newer_format_version(saved):

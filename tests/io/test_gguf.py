@@ -55,7 +55,7 @@ def hf_llama(sizes: dict, *, tie: bool, seed: int) -> torch.nn.Module:
     )  # fmt: skip
     model = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # norms away from one, weights larger than the 0.02 init, so errors show
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             p.copy_(1.0 + 0.2 * torch.randn_like(p) if p.dim() == 1 else 0.1 * torch.randn_like(p))
     return model
 
@@ -163,7 +163,15 @@ def test_dequantize_equals_gguf_reference(tmp_path, qtype):
     assert ours.shape == (7, 96) and ours.dtype == torch.float32
     assert torch.equal(ours, torch.from_numpy(np.asarray(theirs, dtype=np.float32)))
     # and the decoded values are the input up to the format's resolution (half a step, relative to max |x|)
-    step = {Q.F16: 2**-10, Q.BF16: 2**-7, Q.Q8_0: 1 / 127, Q.Q5_0: 1 / 16, Q.Q5_1: 2 / 31, Q.Q4_0: 1 / 4, Q.Q4_1: 2 / 15}
+    step = {
+        Q.F16: 2**-10,
+        Q.BF16: 2**-7,
+        Q.Q8_0: 1 / 127,
+        Q.Q5_0: 1 / 16,
+        Q.Q5_1: 2 / 31,
+        Q.Q4_0: 1 / 4,
+        Q.Q4_1: 2 / 15,
+    }
     assert np.abs(ours.numpy() - x).max() <= step[qtype] / 2 * np.abs(x).max() * 1.01
     assert dequantize(tensor, dtype=torch.bfloat16).dtype == torch.bfloat16
 
@@ -188,8 +196,21 @@ def test_f32_file_matches_original_model(tmp_path):
         hf = hf_llama(ODD, tie=tie, seed=1)
         model = from_gguf(write_gguf(tmp_path / f"odd{tie}.gguf", hf))
         cfg = model.config
-        assert (cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size) == (48, 6, 2, 8, 37, 203)
-        assert (cfg.norm, cfg.ffn, cfg.position, cfg.bias, cfg.tie_embeddings) == ("rmsnorm", "swiglu", "rope", False, tie)
+        assert (cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size) == (
+            48,
+            6,
+            2,
+            8,
+            37,
+            203,
+        )
+        assert (cfg.norm, cfg.ffn, cfg.position, cfg.bias, cfg.tie_embeddings) == (
+            "rmsnorm",
+            "swiglu",
+            "rope",
+            False,
+            tie,
+        )
         assert (cfg.rope_theta, cfg.max_seq_len, cfg.bos_token_id, cfg.eos_token_id) == (5000.0, 64, 1, 2)
         assert cfg.norm_eps == pytest.approx(1e-5)
         if tie:
@@ -205,7 +226,7 @@ def test_quantized_file_matches_transformers(tmp_path, qtype):
     tie = qtype in (Q.F16, Q.Q4_0)
     path = write_gguf(tmp_path / f"{qtype.name}.gguf", hf_llama(QUANT, tie=tie, seed=3), qtype)
     ref = reference(path)
-    cfg, state = read_gguf(path)
+    _, state = read_gguf(path)
     theirs = ref.state_dict()
     for name, tensor in theirs.items():
         if name == "lm_head.weight" and tie:
@@ -283,6 +304,7 @@ U32 = gguf.GGUFValueType.UINT32
         ({"llama.rope.dimension_count": (4, U32)}, r"dimension_count \(4\) differs from the head width \(8\)"),
         ({"llama.vocab_size": (999, U32)}, r"vocab_size \(999\) disagrees with token_embd.weight \(203 rows\)"),
         ({"llama.attention.head_count": (None, U32)}, "lacks 'llama.attention.head_count'"),
+        ({"tokenizer.ggml.padding_token_id": (5000, U32)}, r"impossible model: pad_token_id \(5000\) must lie in"),
         ({"llama.block_count": (3, U32)}, r"do not match a 3-block model: missing \['blocks.2"),
     ],
 )
@@ -316,8 +338,8 @@ def test_smollm2_config_and_parameter_count(smollm2):
     model, _, ref = smollm2
     cfg = model.config
     preset = get_preset("smollm2-135m")
-    same = ("vocab_size", "d_model", "n_heads", "n_kv_heads", "n_layers", "d_ff", "max_seq_len", "norm", "ffn",
-            "position", "rope_theta", "bias", "activation", "tie_embeddings", "bos_token_id", "eos_token_id")  # fmt: skip
+    same = ["vocab_size", "d_model", "n_heads", "n_kv_heads", "n_layers", "d_ff", "max_seq_len", "norm", "ffn"]
+    same += ["position", "rope_theta", "bias", "activation", "tie_embeddings", "bos_token_id", "eos_token_id"]
     assert {k: getattr(cfg, k) for k in same} == {k: getattr(preset, k) for k in same}
     assert cfg.norm_eps == pytest.approx(1e-5) and cfg.pad_token_id == 2
     n = sum(p.numel() for p in model.parameters())
@@ -335,15 +357,18 @@ def test_smollm2_logits_match_transformers(smollm2):
 
 
 def greedy(model, prompt: list[int], steps: int, eos: int) -> list[int]:
-    """Greedy decoding by recomputing the whole sequence each step (no cache), stopping after ``eos``."""
-    tokens = list(prompt)
+    """Greedy decoding with the model's KV cache: the prompt once, then one token per step; stops after ``eos``."""
+    cache = model.new_cache(1, max_len=len(prompt) + steps)
+    new: list[int] = []
+    x = torch.tensor([prompt])
     with torch.no_grad():
         for _ in range(steps):
-            logits = model(torch.tensor([tokens]), last_only=True)  # (1, 1, V)
-            tokens.append(int(logits[0, -1].argmax()))
-            if tokens[-1] == eos:
+            logits = model(x, cache=cache, last_only=True)  # (1, 1, V)
+            new.append(int(logits[0, -1].argmax()))
+            if new[-1] == eos:
                 break
-    return tokens[len(prompt) :]
+            x = torch.tensor([[new[-1]]])
+    return new
 
 
 def test_smollm2_greedy_generation_matches_transformers(smollm2):
@@ -351,7 +376,9 @@ def test_smollm2_greedy_generation_matches_transformers(smollm2):
     messages = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=True)
     ours = greedy(model, prompt, 40, tokenizer.eos_id)
+    full = torch.tensor([prompt + ours[:-1]])  # the cache changes nothing: one full forward picks the same tokens
     with torch.no_grad():
+        assert model(full)[0, len(prompt) - 1 :].argmax(-1).tolist() == ours
         out = ref.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False,
                            pad_token_id=tokenizer.pad_id, eos_token_id=tokenizer.eos_id)  # fmt: skip
     theirs = out[0, len(prompt) :].tolist()

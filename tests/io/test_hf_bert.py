@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
-
-from hf_testing import ATOL, C, F, H, MAX_POS, B, T, V, max_diff, n_params, perturb, right_padding, tokens
+from hf_testing import ATOL, MAX_POS, B, C, F, H, T, V, max_diff, n_params, perturb, right_padding, tokens
 
 from oneblock import ConversionError, get_preset
 from oneblock.io.hf import from_hf
+
+transformers = pytest.importorskip("transformers")
 
 TYPES = 3
 
@@ -111,6 +110,7 @@ def test_unsupported_options_are_refused(changes, match):
 def test_relative_positions_are_refused(tmp_path):
     transformers.BertModel(small_config()).save_pretrained(tmp_path)
     config = (tmp_path / "config.json").read_text()
-    (tmp_path / "config.json").write_text(config.replace('"model_type"', '"position_embedding_type": "relative_key",\n  "model_type"'))
+    config = config.replace('"model_type"', '"position_embedding_type": "relative_key",\n  "model_type"')
+    (tmp_path / "config.json").write_text(config)
     with pytest.raises(ConversionError, match="position_embedding_type='relative_key' is not supported"):
         from_hf(tmp_path)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
-
-from hf_testing import ATOL, C, F, H, MAX_POS, B, T, V, max_diff, perturb, right_padding, tokens
+from hf_testing import ATOL, MAX_POS, B, C, F, H, T, V, max_diff, perturb, right_padding, tokens
 
 from oneblock import ConversionError
 from oneblock.io.hf import from_hf
+
+transformers = pytest.importorskip("transformers")
 
 
 def small_config(**changes):
@@ -76,10 +77,7 @@ def test_legacy_rope_theta_key(tmp_path):
     """transformers-4 configs keep rope_theta at the top level."""
     hf = perturb(transformers.LlamaForCausalLM(small_config()), seed=10)
     hf.save_pretrained(tmp_path)
-    text = (tmp_path / "config.json").read_text()
-    import json
-
-    data = json.loads(text)
+    data = json.loads((tmp_path / "config.json").read_text())
     data.pop("rope_parameters")
     data["rope_theta"], data["rope_scaling"] = 500.0, None
     (tmp_path / "config.json").write_text(json.dumps(data))
@@ -105,11 +103,9 @@ def test_unsupported_options_are_refused(changes, match):
 
 def test_rope_scaling_is_refused(tmp_path):
     transformers.LlamaForCausalLM(small_config()).save_pretrained(tmp_path)
-    import json
-
     data = json.loads((tmp_path / "config.json").read_text())
     data.pop("rope_parameters")
     data["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
     (tmp_path / "config.json").write_text(json.dumps(data))
-    with pytest.raises(ConversionError, match="rope_scaling=.*llama3.* is not supported"):
+    with pytest.raises(ConversionError, match=r"rope_scaling=.*llama3.* is not supported"):
         from_hf(tmp_path)

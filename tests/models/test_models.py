@@ -220,3 +220,18 @@ def test_bad_masks_and_memory_are_refused():
     dec(ids, cache=cache)
     with pytest.raises(InputError, match=r"sequence length 7 cached \+ 5 new = 12 exceeds max_seq_len \(11\)"):
         dec(ids[:, :5], cache=cache)
+
+
+def test_token_type_ids_select_segment_embeddings():
+    model = build("encoder", type_vocab_size=2, embed_norm=True, pooler=True)
+    ids = tokens()
+    types = torch.zeros_like(ids)
+    types[:, 4:] = 1
+    with torch.no_grad():
+        default, explicit, second = model(ids), model(ids, token_type_ids=torch.zeros_like(ids)), model(
+            ids, token_type_ids=types)
+        assert torch.equal(default, explicit)
+        assert (second - default).abs().max() > 0
+        assert model.pool(default).shape == (3, 36)
+    with pytest.raises(InputError, match=r"token_type_ids must lie in \[0, type_vocab_size=2\)"):
+        model(ids, token_type_ids=types + 1)

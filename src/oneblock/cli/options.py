@@ -55,9 +55,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, checkpoint: bool = Tru
     group.add_argument("--arch", choices=ARCHS, help="model family: encoder, decoder or encoder-decoder")
     group.add_argument("--vocab-size", type=int, metavar="V", help="number of token ids")
     group.add_argument("--d-model", type=int, metavar="C", help="model width, the residual stream's size")
-    group.add_argument(
-        "--n-heads", type=int, metavar="H", help="attention (query) heads; must divide d_model"
-    )
+    group.add_argument("--n-heads", type=int, metavar="H", help="attention (query) heads; must divide d_model")
     group.add_argument(
         "--n-kv-heads",
         type=int,
@@ -75,15 +73,11 @@ def add_model_options(parser: argparse.ArgumentParser, *, checkpoint: bool = Tru
     group.add_argument(
         "--norm-position", choices=NORM_POSITIONS, help="pre-LN x + f(norm(x)) or post-LN norm(x + f(x))"
     )
-    group.add_argument(
-        "--norm", choices=NORMS, help="layernorm (mean and variance) or rmsnorm (root mean square)"
-    )
+    group.add_argument("--norm", choices=NORMS, help="layernorm (mean and variance) or rmsnorm (root mean square)")
     group.add_argument("--activation", choices=ACTIVATIONS, help="activation of the feed-forward network")
     group.add_argument("--ffn", choices=FFNS, help="feed-forward kind: mlp, or the gated swiglu")
     group.add_argument("--position", choices=POSITIONS, help="learned position table, rotary (rope) or none")
-    group.add_argument(
-        "--no-bias", action="store_true", default=None, help="drop the biases of the Linear layers"
-    )
+    group.add_argument("--no-bias", action="store_true", default=None, help="drop the biases of the Linear layers")
     group.add_argument(
         "--untied", action="store_true", default=None, help="give the LM head its own matrix (default: tied)"
     )
@@ -103,15 +97,11 @@ def add_seed_option(parser: argparse.ArgumentParser, default: int = 0) -> None:
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--json", action="store_true", help="print the figures as JSON on stdout instead of tables"
-    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout instead of tables")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    changes = {
-        field: getattr(args, dest) for dest, field in _FIELDS.items() if getattr(args, dest, None) is not None
-    }
+    changes = {field: getattr(args, dest) for dest, field in _FIELDS.items() if getattr(args, dest, None) is not None}
     if getattr(args, "no_bias", None):
         changes["bias"] = False
     if getattr(args, "untied", None):

@@ -14,7 +14,9 @@ def console():  # -> rich.console.Console
     """A console on the current ``sys.stdout`` (created per call so that captured output is honoured)."""
     from rich.console import Console
 
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    # Piped output (a file, a pager, a test) gets a generous fixed width rather than rich's 80 columns.
+    width = None if sys.stdout.isatty() else 120
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
 
 
 def print_json(data: Any) -> None:
@@ -30,9 +32,7 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
-def table(
-    title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str | None = None
-):
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str | None = None):
     """A rich ``Table``; numeric columns (those whose first cell is a number) are right-aligned."""
     from rich.table import Table
 
@@ -61,7 +61,7 @@ def cell(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
-        return fmt_float(value)
+        return "0" if value == 0.0 else fmt_float(value)
     if value is None:
         return "-"
     if isinstance(value, (list, tuple)):

@@ -41,9 +41,9 @@ FORMAT_VERSION = 1
 _KEY_FORMAT, _KEY_VERSION = "oneblock.format", "oneblock.format_version"
 _KEY_CONFIG, _KEY_SHA, _KEY_USER = "oneblock.config", "oneblock.sha256", "oneblock.metadata"
 
-# First bytes of formats that must not be unpickled: pickle protocol 2+ starts with PROTO (0x80, version),
-# torch.save (since 1.6) writes a zip archive.
-_PICKLE_MAGIC = b"\x80"
+# First bytes of formats that must not be unpickled: pickle protocol 2+ starts with PROTO (0x80, version 2-5),
+# torch.save (since 1.6) writes a zip archive. A safetensors header length can begin with the same bytes, so
+# a file whose first bytes also read as a plausible safetensors header is taken for one.
 _ZIP_MAGIC = b"PK\x03\x04"
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
 
@@ -294,8 +294,10 @@ def _read_header(path: Path) -> dict[str, Any]:
     if size == 0:
         raise CheckpointError(f"{str(path)!r} is empty (0 bytes); it was never written or was truncated")
     with path.open("rb") as f:
-        head = f.read(8)
-        if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_MAGIC):
+        head = f.read(9)
+        n = struct.unpack("<Q", head[:8])[0] if len(head) >= 8 else 0
+        looks_safetensors = len(head) == 9 and 8 + n <= size and head[8:9] == b"{"
+        if not looks_safetensors and _is_pickle(head):
             kind = "a torch.save zip archive" if head.startswith(_ZIP_MAGIC) else "a pickle"
             raise CheckpointError(
                 f"{str(path)!r} is {kind}: refusing to unpickle; oneblock checkpoints are safetensors "
@@ -303,7 +305,6 @@ def _read_header(path: Path) -> dict[str, Any]:
             )
         if len(head) < 8:
             raise CheckpointError(f"{str(path)!r} is truncated: {size} bytes, shorter than a safetensors header")
-        (n,) = struct.unpack("<Q", head)
         if n > _MAX_HEADER:
             raise CheckpointError(
                 f"{str(path)!r} is not a safetensors file: its first 8 bytes declare a {n}-byte header"
@@ -312,6 +313,7 @@ def _read_header(path: Path) -> dict[str, Any]:
             raise CheckpointError(
                 f"{str(path)!r} is truncated: its header declares {n} bytes but the file has {size} bytes in all"
             )
+        f.seek(8)
         raw = f.read(n)
     try:
         header = json.loads(raw)
@@ -331,6 +333,10 @@ def _read_header(path: Path) -> dict[str, Any]:
     if data > end:
         raise CheckpointError(f"{str(path)!r} has {data - end} unexpected bytes after its tensor data")
     return header
+
+
+def _is_pickle(head: bytes) -> bool:
+    return head.startswith(_ZIP_MAGIC) or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
 
 
 def _atomic_write(tensors: dict[str, Tensor], header: dict[str, str], path: Path) -> None:

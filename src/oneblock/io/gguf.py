@@ -23,7 +23,7 @@ from gguf import GGUFReader
 from torch import Tensor
 
 from oneblock.config import ModelConfig
-from oneblock.errors import ConversionError
+from oneblock.errors import ConfigError, ConversionError
 from oneblock.io.gguf_dequant import check_supported, dequantize, tensor_shape
 from oneblock.io.gguf_file import open_gguf, read_metadata
 from oneblock.models.build import build_model
@@ -127,9 +127,9 @@ def config_from_metadata(metadata: dict[str, Any], shapes: dict[str, tuple[int, 
     _check_llama_features(arch, metadata, set(shapes))
     d_model = int(_need(metadata, f"{arch}.embedding_length"))
     n_heads = _per_model(f"{arch}.attention.head_count", _need(metadata, f"{arch}.attention.head_count"))
-    n_kv_heads = _per_model(
-        f"{arch}.attention.head_count_kv", metadata.get(f"{arch}.attention.head_count_kv", n_heads)
-    )
+    n_kv_heads = _per_model(f"{arch}.attention.head_count_kv", metadata.get(f"{arch}.attention.head_count_kv", n_heads))
+    if n_heads <= 0 or d_model <= 0:
+        raise ConversionError(f"{arch}.attention.head_count ({n_heads}) and embedding_length ({d_model}) must be > 0")
     d_head = int(metadata.get(f"{arch}.attention.key_length", d_model // n_heads))
     value_length = int(metadata.get(f"{arch}.attention.value_length", d_head))
     if value_length != d_head:
@@ -152,7 +152,7 @@ def config_from_metadata(metadata: dict[str, Any], shapes: dict[str, tuple[int, 
             f"{arch}.vocab_size ({stated_vocab}) disagrees with token_embd.weight ({vocab_size} rows)"
         )
     d_ff = _per_model(f"{arch}.feed_forward_length", _need(metadata, f"{arch}.feed_forward_length"))
-    return ModelConfig(
+    fields = dict(
         arch="decoder",
         vocab_size=vocab_size,
         d_model=d_model,
@@ -162,7 +162,7 @@ def config_from_metadata(metadata: dict[str, Any], shapes: dict[str, tuple[int, 
         max_seq_len=int(_need(metadata, f"{arch}.context_length")),
         norm_position="pre",
         norm="rmsnorm",
-        activation="silu",
+        activation="silu",  # unused by SwiGLU, which always gates with SiLU; recorded for readers
         bias=False,
         tie_embeddings="output.weight" not in shapes,
         dropout=0.0,
@@ -177,6 +177,10 @@ def config_from_metadata(metadata: dict[str, Any], shapes: dict[str, tuple[int, 
         eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
         extra={"source": "gguf", "name": metadata.get("general.name")},
     )
+    try:
+        return ModelConfig(**fields)
+    except ConfigError as error:
+        raise ConversionError(f"the GGUF metadata describes an impossible model: {error}") from error
 
 
 def oneblock_name(gguf_name: str) -> str:
@@ -233,7 +237,10 @@ def read_gguf(
 
 
 def from_gguf(
-    path: str | os.PathLike[str] | GGUFReader, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    path: str | os.PathLike[str] | GGUFReader,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
 ) -> Decoder:
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 

@@ -46,9 +46,7 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
     with path.open("rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
-        raise CheckpointError(
-            f"{str(path)!r} is not a GGUF file: it starts with {magic!r}, expected {GGUF_MAGIC!r}"
-        )
+        raise CheckpointError(f"{str(path)!r} is not a GGUF file: it starts with {magic!r}, expected {GGUF_MAGIC!r}")
     try:
         return GGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError, TypeError, UnicodeDecodeError) as error:

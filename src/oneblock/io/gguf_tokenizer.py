@@ -46,9 +46,7 @@ def _gpt2_split() -> pre_tokenizers.PreTokenizer:
 
 def _smollm_split() -> pre_tokenizers.PreTokenizer:
     # SmolLM's tokenizer isolates every digit first, then applies GPT-2's split (llama.cpp: "smollm").
-    return pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), _gpt2_split()]
-    )
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_split()])
 
 
 def _llama3_split() -> pre_tokenizers.PreTokenizer:
@@ -131,12 +129,12 @@ def build_tokenizer(
     # never emits it from text either.
     specials = [
         AddedToken(token, special=True, normalized=False)
-        for token, kind in zip(tokens, token_types)
+        for token, kind in zip(tokens, token_types, strict=True)
         if kind == _CONTROL and set(token) <= alphabet
     ]
     user = [
         AddedToken(token, special=False, normalized=False)
-        for token, kind in zip(tokens, token_types)
+        for token, kind in zip(tokens, token_types, strict=True)
         if kind == _USER_DEFINED and token in vocab
     ]
     tokenizer.add_special_tokens(specials)
@@ -176,8 +174,9 @@ def render_chat(
     def raise_exception(text: str) -> None:
         raise jinja2.exceptions.TemplateError(text)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
@@ -235,6 +234,10 @@ class GGUFTokenizer:
         if not tokens:
             raise ConversionError("the GGUF file has an empty tokenizer.ggml.tokens vocabulary")
         types = field_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+        if len(types) != len(tokens):
+            raise ConversionError(
+                f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; the file is corrupt"
+            )
         tokenizer = build_tokenizer(
             tokens,
             field_value(reader, "tokenizer.ggml.merges") or [],
@@ -297,7 +300,9 @@ class GGUFTokenizer:
         if not self.chat_template:
             raise ConversionError("this GGUF file has no tokenizer.chat_template; pass one to render_chat")
         text = render_chat(
-            messages, template=self.chat_template, add_generation_prompt=add_generation_prompt,
+            messages,
+            template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
             **self.special_tokens(),
         )
         return self.encode(text, add_bos=False) if tokenize else text

@@ -53,8 +53,8 @@ def from_hf(source: Any) -> nn.Module:
         source: the model object, or a path to a directory.
 
     Returns:
-        The oneblock model, in eval mode, in the dtype of the source's weights. ``model.config.extra`` records
-        ``hf_model_type`` and ``hf_architectures``.
+        The oneblock model, in eval mode, in the dtype and on the device of the source's weights.
+        ``model.config.extra`` records ``hf_model_type`` and ``hf_architectures``.
 
     Raises:
         ConversionError: unknown model type, unsupported config option, missing or unused tensor, wrong shape,
@@ -69,7 +69,7 @@ def from_hf(source: Any) -> nn.Module:
     )
     mapped = family.weights_from_hf(cfg, src)
     src.check_all_taken()
-    model = build_model(cfg, dtype=_dtype_of(tensors))
+    model = build_model(cfg, dtype=_dtype_of(tensors), device=_device_of(tensors))
     load_exact(model, mapped, f"the oneblock {cfg.arch} built from the {family.FAMILY} config")
     return model.eval()
 
@@ -98,7 +98,7 @@ def to_hf(model: nn.Module) -> Any:
     kwargs = {"add_pooling_layer": cfg.pooler} if architecture == "BertModel" else {}
     hf_model = model_class(hf_config, **kwargs)
     state = model.state_dict()
-    hf_model.to(dtype=_dtype_of(state))
+    hf_model.to(dtype=_dtype_of(state), device=_device_of(state))
     load_exact(hf_model, family.weights_to_hf(cfg, state), f"transformers {architecture}")
     return hf_model.eval()
 
@@ -147,11 +147,14 @@ def _read_directory(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
         raise ConversionError(f"from_hf: {str(path)!r} is not a directory")
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise ConversionError(f"from_hf: {str(path)!r} has no config.json; found {sorted(p.name for p in path.iterdir())}")
+        raise ConversionError(
+            f"from_hf: {str(path)!r} has no config.json; found {sorted(p.name for p in path.iterdir())}"
+        )
     try:
         config = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConversionError(f"from_hf: {str(config_path)!r} is not valid JSON: {error}") from error
+    _family(config)  # an unsupported model type fails before its weights are read
     if (path / "model.safetensors").is_file():
         return config, load_file(str(path / "model.safetensors"))
     index = path / "model.safetensors.index.json"
@@ -201,6 +204,10 @@ def _config_of(model: nn.Module) -> ModelConfig:
 def _dtype_of(tensors: Mapping[str, Tensor]) -> torch.dtype:
     """The dtype of the first floating-point tensor (float32 if none)."""
     return next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
+
+
+def _device_of(tensors: Mapping[str, Tensor]) -> torch.device:
+    return next((t.device for t in tensors.values()), torch.device("cpu"))
 
 
 def _unshare(tensors: dict[str, Tensor]) -> dict[str, Tensor]:

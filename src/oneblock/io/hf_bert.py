@@ -73,7 +73,7 @@ def _pairs(cfg: ModelConfig) -> list[Pair]:
     pairs = [
         Pair("embed.tok.weight", "embeddings.word_embeddings.weight"),
         Pair("embed.pos.weight", "embeddings.position_embeddings.weight"),
-        Pair("embed.type.weight", "embeddings.token_type_embeddings.weight"),
+        Pair("embed.segment.weight", "embeddings.token_type_embeddings.weight"),
     ]
     pairs += norm_pairs("embed.norm", "embeddings.LayerNorm", cfg)
     for i in range(cfg.n_layers):

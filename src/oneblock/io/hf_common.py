@@ -9,7 +9,7 @@ those pairs in either direction and refuse to lose a tensor on the way.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -124,7 +124,7 @@ class TensorSource:
         self._taken.add(key)
         return self._tensors[key]
 
-    def drop(self, predicate: Any) -> list[str]:
+    def drop(self, predicate: Callable[[str], bool]) -> list[str]:
         """Mark keys for which ``predicate(key)`` holds as read without using them; returns them."""
         dropped = sorted(k for k in self._tensors if predicate(k))
         self._taken.update(dropped)

@@ -12,7 +12,7 @@ from oneblock.layers.norms import make_norm
 
 
 class Embeddings(nn.Module):
-    """``tok(ids) * scale + pos(positions + offset) + type(segments)``, then an optional norm and dropout.
+    """``tok(ids) * scale + pos(positions + offset) + segment(token_type_ids)``, then an optional norm and dropout.
 
     Args:
         cfg: the model's config (``position``, ``type_vocab_size``, ``embed_norm``, ``scale_embeddings``,
@@ -28,7 +28,7 @@ class Embeddings(nn.Module):
         self.pos = (
             nn.Embedding(cfg.max_seq_len + cfg.position_offset, cfg.d_model) if cfg.position == "learned" else None
         )
-        self.type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
+        self.segment = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.embed_norm else None
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -48,10 +48,10 @@ class Embeddings(nn.Module):
             x = x * self.scale
         if self.pos is not None:
             x = x + self.pos(positions + self.offset)  # (T, C) or (B, T, C), broadcast over B
-        if self.type is not None:
+        if self.segment is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(tokens)
-            x = x + self.type(token_type_ids)
+            x = x + self.segment(token_type_ids)
         if self.norm is not None:
             x = self.norm(x)
         return self.drop(x)

@@ -1,0 +1,61 @@
+"""``oneblock check``: run every sanity check on a configuration, a preset or a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from oneblock.cli import options
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "check",
+        help="run the sanity checks (attention rows, causality, position-wise FFN, ...); exit 1 on a failure",
+        description=(
+            "Build the model (or load --checkpoint) and run oneblock's sanity checks on random token ids: "
+            "attention weights of the right shape whose rows sum to one, future weights exactly zero under the "
+            "causal mask, outputs at earlier positions unmoved by a later token, a batch row equal to the same "
+            "sequence run alone, and a position-wise feed-forward network. Exits 1 if any check fails."
+        ),
+    )
+    options.add_model_options(parser)
+    options.add_seed_option(parser)
+    options.add_json_option(parser)
+    return parser
+
+
+def figures(args: argparse.Namespace) -> dict[str, Any]:
+    """The checks' results as plain data."""
+    from oneblock.checks import run_checks
+
+    model, cfg = options.model_and_config(args, seed=args.seed)
+    results = run_checks(model, seed=args.seed)
+    return {
+        "model": options.describe(args),
+        "arch": cfg.arch,
+        "checks": [r.as_dict() for r in results],
+        "passed": all(r.passed for r in results),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from oneblock.cli.render import console, print_json, table
+
+    data = figures(args)
+    status = 0 if data["passed"] else 1
+    if args.json:
+        print_json(data)
+        return status
+    checks = data["checks"]
+    n_passed = sum(c["passed"] for c in checks)
+    out = console()
+    out.print(
+        table(
+            f"Sanity checks of {data['model']} ({data['arch']})",
+            ["check", "passed", "detail"],
+            [(c["name"], c["passed"], c["detail"]) for c in checks],
+            caption=f"{n_passed} of {len(checks)} passed.",
+        )
+    )
+    return status

@@ -1,0 +1,110 @@
+"""``oneblock convert``: a Hugging Face model directory to a oneblock checkpoint, or back with ``--to-hf``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from oneblock.cli.options import add_json_option
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert a Hugging Face model directory to a oneblock checkpoint, or back",
+        description=(
+            "SRC, a Hugging Face directory (config.json and model.safetensors) of a GPT-2, BERT, BART or "
+            "Llama model, becomes DST, one oneblock .safetensors checkpoint. With --to-hf, SRC is a oneblock "
+            "checkpoint and DST a directory that transformers' from_pretrained loads. Every tensor is copied "
+            "exactly or the conversion fails naming it."
+        ),
+    )
+    parser.add_argument("src", metavar="SRC", help="the model to read")
+    parser.add_argument("dst", metavar="DST", help="where to write it")
+    parser.add_argument(
+        "--to-hf",
+        action="store_true",
+        help="read a oneblock checkpoint, write a Hugging Face directory (default: the other way round)",
+    )
+    parser.add_argument(
+        "--dtype", choices=DTYPES, help="cast the weights before writing (default: keep the source's dtype)"
+    )
+    parser.add_argument("--force", action="store_true", help="replace DST if it exists")
+    add_json_option(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from oneblock.counting import count_parameters
+    from oneblock.errors import ConversionError
+    from oneblock.io import checkpoint, hf
+
+    src, dst = Path(args.src), Path(args.dst)
+    _check_paths(src, dst, to_hf=args.to_hf, force=args.force)
+    if args.to_hf:
+        model = checkpoint.load(src)
+    else:
+        model = hf.from_hf(src)
+    if args.dtype is not None:
+        model = model.to(getattr(torch, args.dtype))
+    cfg = model.config
+    dtype = str(next(model.parameters()).dtype)
+    if args.to_hf:
+        try:
+            hf.save_hf(model, dst)
+        except ConversionError as error:
+            raise ConversionError(f"cannot write {str(src)!r} as a Hugging Face model: {error}") from None
+        written = [dst / "config.json", dst / "model.safetensors"]
+    else:
+        checkpoint.save(model, dst, metadata={"converted_from": str(src.resolve())})
+        written = [dst]
+    summary = {
+        "source": str(src),
+        "destination": str(dst),
+        "direction": "oneblock -> Hugging Face" if args.to_hf else "Hugging Face -> oneblock",
+        "arch": cfg.arch,
+        "parameters": count_parameters(cfg).total,
+        "dtype": dtype.removeprefix("torch."),
+        "bytes written": sum(p.stat().st_size for p in written),
+    }
+    if not args.to_hf:
+        summary["sha256"] = checkpoint.read_info(dst).sha256
+    _report(summary, as_json=args.json)
+    return 0
+
+
+def _check_paths(src: Path, dst: Path, *, to_hf: bool, force: bool) -> None:
+    from oneblock.errors import ConversionError
+
+    if not src.exists():
+        raise ConversionError(f"convert: the source {str(src)!r} does not exist")
+    if to_hf and src.is_dir():
+        raise ConversionError(
+            f"convert --to-hf reads a oneblock checkpoint file; {str(src)!r} is a directory (drop --to-hf to "
+            "convert a Hugging Face directory)"
+        )
+    if not to_hf and src.is_file():
+        raise ConversionError(
+            f"convert reads a Hugging Face directory; {str(src)!r} is a file (add --to-hf to convert a oneblock "
+            "checkpoint to Hugging Face)"
+        )
+    if dst.exists() and not force:
+        raise ConversionError(f"convert: {str(dst)!r} already exists; pass --force to replace it")
+    if to_hf and dst.is_file():
+        raise ConversionError(f"convert --to-hf writes a directory; {str(dst)!r} is a file")
+    if not to_hf and dst.is_dir():
+        raise ConversionError(f"convert writes one checkpoint file; {str(dst)!r} is a directory")
+
+
+def _report(summary: dict, *, as_json: bool) -> None:
+    from oneblock.cli.render import console, human_bytes, print_json, table
+
+    if as_json:
+        print_json(summary)
+        return
+    rows = [(key, human_bytes(value) if key == "bytes written" else value) for key, value in summary.items()]
+    console().print(table("Converted", ["", "value"], rows))

@@ -1,0 +1,132 @@
+"""``oneblock count``: analytic parameter counts, FLOPs per token and weight memory of a configuration."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from oneblock.cli import options
+
+BREAKDOWN_LABELS = {
+    "token_embedding": "token embedding",
+    "position_embedding": "position embedding",
+    "token_type_embedding": "segment (token type) embedding",
+    "embedding_norm": "embedding norm",
+    "attention": "self-attention",
+    "cross_attention": "cross-attention (+ its norm)",
+    "feedforward": "feed-forward",
+    "block_norms": "block norms",
+    "final_norm": "final norm",
+    "pooler": "pooler",
+    "lm_head": "LM head (untied)",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "count",
+        help="count parameters, FLOPs per token and weight memory from the config alone",
+        description=(
+            "Count the parameters of a configuration analytically, without building the model: the breakdown "
+            "by component, one block, the 12 d_model^2 rule of thumb, the non-embedding count, forward FLOPs "
+            "per token and the memory the weights take. --verify also builds the model and compares with "
+            "sum(p.numel())."
+        ),
+    )
+    options.add_model_options(parser)
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        metavar="T",
+        help="context length for the attention FLOPs (default: the config's max_seq_len)",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="build the model (on the meta device: no memory) and compare with sum(p.numel()); exit 1 on mismatch",
+    )
+    options.add_json_option(parser)
+    return parser
+
+
+def figures(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything ``count`` reports, as plain data."""
+    from oneblock.counting import count_flops, count_parameters, weight_memory
+    from oneblock.errors import InputError
+
+    cfg = options.config_only(args)
+    if args.seq_len is not None and args.seq_len <= 0:
+        raise InputError(f"--seq-len must be a positive integer; got {args.seq_len}")
+    count = count_parameters(cfg)
+    data: dict[str, Any] = {
+        "model": options.describe(args),
+        "config": cfg.to_dict(),
+        **count.as_dict(),
+        "flops_per_token": count_flops(cfg, args.seq_len),
+        "memory_bytes": weight_memory(cfg),
+    }
+    if args.verify:
+        model, _ = options.model_and_config(args, meta=True)
+        measured = sum(p.numel() for p in model.parameters())  # parameters() yields a tied matrix once
+        data["measured"] = measured
+        data["verified"] = measured == count.total
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    data = figures(args)
+    status = 0 if data.get("verified", True) else 1
+    if args.json:
+        from oneblock.cli.render import print_json
+
+        print_json(data)
+        return status
+    _render(data)
+    return status
+
+
+def _render(data: dict[str, Any]) -> None:
+    from oneblock.cli.render import console, human_bytes, table
+
+    cfg, total = data["config"], data["total"]
+    out = console()
+    title = (
+        f"{data['model']}: {cfg['arch']}, d_model {cfg['d_model']}, {cfg['n_heads']} heads, "
+        f"{cfg['n_layers']} layers, d_ff {cfg['d_ff']}, vocab {cfg['vocab_size']:,}"
+    )
+    breakdown = table(
+        title,
+        ["component", "parameters", "share"],
+        [(label, v, f"{v / total:.1%}") for label, v in _labelled(data)] + [("total", total, "100.0%")],
+        caption="Tied matrices are counted once; buffers (rotary tables, BART's logits bias) are not parameters.",
+    )
+    out.print(breakdown)
+    summary = [
+        ("one block", data["per_block"], "attention + feed-forward + norms"),
+        ("rule of thumb", data["rule_of_thumb"], "12 x d_model^2"),
+        ("non-embedding", data["non_embedding"], "total less token, position and segment tables"),
+    ]
+    if data["per_decoder_block"] != data["per_block"]:
+        summary.insert(1, ("one decoder block", data["per_decoder_block"], "adds cross-attention and its norm"))
+    flops = data["flops_per_token"]
+    summary += [
+        ("forward FLOPs / token", flops["total"], f"at T = {flops['seq_len']:,}; a multiply-add is 2 FLOPs"),
+        ("  matrix products", flops["matmul"], "2 x block weights"),
+        ("  attention scores + sum", flops["attention"], f"causal average {flops['attention_causal']:,}"),
+        ("  LM head", flops["head"], "2 x vocab x d_model"),
+        ("weights at fp32", human_bytes(data["memory_bytes"]["fp32"]), f"{data['memory_bytes']['fp32']:,} bytes"),
+        ("weights at bf16", human_bytes(data["memory_bytes"]["bf16"]), f"{data['memory_bytes']['bf16']:,} bytes"),
+    ]
+    if "measured" in data:
+        summary.append(("measured sum(p.numel())", data["measured"], "equal" if data["verified"] else "MISMATCH"))
+    out.print(table(None, ["figure", "value", "note"], summary))
+
+
+def _labelled(data: dict[str, Any]) -> list[tuple[str, int]]:
+    """Breakdown entries; an encoder-decoder's keep their ``encoder.`` / ``decoder.`` prefix in the label."""
+    rows = []
+    for key, value in data["breakdown"].items():
+        stack, _, part = key.rpartition(".")
+        label = BREAKDOWN_LABELS.get(part, part)
+        rows.append((f"{stack} {label}" if stack else label, value))
+    return rows

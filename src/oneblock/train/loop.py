@@ -1,0 +1,305 @@
+"""The trainer: AdamW, warmup + cosine, gradient clipping, held-out evaluation, checkpoints and exact resume.
+
+One optimizer step::
+
+    lr = schedule(step)                                   set on every parameter group
+    batch = objective.next_batch(batch_size * world)      the global batch; this rank keeps its shard
+    loss = objective.loss(model, shard)                   under bf16 autocast when asked
+    loss.backward()                                       DDP averages the gradients across ranks here
+    grad_norm = clip_grad_norm_(params, grad_clip)        the norm before clipping is logged
+    optimizer.step()
+
+Resume is exact: a checkpoint holds the weights, the optimizer moments, the step (the schedule is a function of
+it), the data position and the random generators, so N steps in one go and N/2 + N/2 with a resume in between
+take the same steps and log the same losses. A Ctrl-C (``KeyboardInterrupt``) saves a checkpoint first; if it
+lands mid-step, the data position and generators are rewound to the start of that step so that the step is
+simply run again after resuming.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from oneblock.config import ModelConfig
+from oneblock.errors import CheckpointError, ConfigError
+from oneblock.models.build import build_model
+from oneblock.train import distributed
+from oneblock.train.checkpoints import CheckpointDir
+from oneblock.train.config import TrainConfig
+from oneblock.train.logbook import StepLog
+from oneblock.train.objectives import Objective, make_objective
+from oneblock.train.optim import make_optimizer
+from oneblock.train.progress import TrainProgress
+from oneblock.train.schedule import WarmupCosine
+from oneblock.train.state import rng_state, set_rng_state
+
+CONFIG_FILE = "config.json"
+LOG_FILE = "log.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class TrainResult:
+    """What a call to ``Trainer.train`` did.
+
+    Attributes:
+        step: optimizer steps completed in total (including those before a resume).
+        losses: training loss of every step this call ran, in order.
+        eval: held-out scores after the last step (empty when interrupted).
+        interrupted: stopped by Ctrl-C (a checkpoint was saved).
+        tokens: tokens processed over the whole run, all ranks together.
+        elapsed: seconds of training over the whole run.
+    """
+
+    step: int
+    losses: list[float] = field(default_factory=list)
+    eval: dict[str, float] = field(default_factory=dict)
+    interrupted: bool = False
+    tokens: int = 0
+    elapsed: float = 0.0
+
+
+def fit_model_config(model_cfg: ModelConfig, train_cfg: TrainConfig, objective: Objective) -> ModelConfig:
+    """``model_cfg`` with the family and vocabulary the task dictates; its context grown to the task's length.
+
+    Keeps the sizes and the block design (width, heads, layers, norms, positions, ...); drops the parts that
+    belong to another family or vocabulary (pooler, final-logits bias, special token ids).
+    """
+    changes: dict[str, Any] = {
+        "arch": objective.arch,
+        "vocab_size": objective.vocab_size,
+        "max_seq_len": max(model_cfg.max_seq_len, objective.max_seq_len),
+        "pad_token_id": None,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pooler": False,
+        "final_logits_bias": model_cfg.final_logits_bias and objective.arch != "encoder",
+    }
+    if objective.arch != "encoder-decoder" or model_cfg.arch != "encoder-decoder":
+        changes["n_decoder_layers"] = None
+    return model_cfg.replace(**changes)
+
+
+class Trainer:
+    """Trains one model on one task; writes the run directory on rank 0.
+
+    Args:
+        model_cfg: the model; its ``arch`` and ``vocab_size`` must be what the task needs (``fit_model_config``).
+        cfg: the training settings.
+        run_dir: where config, log, checkpoints and summary go; None keeps everything in memory (no checkpoints).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:i``.
+        quiet: no progress bar.
+        on_step: called after every step as ``on_step(step, record)`` (tests use it to interrupt a run).
+
+    Raises:
+        ConfigError: the model does not fit the task.
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        cfg: TrainConfig,
+        *,
+        run_dir: str | Path | None = None,
+        device: str = "auto",
+        quiet: bool = True,
+        on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.quiet = quiet
+        self.on_step = on_step
+        self.ctx = distributed.setup(device)
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.objective = make_objective(cfg)
+        need = (self.objective.arch, self.objective.vocab_size)
+        if (model_cfg.arch, model_cfg.vocab_size) != need or model_cfg.max_seq_len < self.objective.max_seq_len:
+            raise ConfigError(
+                f"task {cfg.task!r} needs arch={need[0]!r}, vocab_size={need[1]} and max_seq_len >= "
+                f"{self.objective.max_seq_len}; got {model_cfg.arch!r}, {model_cfg.vocab_size}, "
+                f"{model_cfg.max_seq_len}. Adapt the config with oneblock.train.fit_model_config"
+            )
+        self.model_cfg = model_cfg
+        self.model = build_model(model_cfg, device=self.ctx.device)
+        self.module = self.objective.wrap(self.model).to(self.ctx.device)
+        self.optimizer = make_optimizer(
+            self.module, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2)
+        )
+        self.schedule = WarmupCosine(cfg.lr, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+        self.checkpoints = CheckpointDir(self.run_dir / "checkpoints", keep=cfg.keep_checkpoints) if run_dir else None
+        self.step = 0
+        self.tokens = 0
+        self.elapsed = 0.0
+        torch.manual_seed(cfg.seed + 1 + self.ctx.rank)  # each rank its own dropout masks
+        self._head = self.module if self.module is not self.model else None
+        self.ddp: nn.Module = self.module  # wrapped in DDP by train() when distributed
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, **kwargs: Any) -> Trainer:
+        """A trainer for an existing run directory, configured from its ``config.json``."""
+        path = Path(run_dir) / CONFIG_FILE
+        if not path.is_file():
+            raise CheckpointError(f"{str(path)!r} does not exist; is {str(run_dir)!r} a oneblock training run?")
+        saved = json.loads(path.read_text())
+        return cls(ModelConfig.from_dict(saved["model"]), TrainConfig.from_dict(saved["train"]), run_dir=run_dir,
+                   **kwargs)
+
+    # Saving and restoring.
+    def _state(self, rngs: list[dict[str, Any]], data: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "elapsed": self.elapsed,
+            "world": self.ctx.world,
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.to_dict(),
+            "data": data,
+            "rng": rngs,
+        }
+
+    def save(self, *, rewind: dict[str, Any] | None = None) -> Path | None:
+        """Checkpoint the current step (rank 0 writes; every rank must call it, unless ``rewind`` is given).
+
+        Args:
+            rewind: ``{"rng", "data"}`` captured at the start of an unfinished step, saved instead of the live
+                values (Ctrl-C mid-step). The other ranks are not consulted then.
+        """
+        if self.checkpoints is None:
+            return None
+        if rewind is None:
+            rngs, data = distributed.gather(rng_state(), self.ctx), self.objective.state_dict()
+        else:
+            rngs, data = [rewind["rng"]] * self.ctx.world, rewind["data"]
+        if not self.ctx.is_main:
+            return None
+        meta = {"task": self.cfg.task, "train": self.cfg.to_dict()}
+        return self.checkpoints.save(self.step, self.model, self._state(rngs, data), head=self._head, metadata=meta)
+
+    def _resume(self) -> None:
+        latest = self.checkpoints.latest() if self.checkpoints else None
+        if latest is None:
+            where = str(self.run_dir / "checkpoints") if self.run_dir else "memory"
+            raise CheckpointError(f"nothing to resume: no checkpoint in {where}; start the run without --resume")
+        state = self.checkpoints.load(latest, self.model, head=self._head)
+        if state["schedule"] != self.schedule.to_dict():
+            raise CheckpointError(
+                f"the checkpoint's schedule {state['schedule']} differs from this run's {self.schedule.to_dict()}; "
+                "resume with the run's saved config"
+            )
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.objective.load_state_dict(state["data"])
+        rngs = state["rng"]
+        set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
+        self.step, self.tokens, self.elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed"])
+
+    def _write_config(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        payload = {"model": self.model_cfg.to_dict(), "train": self.cfg.to_dict(), "world": self.ctx.world}
+        (self.run_dir / CONFIG_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True))
+
+    # Training.
+    def train_step(self) -> dict[str, Any]:
+        """Run one optimizer step and return its log record."""
+        cfg, ctx = self.cfg, self.ctx
+        start = time.perf_counter()
+        lr = self.schedule.apply(self.optimizer, self.step)
+        batch = self.objective.next_batch(cfg.batch_size * ctx.world)
+        local = {k: v.to(ctx.device) for k, v in distributed.shard(batch, ctx).items()}
+        autocast = (
+            torch.autocast(device_type=ctx.device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
+        )
+        with autocast:
+            loss, n_tokens = self.objective.loss(self.ddp, local)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        self.optimizer.step()
+        self.step += 1
+        seconds = time.perf_counter() - start
+        self.elapsed += seconds
+        tokens = n_tokens * ctx.world
+        self.tokens += tokens
+        return {
+            "step": self.step,
+            "loss": distributed.mean(float(loss.detach()), ctx),
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "tokens": self.tokens,
+            "tokens_per_s": tokens / max(seconds, 1e-9),
+            "elapsed": round(self.elapsed, 4),
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out scores of the current model (computed by every rank on the same data)."""
+        return self.objective.evaluate(self.module)
+
+    def train(self, *, resume: bool = False) -> TrainResult:
+        """Train to ``cfg.steps``, from scratch or from the run's latest checkpoint.
+
+        Raises:
+            CheckpointError: ``resume`` without a checkpoint, or a checkpoint of another configuration.
+        """
+        cfg, ctx = self.cfg, self.ctx
+        if resume:
+            self._resume()
+        self.ddp = distributed.wrap(self.module, ctx)
+        write = self.run_dir is not None and ctx.is_main
+        if write and not resume:
+            self._write_config()
+        log = StepLog(self.run_dir / LOG_FILE, resume_step=self.step if resume else None) if write else None
+        result = TrainResult(step=self.step)
+        self.module.train()
+        rewind = None
+        try:
+            with TrainProgress(cfg.steps, start=self.step, enabled=ctx.is_main and not self.quiet) as bar:
+                while self.step < cfg.steps:
+                    rewind = {"rng": rng_state(), "data": self.objective.state_dict()}
+                    record = self.train_step()
+                    rewind = None
+                    result.losses.append(record["loss"])
+                    if log:
+                        log.write(record)
+                    bar.update(self.step, record["loss"], record["tokens_per_s"])
+                    if not math.isfinite(record["loss"]):
+                        bar.log(f"[red]step {self.step}: loss is {record['loss']}; the run has diverged")
+                    if ctx.is_main and cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                        scores = self.evaluate()
+                        if log:
+                            log.write({"step": self.step, "eval": scores})
+                        bar.log(f"step {self.step}: held-out " + _format(scores))
+                    if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+                        self.save()
+                    if self.on_step is not None:
+                        self.on_step(self.step, record)
+        except KeyboardInterrupt:
+            # No collective calls here: the other ranks may be anywhere. Mid-step, rewind to the step's start.
+            self.save(rewind=rewind or {"rng": rng_state(), "data": self.objective.state_dict()})
+            result.interrupted = True
+        else:
+            self.save()
+            result.eval = self.evaluate() if ctx.is_main else {}
+            if log:
+                log.write({"step": self.step, "eval": result.eval})
+            if write:
+                summary = {"step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "eval": result.eval}
+                (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        finally:
+            if log:
+                log.close()
+        result.step, result.tokens, result.elapsed = self.step, self.tokens, self.elapsed
+        return result
+
+
+def _format(scores: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in scores.items())

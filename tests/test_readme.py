@@ -1,0 +1,30 @@
+"""The README's examples run as written."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def blocks(language):
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_python_examples_run(capsys):
+    namespace: dict = {}
+    for code in blocks("python"):
+        exec(compile(code, str(README), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "16640 33088 49984 172288" in out
+
+
+@pytest.mark.parametrize("line", [
+    line for code in blocks("console") for line in code.splitlines() if line.startswith("$ oneblock ")
+])
+def test_readme_commands_run(line):
+    from oneblock.cli.main import main
+
+    assert main(shlex.split(line)[1:]) == 0
