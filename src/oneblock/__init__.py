@@ -4,11 +4,20 @@
 >>> cfg = ob.ModelConfig()                 # the lesson's decoder: d_model 64, 4 heads, 2 layers
 >>> ob.count_parameters(cfg).total
 172288
+
+Importing oneblock loads torch, safetensors and rich only; transformers, tokenizers, gguf and matplotlib are
+imported by the functions that need them.
 """
+
+from typing import Any
 
 from oneblock.config import ModelConfig
 from oneblock.counting import ParameterCount, count_flops, count_parameters
+from oneblock.embedding import embed, similarity
 from oneblock.errors import CheckpointError, ConfigError, ConversionError, InputError, OneBlockError
+from oneblock.generation import generate
+from oneblock.io.checkpoint import load, save
+from oneblock.io.hf import from_hf, save_hf, to_hf
 from oneblock.models import Decoder, Encoder, EncoderDecoder, build_model
 from oneblock.presets import PRESETS, get_preset
 
@@ -29,5 +38,22 @@ __all__ = [
     "build_model",
     "count_flops",
     "count_parameters",
+    "embed",
+    "from_gguf",
+    "from_hf",
+    "generate",
     "get_preset",
+    "load",
+    "save",
+    "save_hf",
+    "similarity",
+    "to_hf",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "from_gguf":  # the gguf package is imported only when asked for
+        from oneblock.io.gguf import from_gguf
+
+        return from_gguf
+    raise AttributeError(f"module 'oneblock' has no attribute {name!r}")

@@ -20,6 +20,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "trace",
     "check",
     "plot",
+    "embed",
+    "convert",
 )
 
 PROG = "oneblock"

@@ -20,6 +20,7 @@ from oneblock.io.hf_common import (
     Pair,
     TensorSource,
     activation_from_hf,
+    config_mismatches,
     give_pairs,
     linear_pairs,
     norm_pairs,
@@ -144,12 +145,7 @@ def mismatches(cfg: ModelConfig) -> list[str]:
         "position": "learned", "bias": True, "position_offset": OFFSET, "embed_norm": True,
         "type_vocab_size": 0, "norm_eps": NORM_EPS,
     }  # fmt: skip
-    out = [f"{k}={getattr(cfg, k)!r} (BART has {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]
-    if cfg.kv_heads != cfg.n_heads:
-        out.append(f"n_kv_heads={cfg.kv_heads} (BART has one key/value head per query head)")
-    if cfg.head_dim * cfg.n_heads != cfg.d_model:
-        out.append(f"d_head={cfg.head_dim} (BART has d_model // n_heads = {cfg.d_model // cfg.n_heads})")
-    return out
+    return config_mismatches(cfg, "BART", wanted)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from oneblock.io.hf_common import (
     Pair,
     TensorSource,
     activation_from_hf,
+    config_mismatches,
     give_pairs,
     linear_pairs,
     norm_pairs,
@@ -102,13 +103,9 @@ def mismatches(cfg: ModelConfig) -> list[str]:
         "arch": "encoder", "norm_position": "post", "norm": "layernorm", "ffn": "mlp", "position": "learned",
         "bias": True, "position_offset": 0, "embed_norm": True, "scale_embeddings": False,
     }  # fmt: skip
-    out = [f"{k}={getattr(cfg, k)!r} (BERT has {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]
+    out = config_mismatches(cfg, "BERT", wanted)
     if cfg.type_vocab_size == 0:
         out.append("type_vocab_size=0 (BERT has segment embeddings)")
-    if cfg.kv_heads != cfg.n_heads:
-        out.append(f"n_kv_heads={cfg.kv_heads} (BERT has one key/value head per query head)")
-    if cfg.head_dim * cfg.n_heads != cfg.d_model:
-        out.append(f"d_head={cfg.head_dim} (BERT has d_model // n_heads = {cfg.d_model // cfg.n_heads})")
     return out
 
 

@@ -207,3 +207,24 @@ def load_exact(module: nn.Module, tensors: Mapping[str, Tensor], what: str) -> N
             )
     with torch.no_grad():
         module.load_state_dict(full, strict=True)
+
+
+def take_head(cfg: ModelConfig, source: TensorSource, out: dict[str, Tensor], embed_key: str) -> None:
+    """The LM head: checked equal to the token embedding when tied, copied as ``lm_head.weight`` otherwise."""
+    if cfg.tie_embeddings:
+        take_tied(source, "lm_head.weight", out["embed.tok.weight"], embed_key)
+    else:
+        out["lm_head.weight"] = source.take("lm_head.weight")  # (V, C)
+
+
+def config_mismatches(
+    cfg: ModelConfig, family: str, wanted: Mapping[str, Any], *, plain_heads: bool = True
+) -> list[str]:
+    """Why ``cfg`` cannot be written as a ``family`` checkpoint: each field that differs from ``wanted``, and,
+    for families with ordinary multi-head attention (``plain_heads``), grouped or resized heads."""
+    out = [f"{k}={getattr(cfg, k)!r} ({family} has {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]
+    if plain_heads and cfg.kv_heads != cfg.n_heads:
+        out.append(f"n_kv_heads={cfg.kv_heads} ({family} has one key/value head per query head)")
+    if plain_heads and cfg.head_dim * cfg.n_heads != cfg.d_model:
+        out.append(f"d_head={cfg.head_dim} ({family} has d_model // n_heads = {cfg.d_model // cfg.n_heads})")
+    return out

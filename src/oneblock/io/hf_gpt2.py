@@ -20,12 +20,13 @@ from oneblock.io.hf_common import (
     Pair,
     TensorSource,
     activation_from_hf,
+    config_mismatches,
     give_pairs,
     linear_pairs,
     norm_pairs,
     refuse,
+    take_head,
     take_pairs,
-    take_tied,
     token_id,
 )
 
@@ -98,10 +99,7 @@ def weights_from_hf(cfg: ModelConfig, source: TensorSource) -> dict[str, Tensor]
         for name, w, b in zip("qkv", weight.split(c, dim=1), bias.split(c, dim=0), strict=True):
             out[f"blocks.{i}.attn.{name}_proj.weight"] = w.t()  # (C, C) as (out, in)
             out[f"blocks.{i}.attn.{name}_proj.bias"] = b  # (C,)
-    if cfg.tie_embeddings:
-        take_tied(source, "lm_head.weight", out["embed.tok.weight"], "transformer.wte.weight")
-    else:
-        out["lm_head.weight"] = source.take("lm_head.weight")  # (V, C)
+    take_head(cfg, source, out, "transformer.wte.weight")
     return out
 
 
@@ -112,12 +110,7 @@ def mismatches(cfg: ModelConfig) -> list[str]:
         "bias": True, "position_offset": 0, "type_vocab_size": 0, "embed_norm": False,
         "scale_embeddings": False, "final_logits_bias": False,
     }  # fmt: skip
-    out = [f"{k}={getattr(cfg, k)!r} (GPT-2 has {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]
-    if cfg.kv_heads != cfg.n_heads:
-        out.append(f"n_kv_heads={cfg.kv_heads} (GPT-2 has one key/value head per query head)")
-    if cfg.head_dim * cfg.n_heads != cfg.d_model:
-        out.append(f"d_head={cfg.head_dim} (GPT-2 has d_model // n_heads = {cfg.d_model // cfg.n_heads})")
-    return out
+    return config_mismatches(cfg, "GPT-2", wanted)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:

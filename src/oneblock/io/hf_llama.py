@@ -15,12 +15,13 @@ from oneblock.config import ModelConfig
 from oneblock.io.hf_common import (
     Pair,
     TensorSource,
+    config_mismatches,
     give_pairs,
     linear_pairs,
     norm_pairs,
     refuse,
+    take_head,
     take_pairs,
-    take_tied,
     token_id,
 )
 
@@ -102,10 +103,7 @@ def _pairs(cfg: ModelConfig) -> list[Pair]:
 def weights_from_hf(cfg: ModelConfig, source: TensorSource) -> dict[str, Tensor]:
     """oneblock-named tensors from a Llama checkpoint (body keys without the ``model.`` prefix)."""
     out = take_pairs(_pairs(cfg), source)
-    if cfg.tie_embeddings:
-        take_tied(source, "lm_head.weight", out["embed.tok.weight"], "model.embed_tokens.weight")
-    else:
-        out["lm_head.weight"] = source.take("lm_head.weight")  # (V, C)
+    take_head(cfg, source, out, "model.embed_tokens.weight")
     return out
 
 
@@ -115,7 +113,7 @@ def mismatches(cfg: ModelConfig) -> list[str]:
         "arch": "decoder", "norm_position": "pre", "norm": "rmsnorm", "ffn": "swiglu", "position": "rope",
         "type_vocab_size": 0, "embed_norm": False, "scale_embeddings": False, "final_logits_bias": False,
     }  # fmt: skip
-    return [f"{k}={getattr(cfg, k)!r} (Llama has {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]
+    return config_mismatches(cfg, "Llama", wanted, plain_heads=False)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
