@@ -161,7 +161,7 @@ def test_bad_inputs(model):
 def test_bad_model_directories(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist or is not a directory"):
         embed(["a"], model=tmp_path / "missing")
-    with pytest.raises(CheckpointError, match="has no config.json"):
+    with pytest.raises(CheckpointError, match=r"has no config\.json"):
         embed(["a"], model=tmp_path)
 
 

@@ -287,7 +287,11 @@ def _pooling_mode(path: Path) -> str:
     mode = config.get("pooling_mode")  # newer sentence-transformers write the mode by name
     if mode is None:
         enabled = [k for k, v in config.items() if k.startswith("pooling_mode_") and v is True]
-        names = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
+        names = {
+            "pooling_mode_mean_tokens": "mean",
+            "pooling_mode_cls_token": "cls",
+            "pooling_mode_max_tokens": "max",
+        }
         mode = names.get(enabled[0], enabled[0]) if len(enabled) == 1 else "+".join(enabled) or "none"
     if mode not in POOLING_MODES:
         raise CheckpointError(

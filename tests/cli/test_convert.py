@@ -2,33 +2,23 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
 import torch
 
-from oneblock.cli import convert as convert_cli
-from oneblock.errors import OneBlockError
+from oneblock.cli.main import main
 from oneblock.io import checkpoint
 
 ATOL = 1e-5
 
 
 def cli(*argv: str) -> int:
-    """Parse and run ``oneblock convert ...`` as the command line does: user errors are one line, status 2."""
-    parser = argparse.ArgumentParser(prog="oneblock")
-    convert_cli.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["convert", *argv])
-    try:
-        return convert_cli.run(args)
-    except OneBlockError as error:
-        print(f"oneblock: error: {error}", file=sys.stderr)
-        return 2
+    """``oneblock convert ...`` in-process, through the real entry point."""
+    return main(["convert", *argv])
 
 
 def _perturbed(model: torch.nn.Module) -> torch.nn.Module:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -12,23 +11,15 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import pytest
 import torch
 
-from oneblock.cli import embed as embed_cli
+from oneblock.cli.main import main
 from oneblock.embedding import PACKAGE, default_model_dir, embed
-from oneblock.errors import OneBlockError
 
 TEXTS = ["The cat sits on the mat.", "A kitten is resting on a rug.", "Stock markets fell sharply."]
 
 
 def cli(*argv: str) -> int:
-    """Parse and run ``oneblock embed ...`` as the command line does: user errors are one line and status 2."""
-    parser = argparse.ArgumentParser(prog="oneblock")
-    embed_cli.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["embed", *argv])
-    try:
-        return embed_cli.run(args)
-    except OneBlockError as error:
-        print(f"oneblock: error: {error}", file=__import__("sys").stderr)
-        return 2
+    """``oneblock embed ...`` in-process, through the real entry point."""
+    return main(["embed", *argv])
 
 
 def test_summary_table(capsys):
@@ -86,6 +77,11 @@ def test_missing_model_directory(capsys, tmp_path):
 
 @pytest.mark.parametrize("flag", ["--batch-size", "--max-length", "--show"])
 def test_help_mentions_every_flag(flag, capsys):
-    with pytest.raises(SystemExit):
-        cli("--help")
+    assert cli("--help") == 0
     assert flag in capsys.readouterr().out
+
+
+def test_bad_flag_is_one_line(capsys):
+    assert cli("--batch-size", "many", "text") == 2
+    err = capsys.readouterr().err
+    assert "invalid int value: 'many'" in err and err.count("\n") == 1

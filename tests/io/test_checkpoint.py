@@ -127,7 +127,7 @@ def test_metadata_and_header(tmp_path):
 
 
 def test_save_refuses_non_models_and_non_finite(tmp_path):
-    with pytest.raises(CheckpointError, match="expects a oneblock model.*Linear"):
+    with pytest.raises(CheckpointError, match=r"expects a oneblock model.*Linear"):
         save(torch.nn.Linear(2, 2), tmp_path / "x.safetensors")
     model = _model(CONFIGS["decoder"])
     with torch.no_grad():
@@ -178,7 +178,7 @@ def test_trailing_bytes(saved):
 def test_refuses_to_unpickle(tmp_path):
     state = _model(CONFIGS["decoder"]).state_dict()
     torch.save(state, tmp_path / "zip.pt")
-    with pytest.raises(CheckpointError, match="torch.save zip archive: refusing to unpickle; oneblock checkpoints"):
+    with pytest.raises(CheckpointError, match=r"torch\.save zip archive: refusing to unpickle; oneblock checkpoints"):
         load(tmp_path / "zip.pt")
     (tmp_path / "raw.pkl").write_bytes(pickle.dumps({"a": 1}))
     with pytest.raises(CheckpointError, match="is a pickle: refusing to unpickle; oneblock checkpoints are"):
@@ -187,7 +187,7 @@ def test_refuses_to_unpickle(tmp_path):
 
 def test_plain_safetensors_is_not_a_checkpoint(tmp_path):
     save_file({"w": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
-    with pytest.raises(CheckpointError, match="not a oneblock checkpoint.*oneblock convert"):
+    with pytest.raises(CheckpointError, match=r"not a oneblock checkpoint.*oneblock convert"):
         load(tmp_path / "plain.safetensors")
 
 

@@ -45,10 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     src, dst = Path(args.src), Path(args.dst)
     _check_paths(src, dst, to_hf=args.to_hf, force=args.force)
-    if args.to_hf:
-        model = checkpoint.load(src)
-    else:
-        model = hf.from_hf(src)
+    model = checkpoint.load(src) if args.to_hf else hf.from_hf(src)
     if args.dtype is not None:
         model = model.to(getattr(torch, args.dtype))
     cfg = model.config
