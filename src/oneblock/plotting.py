@@ -18,6 +18,7 @@ from oneblock.counting import ParameterCount
 from oneblock.errors import InputError, OneBlockError
 
 INSTALL_HINT = "pip install 'oneblock[plot]'"
+MAX_COLUMNS = 6  # heads per row of the attention figure
 
 
 def require_matplotlib() -> Any:
@@ -73,7 +74,7 @@ def plot_attention(
     Args:
         maps: row label -> weights (H, T, T); every entry must have the same H and T.
         path: the PNG to write.
-        tokens: token ids for the axis labels.
+        tokens: the input's token ids, printed under the title.
         title: figure title.
 
     Returns:
@@ -82,38 +83,43 @@ def plot_attention(
     plt = require_matplotlib()
     labels = list(maps)
     n_heads, t, _ = maps[labels[0]].shape
+    cols = min(n_heads, MAX_COLUMNS)
+    rows_per_model = -(-n_heads // cols)  # ceil: many heads wrap onto several rows
     size = max(1.6, min(3.0, 0.4 * t))
     fig, axes = plt.subplots(
-        len(labels), n_heads, figsize=(size * n_heads + 1.2, size * len(labels) + 0.9), squeeze=False
+        len(labels) * rows_per_model,
+        cols,
+        figsize=(size * cols + 1.2, size * len(labels) * rows_per_model + 0.9),
+        squeeze=False,
+        layout="constrained",
     )
-    ticks = [str(x) for x in tokens] if tokens is not None else [str(i) for i in range(t)]
+    ticks = list(range(t)) if t <= 16 else list(range(0, t, max(1, t // 8)))
     image = None
-    for r, label in enumerate(labels):
-        for h in range(n_heads):
-            ax = axes[r][h]
+    for m, label in enumerate(labels):
+        for h in range(rows_per_model * cols):
+            ax = axes[m * rows_per_model + h // cols][h % cols]
+            if h >= n_heads:
+                ax.axis("off")
+                continue
             w = maps[label][h].cpu().numpy()
             image = ax.imshow(w, vmin=0.0, vmax=1.0, cmap="viridis")
             if t <= 8:  # small maps: print each weight in its cell
                 for i in range(t):
                     for j in range(t):
-                        ax.text(
-                            j,
-                            i,
-                            f"{w[i, j]:.2f}",
-                            ha="center",
-                            va="center",
-                            fontsize=6,
-                            color="white" if w[i, j] < 0.6 else "black",
-                        )
-            ax.set_xticks(range(t), ticks if t <= 16 else [""] * t, fontsize=6)
-            ax.set_yticks(range(t), ticks if t <= 16 else [""] * t, fontsize=6)
-            if r == 0:
-                ax.set_title(f"head {h + 1}", fontsize=9)
-            if h == 0:
-                ax.set_ylabel(f"{label}\nquery", fontsize=9)
-            if r == len(labels) - 1:
-                ax.set_xlabel("key", fontsize=8)
-    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+                        color = "white" if w[i, j] < 0.6 else "black"
+                        ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=6, color=color)
+            ax.set_xticks(ticks)
+            ax.set_yticks(ticks)
+            ax.tick_params(labelsize=6)
+            ax.set_title(f"{label}, head {h + 1}" if h % cols == 0 else f"head {h + 1}", fontsize=8)
+            if h % cols == 0:
+                ax.set_ylabel("query position", fontsize=8)
+            if h // cols == rows_per_model - 1 or h + cols >= n_heads:
+                ax.set_xlabel("key position", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.9, label="attention weight")
+    if tokens is not None:
+        shown = " ".join(str(x) for x in tokens[:24]) + (" ..." if len(tokens) > 24 else "")
+        title = f"{title}\ntoken ids: {shown}" if title else f"token ids: {shown}"
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, plt, path)
@@ -159,6 +165,9 @@ def _bars(ax: Any, parts: list[tuple[str, int]], total: int, title: str) -> None
         )
     ax.set_title(title, fontsize=10)
     ax.set_xlim(0, max(values) * 1.45)
+    from matplotlib.ticker import EngFormatter
+
+    ax.xaxis.set_major_formatter(EngFormatter(sep=" "))
     ax.set_xlabel("parameters")
     ax.tick_params(axis="y", labelsize=8)
     ax.spines[["top", "right"]].set_visible(False)

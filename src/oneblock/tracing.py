@@ -90,7 +90,7 @@ def trace_shapes(root: nn.Module, call: Callable[[], Any], *, max_depth: int | N
     Args:
         root: the module whose submodules are traced; its own call is the first row.
         call: a zero-argument function running the forward pass, e.g. ``lambda: model(tokens)``.
-        max_depth: skip modules nested deeper than this below ``root``.
+        max_depth: leave out calls nested deeper than this (``root``'s own call is depth 0).
 
     Returns:
         One ``TraceRow`` per call.
@@ -98,8 +98,6 @@ def trace_shapes(root: nn.Module, call: Callable[[], Any], *, max_depth: int | N
     names: dict[int, list[str]] = {}
     modules: dict[int, nn.Module] = {}
     for name, module in root.named_modules(remove_duplicate=False):
-        if max_depth is not None and _depth(name) > max_depth:
-            continue
         if isinstance(module, (nn.ModuleList, nn.ModuleDict, nn.Dropout)):
             continue  # containers are never called; dropout is the identity at inference
         names.setdefault(id(module), []).append(name)
@@ -147,11 +145,8 @@ def trace_shapes(root: nn.Module, call: Callable[[], Any], *, max_depth: int | N
             parameters=_numel(slot["module"]),
         )
         for slot in slots
+        if max_depth is None or slot["depth"] <= max_depth
     ]
-
-
-def _depth(name: str) -> int:
-    return 0 if not name else name.count(".") + 1
 
 
 def _parent(name: str) -> str:
@@ -163,9 +158,7 @@ def example_tokens(cfg: ModelConfig, batch: int, seq_len: int, *, seed: int = 0)
     if batch <= 0 or seq_len <= 0:
         raise InputError(f"batch and seq_len must be positive; got batch={batch}, seq_len={seq_len}")
     if seq_len > cfg.max_seq_len:
-        raise InputError(
-            f"seq_len ({seq_len}) exceeds max_seq_len ({cfg.max_seq_len}); pass a shorter --seq-len"
-        )
+        raise InputError(f"seq_len ({seq_len}) exceeds max_seq_len ({cfg.max_seq_len}); pass a shorter --seq-len")
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=generator)
 

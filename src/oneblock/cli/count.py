@@ -86,16 +86,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _render(data: dict[str, Any]) -> None:
-    from oneblock.cli.render import console, human_bytes, table
+    from oneblock.cli.render import console, heading, human_bytes, table
 
     cfg, total = data["config"], data["total"]
     out = console()
-    title = (
-        f"{data['model']}: {cfg['arch']}, d_model {cfg['d_model']}, {cfg['n_heads']} heads, "
-        f"{cfg['n_layers']} layers, d_ff {cfg['d_ff']}, vocab {cfg['vocab_size']:,}"
+    out.print(
+        heading(
+            f"{data['model']}: {cfg['arch']}, d_model {cfg['d_model']}, {cfg['n_heads']} heads, "
+            f"{cfg['n_layers']} layers, d_ff {cfg['d_ff']}, vocab {cfg['vocab_size']:,}"
+        )
     )
     breakdown = table(
-        title,
+        None,
         ["component", "parameters", "share"],
         [(label, v, f"{v / total:.1%}") for label, v in _labelled(data)] + [("total", total, "100.0%")],
         caption="Tied matrices are counted once; buffers (rotary tables, BART's logits bias) are not parameters.",

@@ -39,9 +39,10 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.lesson import STEPS, run_lesson
 
     figures = run_lesson(seed=args.seed, steps=args.step)
+    status = 0 if figures.get("tiny", {}).get("all_passed", True) else 1  # a failed sanity check fails the demo
     if args.json:
         print_json({"seed": args.seed, **figures})
-        return 0
+        return status
     out = console()
     for name, step in figures.items():
         number = list(STEPS).index(name) + 1
@@ -49,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
         out.print(heading(f"{number}. {step['title']}"))
         for renderable in RENDERERS[name](step):
             out.print(renderable)
-    all_passed = figures.get("tiny", {}).get("all_passed", True)
-    return 0 if all_passed else 1
+    return status
 
 
 def _gelu(f: dict[str, Any]) -> list[Any]:

@@ -7,10 +7,13 @@ Nothing heavy is imported at module level; ``oneblock --help`` builds every pars
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from oneblock.config import ACTIVATIONS, ARCHS, FFNS, NORM_POSITIONS, NORMS, POSITIONS
+from oneblock.config import ACTIVATIONS, ARCHS, FFNS, NORM_POSITIONS, NORMS, POSITIONS, ModelConfig
 from oneblock.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 DEFAULT_PRESET = "lesson"
 
@@ -109,7 +112,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return changes
 
 
-def config_from_args(args: argparse.Namespace):  # -> ModelConfig
+def config_from_args(args: argparse.Namespace) -> ModelConfig:
     """The ``ModelConfig`` the flags describe: the preset with the given flags applied.
 
     Raises:
@@ -135,7 +138,7 @@ def describe(args: argparse.Namespace) -> str:
     return preset + " + " + ", ".join(f"{k}={v}" for k, v in changes.items())
 
 
-def load_checkpoint(path: str):  # -> nn.Module
+def load_checkpoint(path: str) -> nn.Module:
     """The model stored at ``path`` by ``oneblock.io.checkpoint.save`` (its config is ``model.config``)."""
     from oneblock.io import checkpoint
 
@@ -152,7 +155,9 @@ def _refuse_mixed(args: argparse.Namespace) -> None:
         raise ConfigError(f"--checkpoint carries its own config; drop {flags} or drop --checkpoint")
 
 
-def model_and_config(args: argparse.Namespace, *, seed: int | None = None, meta: bool = False):
+def model_and_config(
+    args: argparse.Namespace, *, seed: int | None = None, meta: bool = False
+) -> tuple[nn.Module, ModelConfig]:
     """``(model, cfg)`` from ``--checkpoint`` or from the config flags.
 
     Args:
@@ -181,7 +186,7 @@ def model_and_config(args: argparse.Namespace, *, seed: int | None = None, meta:
     return model, cfg
 
 
-def config_only(args: argparse.Namespace):  # -> ModelConfig
+def config_only(args: argparse.Namespace) -> ModelConfig:
     """The config of ``--checkpoint`` (read from its header) or of the flags; builds nothing."""
     if getattr(args, "checkpoint", None):
         _refuse_mixed(args)

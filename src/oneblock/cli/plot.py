@@ -4,9 +4,14 @@ breakdown, as PNG files. Needs the ``plot`` extra (matplotlib)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oneblock.cli import options
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from oneblock.config import ModelConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -35,8 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--init-std",
         type=float,
         metavar="S",
-        help="redraw the random weight matrices with this std (default: the model's 0.02); larger values give "
-        "sharper untrained patterns. Ignored with --checkpoint",
+        help="redraw the random weight matrices with this std (default: the model's 0.02); larger values (0.2, say) "
+        "give sharper untrained patterns. Ignored with --checkpoint",
     )
     options.add_seed_option(parser)
     options.add_json_option(parser)
@@ -64,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     variants = mask_variants(model)
     maps = {label: attention_weights(m, tokens, layer=args.layer) for label, m in variants.items()}
     label = options.describe(args)
+    if not args.checkpoint:
+        std = args.init_std if args.init_std is not None else _default_init_std()
+        label += f" (untrained, init std {std:g})"
     files = [
         plot_attention(
             maps,
@@ -84,7 +92,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tokens(args: argparse.Namespace, cfg: Any):  # -> Tensor (T,)
+def _default_init_std() -> float:
+    import inspect
+
+    from oneblock.models.build import init_weights
+
+    return inspect.signature(init_weights).parameters["std"].default
+
+
+def _tokens(args: argparse.Namespace, cfg: ModelConfig) -> Tensor:
+    """The input sequence (T,): ``--tokens``, checked against the vocabulary, or ``--seq-len`` random ids."""
     import torch
 
     from oneblock.errors import InputError

@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.rule import Rule
+    from rich.table import Table
 
 TICK, CROSS = "✓", "✗"
 
 
-def console():  # -> rich.console.Console
+def console() -> Console:
     """A console on the current ``sys.stdout`` (created per call so that captured output is honoured)."""
     from rich.console import Console
 
@@ -32,7 +37,9 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
-def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str | None = None):
+def table(
+    title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str | None = None
+) -> Table:
     """A rich ``Table``; numeric columns (those whose first cell is a number) are right-aligned."""
     from rich.table import Table
 
@@ -46,7 +53,7 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     return out
 
 
-def heading(text: str):  # -> rich.rule.Rule
+def heading(text: str) -> Rule:
     from rich.rule import Rule
 
     return Rule(f"[bold]{text}[/bold]", align="left")

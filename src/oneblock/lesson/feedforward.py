@@ -68,7 +68,8 @@ def feedforward_step(seed: int) -> dict[str, Any]:
         "d_ff": f,
         "expansion": f // c,
         "shapes": [
-            {"module": r.name or "ffn", "kind": r.kind, "input": r.inputs[0], "output": r.outputs[0]} for r in rows
+            {"module": r.name or "ffn", "kind": r.kind, "input": list(r.inputs[0]), "output": list(r.outputs[0])}
+            for r in rows
         ],
         "parameters": {
             "w1": sum(p.numel() for p in ffn.w1.parameters()),

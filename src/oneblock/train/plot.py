@@ -1,29 +1,11 @@
-"""Loss curves as a PNG. matplotlib is optional (``pip install 'oneblock[plot]'``) and imported only here."""
+"""Loss curves as a PNG; matplotlib is optional and imported only when a figure is drawn."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from oneblock.errors import OneBlockError
-
-
-class PlotUnavailable(OneBlockError):
-    """matplotlib is not installed."""
-
-
-def pyplot():  # -> matplotlib.pyplot
-    """matplotlib's pyplot on the non-interactive Agg backend (writes files, needs no display)."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise PlotUnavailable(
-            "plotting needs matplotlib, which is not installed; install it with pip install 'oneblock[plot]'"
-        ) from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from oneblock.plotting import require_matplotlib
 
 
 def smooth(values: list[float], span: int) -> list[float]:
@@ -40,7 +22,7 @@ def smooth(values: list[float], span: int) -> list[float]:
 def plot_training(records: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
     """Training loss (raw and smoothed) and held-out loss against step, with the learning rate and gradient
     norm below; written to ``path``."""
-    plt = pyplot()
+    plt = require_matplotlib()
     steps = [r for r in records if "loss" in r and isinstance(r["loss"], float)]
     evals = [r for r in records if "eval" in r]
     x = [r["step"] for r in steps]

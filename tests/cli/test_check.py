@@ -1,0 +1,54 @@
+"""``oneblock check``: the sanity checks through the command line, and exit 1 on a failure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import oneblock.checks
+from oneblock.checks import CheckResult
+from oneblock.cli.main import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "arch", "names"),
+    [
+        ([], "decoder", {"causality", "future weights exactly zero", "feed-forward is position-wise"}),
+        (["--arch", "encoder"], "encoder", {"rows sum to one", "batch row equals run alone"}),
+        (["--arch", "encoder-decoder", "--norm-position", "post"], "encoder-decoder", {"causality"}),
+        (["--preset", "tiny", "--position", "rope", "--ffn", "swiglu", "--norm", "rmsnorm"], "decoder", {"causality"}),
+    ],
+)
+def test_checks_pass(argv, arch, names, capsys):
+    assert main(["check", *argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["arch"] == arch and data["passed"] is True
+    assert all(c["passed"] for c in data["checks"])
+    assert names <= {c["name"] for c in data["checks"]}
+
+
+def test_causality_figures(capsys):
+    assert main(["check", "--json"]) == 0
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["causality"]["figures"]["earlier_max_change"] == 0.0
+    assert checks["causality"]["figures"]["last_max_change"] > 0.0
+    assert checks["future weights exactly zero"]["figures"]["max_future_weight"] == 0.0
+
+
+def test_failure_exits_1(monkeypatch, capsys):
+    def failing(model, *, seed=0):
+        return [CheckResult("causality", False, "earlier positions moved by 0.5", {"earlier_max_change": 0.5})]
+
+    monkeypatch.setattr(oneblock.checks, "run_checks", failing)
+    assert main(["check"]) == 1
+    out = capsys.readouterr().out
+    assert "causality" in out and "✗" in out and "0 of 1 passed" in out
+    assert main(["check", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["passed"] is False
+
+
+def test_table_output(capsys):
+    assert main(["check", "--preset", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "Sanity checks of tiny (decoder)" in out and "✓" in out and "✗" not in out

@@ -1,0 +1,103 @@
+"""``oneblock count``: published parameter counts, FLOPs, memory and --verify, all through the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import oneblock.counting
+from oneblock.cli.main import main
+from oneblock.counting import count_flops, weight_memory
+from oneblock.presets import get_preset
+
+PUBLISHED = {
+    "lesson": 172_288,
+    "tiny": 1_096,
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "bert-base": 109_482_240,
+    "bart-base": 139_420_416,
+    "minilm": 22_713_216,
+    "smollm2-135m": 134_515_008,
+}
+
+
+def count_json(capsys, *argv: str) -> dict:
+    assert main(["count", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(("preset", "total"), PUBLISHED.items())
+def test_preset_totals(preset, total, capsys):
+    data = count_json(capsys, "--preset", preset)
+    assert data["total"] == total
+    assert sum(data["breakdown"].values()) == total
+    cfg = get_preset(preset)
+    assert data["flops_per_token"] == count_flops(cfg)
+    assert data["memory_bytes"] == weight_memory(cfg) == {"fp32": 4 * total, "bf16": 2 * total}
+
+
+def test_lesson_figures(capsys):
+    data = count_json(capsys)
+    assert (data["per_block"], data["rule_of_thumb"], data["attention"], data["feedforward"]) == (
+        49_984, 49_152, 16_640, 33_088
+    )  # fmt: skip
+    assert data["norms_per_block"] == 256
+    assert data["breakdown"] == {
+        "token_embedding": 64_000,
+        "position_embedding": 8_192,
+        "attention": 2 * 16_640,
+        "feedforward": 2 * 33_088,
+        "block_norms": 512,
+        "final_norm": 128,
+    }
+    assert data["non_embedding"] == 172_288 - 64_000 - 8_192
+
+
+def test_seq_len_moves_only_the_attention_flops(capsys):
+    short = count_json(capsys, "--seq-len", "16")["flops_per_token"]
+    long = count_json(capsys, "--seq-len", "32")["flops_per_token"]
+    assert short["matmul"] == long["matmul"] and short["head"] == long["head"]
+    assert long["attention"] == 2 * short["attention"] and short["seq_len"] == 16
+    assert short == count_flops(get_preset("lesson"), 16)
+
+
+def test_flags_change_the_count(capsys):
+    data = count_json(capsys, "--untied", "--no-bias")
+    assert data["breakdown"]["lm_head"] == 64_000
+    assert data["attention"] == 4 * 64 * 64 and data["feedforward"] == 2 * 64 * 256
+
+
+@pytest.mark.parametrize("preset", ["lesson", "gpt2", "bart-base", "smollm2-135m", "bert-base"])
+def test_verify_against_numel(preset, capsys):
+    data = count_json(capsys, "--preset", preset, "--verify")
+    assert data["measured"] == data["total"] == PUBLISHED[preset] and data["verified"] is True
+
+
+def test_verify_exits_1_on_mismatch(monkeypatch, capsys):
+    real = oneblock.counting.count_parameters
+
+    def off_by_one(cfg):
+        count = real(cfg)
+        return type(count)(**{**count.__dict__, "total": count.total + 1})
+
+    monkeypatch.setattr(oneblock.counting, "count_parameters", off_by_one)
+    assert main(["count", "--verify", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["verified"] is False and data["measured"] == 172_288
+    assert main(["count", "--verify"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_table_output(capsys):
+    assert main(["count", "--preset", "gpt2"]) == 0
+    out = capsys.readouterr().out
+    for text in ("124,439,808", "7,087,872", "rule of thumb", "forward FLOPs / token", "497.8 MB", "248.9 MB"):
+        assert text in out
+    assert "{" not in out  # tables, not JSON
+
+
+def test_bad_seq_len(capsys):
+    assert main(["count", "--seq-len", "0"]) == 2
+    assert "--seq-len must be a positive integer; got 0" in capsys.readouterr().err
