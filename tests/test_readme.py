@@ -27,4 +27,4 @@ def test_readme_python_examples_run(capsys):
 def test_readme_commands_run(line):
     from oneblock.cli.main import main
 
-    assert main(shlex.split(line)[1:]) == 0
+    assert main(shlex.split(line)[2:]) == 0
