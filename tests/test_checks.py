@@ -55,3 +55,9 @@ def test_masking_after_softmax_leaks():
 def test_plain_callable_needs_vocab_size():
     with pytest.raises(TypeError, match="vocab_size"):
         run_checks(lambda x: x)
+
+
+def test_causality_on_a_single_position_is_not_applicable():
+    model = ob.build_model(ob.ModelConfig(max_seq_len=1))
+    results = {r.name: r for r in run_checks(model)}
+    assert results["causality"].passed and results["causality"].figures == {"applicable": False}

@@ -68,6 +68,9 @@ def check_upper_triangle_zero(weights: list[Tensor]) -> CheckResult:
 
 def check_causality(model: Callable[..., Any], tokens: Tensor, vocab_size: int) -> CheckResult:
     """Change the last token: outputs at every earlier position must not move at all."""
+    if tokens.shape[1] < 2 or vocab_size < 2:
+        return CheckResult("causality", True, "not applicable: needs two positions and two token ids",
+                           {"applicable": False})
     changed = tokens.clone()
     changed[:, -1] = (changed[:, -1] + 1) % vocab_size
     with torch.no_grad():

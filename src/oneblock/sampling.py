@@ -21,11 +21,16 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
     Raises:
         InputError: a negative or non-finite temperature, ``top_k < 1`` or ``top_p`` outside ``(0, 1]``.
     """
-    if not isinstance(temperature, (int, float)) or not temperature >= 0 or temperature == float("inf"):
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not temperature >= 0
+        or temperature == float("inf")
+    ):
         raise InputError(f"temperature must be a finite number >= 0 (0 means greedy); got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise InputError(f"top_k must be a positive integer or None; got {top_k!r}")
-    if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise InputError(f"top_p must lie in (0, 1] (1 keeps every token) or be None; got {top_p!r}")
 
 

@@ -52,3 +52,45 @@ def test_table_output(capsys):
     assert main(["check", "--preset", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "Sanity checks of tiny (decoder)" in out and "✓" in out and "✗" not in out
+
+
+@pytest.fixture
+def leaky_build(monkeypatch):
+    """``build_model`` whose decoder blocks forget their causal mask: a real model that sees the future."""
+    import oneblock.models
+
+    real = oneblock.models.build_model
+
+    def build(cfg, **kwargs):
+        model = real(cfg, **kwargs)
+        for module in model.modules():
+            if hasattr(module, "causal"):
+                module.causal = False
+        return model
+
+    monkeypatch.setattr(oneblock.models, "build_model", build)
+
+
+def test_a_model_that_leaks_exits_1(leaky_build, capsys):
+    assert main(["check", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    checks = {c["name"]: c for c in data["checks"]}
+    assert data["passed"] is False
+    assert checks["causality"]["passed"] is False and checks["causality"]["figures"]["earlier_max_change"] > 0
+    assert checks["future weights exactly zero"]["figures"]["max_future_weight"] > 0
+    assert checks["rows sum to one"]["passed"] is True  # the leak hides from the row sums
+    assert main(["check"]) == 1
+    assert "✗" in capsys.readouterr().out
+
+
+def test_an_encoder_is_allowed_to_see_the_future(leaky_build, capsys):
+    assert main(["check", "--arch", "encoder", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["passed"] is True
+
+
+@pytest.mark.parametrize("flag", ["--max-seq-len", "--vocab-size"])
+def test_too_small_for_the_causality_check(flag, capsys):
+    assert main(["check", "--preset", "tiny", flag, "1"]) == 2
+    err = capsys.readouterr().err
+    field = flag[2:].replace("-", "_")
+    assert err.count("\n") == 1 and f"needs {field} >= 2; got {field} 1" in err

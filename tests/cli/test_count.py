@@ -53,6 +53,17 @@ def test_lesson_figures(capsys):
         "final_norm": 128,
     }
     assert data["non_embedding"] == 172_288 - 64_000 - 8_192
+    # per token, a multiply-add is 2 FLOPs: 2 x the block matrices (biases included), 2 x V x C for the tied head,
+    # and per layer 2 x T x C multiply-adds for the scores and as many for the weighted sum, at T = 128
+    assert data["flops_per_token"] == {
+        "matmul": 2 * 2 * (16_640 + 33_088),
+        "head": 2 * 1_000 * 64,
+        "attention": 2 * (2 * 2 * 128 * 64),
+        "attention_causal": 2 * 2 * 128 * 64,
+        "total": 198_912 + 128_000 + 65_536,
+        "seq_len": 128,
+    }
+    assert data["memory_bytes"] == {"fp32": 689_152, "bf16": 344_576}
 
 
 def test_seq_len_moves_only_the_attention_flops(capsys):
@@ -101,3 +112,13 @@ def test_table_output(capsys):
 def test_bad_seq_len(capsys):
     assert main(["count", "--seq-len", "0"]) == 2
     assert "--seq-len must be a positive integer; got 0" in capsys.readouterr().err
+
+
+def test_encoder_decoder_labels_keep_their_stack(capsys):
+    from oneblock.cli.count import label_of
+
+    assert label_of("decoder.cross_attention") == "decoder cross-attention (+ its norm)"
+    assert label_of("token_embedding") == "token embedding"
+    assert main(["count", "--preset", "bart-base"]) == 0
+    out = capsys.readouterr().out
+    assert "139,420,416" in out and "decoder cross-attention (+ its norm)" in out and "one decoder block" in out

@@ -96,3 +96,45 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys):
     assert main(["check", "--checkpoint", str(tmp_path / "nope.safetensors")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nope.safetensors" in err and "Traceback" not in err
+
+
+def _broken(kind: str, good: bytes, path):
+    if kind == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "garbage":
+        path.write_bytes(b"not a checkpoint at all " * 20)
+    elif kind == "flipped byte":
+        data = bytearray(good)
+        data[-7] ^= 0xFF  # inside the last tensor's data: only the stored SHA-256 can tell
+        path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "text"),
+    [("truncated", "is truncated"), ("empty", "is empty"), ("garbage", "is not a safetensors file"),
+     ("flipped byte", "is corrupt")],
+)  # fmt: skip
+@pytest.mark.parametrize("command", ["count", "trace", "check"])
+def test_broken_checkpoint_is_one_line(command, kind, text, checkpoint, tmp_path, capsys):
+    path, _ = checkpoint
+    broken = _broken(kind, path.read_bytes(), tmp_path / "broken.safetensors")
+    # count reads only the header; --verify makes it load the tensors, where a flipped byte shows
+    extra = ["--verify"] if command == "count" else []
+    assert main([command, "--checkpoint", str(broken), *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("oneblock: error: ") and text in captured.err and "Traceback" not in captured.err
+
+
+def test_pickle_checkpoint_is_refused(checkpoint, tmp_path, capsys):
+    path, _ = checkpoint
+    from oneblock.io.checkpoint import load
+
+    pickled = tmp_path / "model.pt"
+    torch.save(load(path).state_dict(), pickled)
+    assert main(["check", "--checkpoint", str(pickled)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refusing to unpickle" in err

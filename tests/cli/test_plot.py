@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import struct
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,8 @@ def test_writes_both_pngs(tmp_path, capsys):
         with open(name, "rb") as f:
             head = f.read()
         assert head.startswith(PNG_MAGIC) and len(head) > 10_000
+        width, height = struct.unpack(">II", head[16:24])  # the IHDR chunk follows the magic
+        assert width > 500 and height > 300
 
 
 def test_table_output_names_the_files(tmp_path, capsys):
@@ -53,3 +57,25 @@ def test_errors(argv, text, tmp_path, capsys):
     assert main(["plot", "--preset", "tiny", "--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and text in err, err
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert main(["plot", "--preset", "tiny", "--out", str(blocker / "plots")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("oneblock: error: ")
+    assert "Traceback" not in captured.err
+
+
+def test_encoder_decoder_and_checkpoint(tmp_path, capsys):
+    from oneblock.io.checkpoint import save
+    from oneblock.models import build_model
+    from oneblock.presets import get_preset
+
+    path = tmp_path / "ed.safetensors"
+    save(build_model(get_preset("tiny").replace(arch="encoder-decoder")), path)
+    assert main(["plot", "--checkpoint", str(path), "--seq-len", "5", "--out", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"] == f"checkpoint {path}" and len(data["tokens"]) == 5
+    assert all(Path(f).read_bytes().startswith(PNG_MAGIC) for f in data["files"])

@@ -76,6 +76,8 @@ def test_errors(capsys):
         (["--seq-len", "129"], "seq_len (129) exceeds max_seq_len (128)"),
         (["--batch", "0"], "--batch must be a positive integer; got 0"),
         (["--stack", "encoder"], "--stack only applies to encoder-decoder models"),
+        (["--src-len", "3"], "--src-len only applies to encoder-decoder models; this one is a decoder"),
+        (["--depth", "-1"], "--depth must be 0 or more"),
     ]:
         assert main(["trace", *argv]) == 2
         err = capsys.readouterr().err

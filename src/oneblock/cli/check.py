@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oneblock.cli import options
+
+if TYPE_CHECKING:
+    from oneblock.config import ModelConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,6 +33,7 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
     from oneblock.checks import run_checks
 
     model, cfg = options.model_and_config(args, seed=args.seed)
+    _refuse_too_small(cfg)
     results = run_checks(model, seed=args.seed)
     return {
         "model": options.describe(args),
@@ -37,6 +41,21 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
         "checks": [r.as_dict() for r in results],
         "passed": all(r.passed for r in results),
     }
+
+
+def _refuse_too_small(cfg: ModelConfig) -> None:
+    """The causality check changes the last of several tokens to another id: it needs two of each."""
+    from oneblock.errors import InputError
+
+    if cfg.arch == "encoder":
+        return
+    for field in ("max_seq_len", "vocab_size"):
+        value = getattr(cfg, field)
+        if value < 2:
+            raise InputError(
+                f"the causality check changes the last of two or more tokens to another id, so it needs "
+                f"{field} >= 2; got {field} {value}"
+            )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -125,10 +125,11 @@ def _render(data: dict[str, Any]) -> None:
 
 
 def _labelled(data: dict[str, Any]) -> list[tuple[str, int]]:
-    """Breakdown entries; an encoder-decoder's keep their ``encoder.`` / ``decoder.`` prefix in the label."""
-    rows = []
-    for key, value in data["breakdown"].items():
-        stack, _, part = key.rpartition(".")
-        label = BREAKDOWN_LABELS.get(part, part)
-        rows.append((f"{stack} {label}" if stack else label, value))
-    return rows
+    return [(label_of(key), value) for key, value in data["breakdown"].items()]
+
+
+def label_of(key: str) -> str:
+    """The readable label of a breakdown key; an encoder-decoder's keep their stack: ``decoder cross-attention``."""
+    stack, _, part = key.rpartition(".")
+    label = BREAKDOWN_LABELS.get(part, part)
+    return f"{stack} {label}" if stack else label

@@ -22,6 +22,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "plot",
     "embed",
     "convert",
+    "train",
+    "experiment",
 )
 
 PROG = "oneblock"
@@ -66,7 +68,8 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (``sys.argv[1:]`` when ``None``); returns the exit status.
 
-    Errors a user can fix (any ``OneBlockError``, bad flags) print one line on stderr and return 2.
+    Errors a user can fix (any ``OneBlockError``, bad flags, a file that cannot be read or written) print one line
+    on stderr and return 2.
     """
     from oneblock.errors import OneBlockError
 
@@ -86,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``oneblock count --json | head``): stop quietly
         _silence_stdout()
         return 1
+    except OSError as error:  # a file that cannot be read or written: --out in a read-only place, a full disk
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 2
 
 
 def _silence_stdout() -> None:

@@ -51,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from oneblock.cli.count import BREAKDOWN_LABELS
+    from oneblock.cli.count import label_of
     from oneblock.cli.render import console, print_json
     from oneblock.counting import count_parameters
     from oneblock.errors import InputError
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.checkpoint:
         std = args.init_std if args.init_std is not None else _default_init_std()
         label += f" (untrained, init std {std:g})"
+    count = count_parameters(cfg)
     files = [
         plot_attention(
             maps,
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             title=f"{label}: self-attention of block {args.layer}, same weights, two masks",
         ),
         plot_parameters(
-            count_parameters(cfg), BREAKDOWN_LABELS, out / "parameters.png", title=f"Parameters of {label}"
+            count, {k: label_of(k) for k in count.breakdown}, out / "parameters.png", title=f"Parameters of {label}"
         ),
     ]
     data: dict[str, Any] = {"model": label, "tokens": tokens.tolist(), "files": [str(f) for f in files]}

@@ -74,7 +74,11 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise InputError(f"--{flag.replace('_', '-')} must be a positive integer; got {value}")
-    model, _ = options.model_and_config(args, seed=args.seed)
+    if args.depth is not None and args.depth < 0:
+        raise InputError(f"--depth must be 0 or more (0 keeps only the traced module); got {args.depth}")
+    model, cfg = options.model_and_config(args, seed=args.seed)
+    if args.src_len is not None and cfg.arch != "encoder-decoder":
+        raise InputError(f"--src-len only applies to encoder-decoder models; this one is a {cfg.arch}")
     root, name = _root(model, args)
     call = forward_call(model, args.batch, args.seq_len, src_len=args.src_len, seed=args.seed)
     rows = trace_shapes(root, call, max_depth=args.depth)

@@ -12,8 +12,9 @@ One optimizer step::
 Resume is exact: a checkpoint holds the weights, the optimizer moments, the step (the schedule is a function of
 it), the data position and the random generators, so N steps in one go and N/2 + N/2 with a resume in between
 take the same steps and log the same losses. A Ctrl-C (``KeyboardInterrupt``) saves a checkpoint first; if it
-lands mid-step, the data position and generators are rewound to the start of that step so that the step is
-simply run again after resuming.
+lands before the update, the data position and generators are rewound to the start of that step so that the step
+is simply run again after resuming; during the update it is held back until the step is complete and logged
+(``oneblock.train.interrupts``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from oneblock.models.build import build_model
 from oneblock.train import distributed
 from oneblock.train.checkpoints import CheckpointDir
 from oneblock.train.config import TrainConfig
+from oneblock.train.interrupts import InterruptGuard
 from oneblock.train.logbook import StepLog
 from oneblock.train.objectives import Objective, make_objective
 from oneblock.train.optim import make_optimizer
@@ -143,6 +145,7 @@ class Trainer:
         torch.manual_seed(cfg.seed + 1 + self.ctx.rank)  # each rank its own dropout masks
         self._head = self.module if self.module is not self.model else None
         self.ddp: nn.Module = self.module  # wrapped in DDP by train() when distributed
+        self.interrupts = InterruptGuard()
 
     @classmethod
     def from_run(cls, run_dir: str | Path, **kwargs: Any) -> Trainer:
@@ -171,8 +174,9 @@ class Trainer:
         """Checkpoint the current step (rank 0 writes; every rank must call it, unless ``rewind`` is given).
 
         Args:
-            rewind: ``{"rng", "data"}`` captured at the start of an unfinished step, saved instead of the live
-                values (Ctrl-C mid-step). The other ranks are not consulted then.
+            rewind: ``{"step", "rng", "data"}`` captured by ``_snapshot`` (at the start of an unfinished step, or
+                now), saved instead of gathering the live values from every rank: the Ctrl-C path, where the other
+                ranks may be anywhere. Every rank's generators are then saved as this rank's.
         """
         if self.checkpoints is None:
             return None
@@ -184,6 +188,10 @@ class Trainer:
             return None
         meta = {"task": self.cfg.task, "train": self.cfg.to_dict()}
         return self.checkpoints.save(self.step, self.model, self._state(rngs, data), head=self._head, metadata=meta)
+
+    def _snapshot(self) -> dict[str, Any]:
+        """This rank's step, generators and data position: what a resumed run needs to repeat a step."""
+        return {"step": self.step, "rng": rng_state(), "data": self.objective.state_dict()}
 
     def _resume(self) -> None:
         latest = self.checkpoints.latest() if self.checkpoints else None
@@ -224,12 +232,13 @@ class Trainer:
         loss.backward()
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
-        self.optimizer.step()
-        self.step += 1
-        seconds = time.perf_counter() - start
-        self.elapsed += seconds
-        tokens = n_tokens * ctx.world
-        self.tokens += tokens
+        with self.interrupts.hold():  # the update and the counters change together or not at all
+            self.optimizer.step()
+            self.step += 1
+            seconds = time.perf_counter() - start
+            self.elapsed += seconds
+            tokens = n_tokens * ctx.world
+            self.tokens += tokens
         return {
             "step": self.step,
             "loss": distributed.mean(float(loss.detach()), ctx),
@@ -264,9 +273,8 @@ class Trainer:
         try:
             with TrainProgress(cfg.steps, start=self.step, enabled=ctx.is_main and not self.quiet) as bar:
                 while self.step < cfg.steps:
-                    rewind = {"rng": rng_state(), "data": self.objective.state_dict()}
+                    rewind = self._snapshot()
                     record = self.train_step()
-                    rewind = None
                     result.losses.append(record["loss"])
                     if log:
                         log.write(record)
@@ -282,9 +290,12 @@ class Trainer:
                         self.save()
                     if self.on_step is not None:
                         self.on_step(self.step, record)
+                    self.interrupts.check()  # a Ctrl-C held back during the update stops here
         except KeyboardInterrupt:
-            # No collective calls here: the other ranks may be anywhere. Mid-step, rewind to the step's start.
-            self.save(rewind=rewind or {"rng": rng_state(), "data": self.objective.state_dict()})
+            # No collective calls here: the other ranks may be anywhere. Before the update, rewind to the step's
+            # start; after it, the step is complete and the live state is the one to keep.
+            unfinished = rewind is not None and rewind["step"] == self.step
+            self.save(rewind=rewind if unfinished else self._snapshot())
             result.interrupted = True
         else:
             self.save()

@@ -212,13 +212,26 @@ def claims(runs: list[Run], grads: dict[str, list[float]], setup: Setup, tol: fl
                     f"({pre.status}) vs post-LN {post.final:.3f} ({post.status}); pre-LN trains more stably: "
                     f"{'HELD' if held else 'NOT HELD'}"
                 )
-            cost = {}
-            for norm in ("pre", "post"):
-                cold, warm = _find(runs, depth, norm, lr, False), _find(runs, depth, norm, lr, True)
-                cost[norm] = cold.final - warm.final
-            held = cost["pre"] <= cost["post"] + tol
-            lines.append(
-                f"depth {depth}, lr {lr:g}: skipping warmup costs pre-LN {cost['pre']:+.3f}, post-LN "
-                f"{cost['post']:+.3f}; pre-LN needs less warmup: {'HELD' if held else 'NOT HELD'}"
-            )
+            lines.append(_warmup_claim(runs, depth, lr, tol))
     return lines
+
+
+def _warmup_claim(runs: list[Run], depth: int, lr: float, tol: float) -> str:
+    """"Pre-LN needs less warmup" at one (depth, lr): skipping warmup costs pre-LN no more than post-LN.
+
+    Untestable when one placement fails with and without warmup: warmup is then not what decides.
+    """
+    cost, failed = {}, []
+    for norm in ("pre", "post"):
+        cold, warm = _find(runs, depth, norm, lr, False), _find(runs, depth, norm, lr, True)
+        cost[norm] = cold.final - warm.final
+        if not _healthy(cold) and not _healthy(warm):
+            failed.append(f"{norm}-LN")
+    if failed:
+        verdict = f"INCONCLUSIVE ({' and '.join(failed)} failed with and without warmup)"
+    else:
+        verdict = "HELD" if cost["pre"] <= cost["post"] + tol else "NOT HELD"
+    return (
+        f"depth {depth}, lr {lr:g}: skipping warmup costs pre-LN {cost['pre']:+.3f}, post-LN {cost['post']:+.3f}; "
+        f"pre-LN needs less warmup: {verdict}"
+    )

@@ -1,0 +1,128 @@
+"""``oneblock experiment``: measure two of the lesson's claims instead of taking them on trust.
+
+- ``residuals``: the gradient norm reaching the first block of stacks of 1..48 blocks at initialization, with and
+  without the skip connections (the lesson's "0.5^12 = 0.000244 without skips" argument, measured).
+- ``norm-placement``: pre-LN against post-LN at depths 2, 6, 12 and 24: per-layer gradient norms at
+  initialization and training curves with and without warmup at two learning rates, with a verdict per setting.
+
+Each writes a PNG and a markdown report to ``--out``. ``--quick`` runs a reduced version in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from oneblock.cli import options
+
+EXPERIMENTS = ("residuals", "norm-placement")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "experiment",
+        help="measure the lesson's claims: residuals and gradient flow, pre-LN vs post-LN (PNG + table)",
+        description=(
+            "residuals: first-block gradient norm of stacks of 1..48 blocks at initialization, with and without "
+            "skip connections. norm-placement: pre-LN vs post-LN at depths 2, 6, 12, 24: gradient norm per block "
+            "at initialization, and byte-level decoder training with and without warmup at two learning rates, "
+            "flagging diverged and stalled runs. Writes <name>.png and <name>.md to --out; needs matplotlib."
+        ),
+    )
+    parser.add_argument("name", choices=EXPERIMENTS, help="which experiment to run")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer depths, steps and seeds: a smoke run in well under a minute"
+    )
+    parser.add_argument(
+        "--out", default="experiments", metavar="DIR", help="directory for the PNG and report (default: experiments)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, metavar="N",
+        help="CPU threads for torch; the models are tiny, so more threads mostly add overhead (default: 1)",
+    )  # fmt: skip
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    options.add_json_option(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from oneblock.cli.render import print_json
+    from oneblock.errors import ConfigError
+    from oneblock.plotting import require_matplotlib
+
+    require_matplotlib()  # fail before minutes of work if the figure cannot be drawn
+    if args.threads <= 0:
+        raise ConfigError(f"--threads must be a positive integer; got {args.threads}")
+    torch.set_num_threads(args.threads)
+    report = _residuals(args) if args.name == "residuals" else _norm_placement(args)
+    if args.json:
+        print_json(report)
+    else:
+        _show(args.name, report)
+    return 0
+
+
+def _progress(total: int, label: str, enabled: bool) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), disable=not enabled,
+    )  # fmt: skip
+    progress.add_task(label, total=total)
+    return progress
+
+
+def _residuals(args: argparse.Namespace) -> dict[str, Any]:
+    from oneblock.train.experiments import residuals
+
+    depths = residuals.QUICK_DEPTHS if args.quick else residuals.FULL_DEPTHS
+    seeds = 1 if args.quick else 3
+    with _progress(len(depths), "residuals", not args.quiet) as bar:
+        results = residuals.run(depths, seeds=seeds, progress=lambda _: bar.advance(bar.task_ids[0]))
+    return residuals.write_report(results, args.out)
+
+
+def _norm_placement(args: argparse.Namespace) -> dict[str, Any]:
+    from oneblock.train.experiments import norm_placement, norm_placement_report
+
+    setup = norm_placement.Setup.quick() if args.quick else norm_placement.Setup.full()
+    total = len(setup.depths) * len(setup.lrs) * 4
+    with _progress(total, "norm-placement", not args.quiet) as bar:
+        results = norm_placement.run_all(setup, progress=lambda _: bar.advance(bar.task_ids[0]))
+    return norm_placement_report.write_report(results, args.out)
+
+
+def _show(name: str, report: dict[str, Any]) -> None:
+    from oneblock.cli.render import console, table
+
+    out = console()
+    if name == "residuals":
+        shown = [r for r in report["results"] if r["depth"] in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48)]
+        rows = [
+            (r["depth"], r["first_layer_skip"], r["first_layer_no_skip"], r["input_skip"], r["input_no_skip"],
+             0.5 ** (r["depth"] - 1))
+            for r in shown
+        ]  # fmt: skip
+        columns = ("depth", "first block, skips", "first block, no skips", "input, skips", "input, no skips",
+                   "0.5^(depth-1)")  # fmt: skip
+        out.print(table("Gradient norms at initialization", columns, rows))
+    else:
+        rows = []
+        for depth, lr, warmup in sorted({(r["depth"], r["lr"], r["warmup"]) for r in report["runs"]}):
+            pair = {r["norm_position"]: r for r in report["runs"] if (r["depth"], r["lr"], r["warmup"]) == (depth, lr,
+                                                                                                         warmup)}
+            rows.append((depth, f"{lr:g}", "yes" if warmup else "no", _final(pair["pre"]), pair["pre"]["status"],
+                         _final(pair["post"]), pair["post"]["status"]))  # fmt: skip
+        columns = ("depth", "lr", "warmup", "pre-LN loss", "pre-LN", "post-LN loss", "post-LN")
+        out.print(table("Final training loss (mean of the last tenth of the steps)", columns, rows))
+    for line in report.get("findings", report.get("claims", [])):
+        out.print(f"- {line}", markup=False)
+    out.print(f"wrote {report['png']} and {report['markdown']}")
+
+
+def _final(run: dict[str, Any]) -> str:
+    return "NaN/inf" if run["final"] is None else f"{run['final']:.3f}"

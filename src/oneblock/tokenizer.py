@@ -1,0 +1,208 @@
+"""Text <-> token ids for generation: a GPT-2 byte-level BPE ``tokenizer.json`` when one is found, else bytes.
+
+Two tokenizers share one small interface (``encode``, ``decode``, ``vocab_size``, ``eos_id``):
+
+* ``BPETokenizer`` wraps a Hugging Face ``tokenizers`` file: ``tokenizer.json``, or the older GPT-2 pair
+  ``vocab.json`` + ``merges.txt``. The ``tokenizers`` library is imported only when such a file is read.
+* ``ByteTokenizer`` is the fallback: ids 0..255 are the UTF-8 bytes of the text, so any model with
+  ``vocab_size >= 256`` (the byte-level models ``oneblock train`` makes) can be prompted without a vocabulary file.
+
+Byte-level tokens can end in the middle of a multi-byte character; ``TextStream`` turns a stream of ids into text
+that is printed only once complete, as generation streams tokens one at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from oneblock.errors import CheckpointError, InputError
+
+TOKENIZER_FILE = "tokenizer.json"
+VOCAB_FILES = ("vocab.json", "merges.txt")
+
+
+class Tokenizer(Protocol):
+    """What generation needs from a tokenizer."""
+
+    name: str
+    eos_id: int | None
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0..255; decoding replaces invalid byte sequences with U+FFFD."""
+
+    name = "bytes"
+    eos_id: int | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise InputError(f"encode expects a str; got {type(text).__name__}")
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < 256]
+        if bad:
+            raise InputError(f"byte token ids must lie in [0, 256); got {bad[:5]}")
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+    """A ``tokenizers.Tokenizer`` (GPT-2 byte-level BPE, or anything else that library reads).
+
+    Args:
+        tokenizer: the ``tokenizers.Tokenizer``.
+        name: where it came from, for messages.
+        eos_id: the end-of-text id (GPT-2's ``<|endoftext|>``), when the vocabulary has one.
+    """
+
+    def __init__(self, tokenizer: Any, *, name: str, eos_id: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.name = name
+        self.eos_id = eos_id
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> BPETokenizer:
+        """Read a ``tokenizer.json``."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            tokenizer = HFTokenizer.from_file(str(path))
+        except Exception as error:  # the library raises plain Exceptions on malformed files
+            raise CheckpointError(f"{str(path)!r} is not a readable tokenizer.json: {error}") from error
+        return cls(tokenizer, name=str(path), eos_id=tokenizer.token_to_id("<|endoftext|>"))
+
+    @classmethod
+    def from_vocab(cls, vocab: str | os.PathLike[str], merges: str | os.PathLike[str]) -> BPETokenizer:
+        """Rebuild GPT-2's byte-level BPE from ``vocab.json`` and ``merges.txt``."""
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, pre_tokenizers
+        from tokenizers.models import BPE
+
+        try:
+            tokenizer = HFTokenizer(BPE.from_file(str(vocab), str(merges)))
+        except Exception as error:
+            raise CheckpointError(f"{str(vocab)!r} and {str(merges)!r} are not a BPE vocabulary: {error}") from error
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        return cls(tokenizer, name=str(vocab), eos_id=tokenizer.token_to_id("<|endoftext|>"))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise InputError(f"encode expects a str; got {type(text).__name__}")
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``; a partial multi-byte character decodes to U+FFFD."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def find_tokenizer(checkpoint: str | os.PathLike[str]) -> Path | None:
+    """The tokenizer file that belongs to a checkpoint, or ``None``.
+
+    Looked for, in order: ``<dir>/tokenizer.json`` for a directory (a Hugging Face model), and beside a file
+    ``<stem>.tokenizer.json`` then ``tokenizer.json`` in the same directory; ``vocab.json`` (with ``merges.txt``)
+    in the same places.
+    """
+    path = Path(checkpoint)
+    folder = path if path.is_dir() else path.parent
+    candidates = [] if path.is_dir() else [folder / f"{path.stem}.{TOKENIZER_FILE}"]
+    candidates += [folder / TOKENIZER_FILE, folder / VOCAB_FILES[0]]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def load_tokenizer(
+    checkpoint: str | os.PathLike[str] | None = None,
+    *,
+    tokenizer: str | os.PathLike[str] | None = None,
+    vocab_size: int | None = None,
+) -> Tokenizer:
+    """The tokenizer for a model: an explicit file, else one found beside the checkpoint, else bytes.
+
+    Args:
+        checkpoint: a oneblock checkpoint file or a Hugging Face model directory.
+        tokenizer: a ``tokenizer.json`` or ``vocab.json`` to use instead of searching.
+        vocab_size: the model's vocabulary; the tokenizer's ids must fit in it.
+
+    Raises:
+        CheckpointError: an explicit file that is missing or unreadable.
+        InputError: a tokenizer with more ids than the model has (the wrong tokenizer for this model).
+    """
+    if tokenizer is not None:
+        path: Path | None = Path(tokenizer)
+        if not path.is_file():
+            raise CheckpointError(f"the tokenizer file {str(path)!r} does not exist")
+    else:
+        path = find_tokenizer(checkpoint) if checkpoint is not None else None
+    if path is None:
+        result: Tokenizer = ByteTokenizer()
+    elif path.name.endswith(VOCAB_FILES[0]):
+        merges = path.with_name(VOCAB_FILES[1])
+        if not merges.is_file():
+            raise CheckpointError(f"{str(path)!r} needs {VOCAB_FILES[1]!r} beside it for byte-level BPE")
+        result = BPETokenizer.from_vocab(path, merges)
+    else:
+        result = BPETokenizer.from_file(path)
+    if vocab_size is not None and result.vocab_size > vocab_size:
+        hint = (
+            "the model is smaller than 256 ids: put its tokenizer.json beside the checkpoint or pass one"
+            if path is None
+            else "this tokenizer belongs to another model; pass the right one"
+        )
+        raise InputError(
+            f"the tokenizer ({result.name}) has {result.vocab_size} ids but the model's vocab_size is {vocab_size}; "
+            f"{hint}"
+        )
+    return result
+
+
+class TextStream:
+    """Decode generated ids as they come, emitting text only once it is complete.
+
+    Decoding one token at a time can cut a UTF-8 character (or, for byte-level BPE, a token) in half, which
+    would print U+FFFD. The stream decodes all ids so far and holds back text that ends in an incomplete
+    character until the next token completes it.
+
+    >>> stream = TextStream(ByteTokenizer())
+    >>> stream.push([0xC3]), stream.push([0xA9])
+    ('', 'é')
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.printed = 0  # characters of the decoded text already handed out
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Add ids; return the new text that is ready."""
+        self.ids.extend(int(i) for i in ids)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # possibly an unfinished character: wait for more
+            return ""
+        new, self.printed = text[self.printed :], len(text)
+        return new
+
+    def flush(self) -> str:
+        """Whatever is left, complete or not (call once generation ends)."""
+        text = self.tokenizer.decode(self.ids)
+        new, self.printed = text[self.printed :], len(text)
+        return new
