@@ -101,8 +101,8 @@ def generate(
 
     Args:
         model: a ``Decoder`` or an ``EncoderDecoder`` (run in eval mode; its mode is restored afterwards).
-        prompt_ids: (B, T) or (T,) int64 ids, or a list of B id lists of any lengths (left-padded with
-            ``pad_id``, or 0); for an encoder-decoder model, the decoder's first tokens.
+        prompt_ids: (B, T) or (T,) int64 ids, a list of ids (one prompt), or a list of B id lists of any
+            lengths (left-padded with ``pad_id``, or 0); for an encoder-decoder model, the decoder's first tokens.
         max_new_tokens: tokens to add (0 returns the prompt).
         temperature: divides the logits before sampling; 0 means greedy.
         top_k: sample among the ``top_k`` most likely tokens only.
@@ -125,7 +125,7 @@ def generate(
     Returns:
         (B, T + n) ids, the prompt followed by the ``n <= max_new_tokens`` new tokens ((T + n,) for a 1-D prompt).
         ``n < max_new_tokens`` only when every row has produced ``eos_id``. With ``return_logits``, also the
-        (B, n, V) float32 logits ((n, V) for a 1-D prompt).
+        (B, n, V) logits, float32 (float64 for a float64 model), ((n, V) for a 1-D prompt).
 
     Raises:
         InputError: a model without an LM head, bad ids or masks, right padding, a sequence that does not fit
@@ -257,6 +257,8 @@ def _prepare(
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
         raise InputError(f"max_new_tokens must be an int >= 0; got {max_new!r}")
     device = decoder.embed.tok.weight.device
+    if isinstance(prompt, Sequence) and len(prompt) and all(isinstance(i, int) for i in prompt):
+        prompt = torch.tensor(prompt, dtype=torch.long)  # one prompt given as a list of ids
     flat = isinstance(prompt, Tensor) and prompt.dim() == 1
     if not isinstance(prompt, Tensor):
         if prompt_mask is not None:
@@ -337,7 +339,7 @@ class _Decode:
         self.end = 0  # columns consumed so far
 
     def next(self, fed: Tensor | None) -> Tensor:
-        """The logits after ``fed`` (B,) (``None`` on the first call: after the prompt)."""
+        """The logits (B, V), float32 or wider, after ``fed`` (B,) (``None`` on the first call: the prompt)."""
         if fed is None:
             start, x = 0, self.tokens
         elif self.cache is not None:
@@ -356,4 +358,5 @@ class _Decode:
             memory=self.memory,
             memory_mask=run.src_mask,
         )
-        return self.decoder.logits(hidden[:, -1:])[:, 0].float()  # (B, 1, C) -> (B, V)
+        logits = self.decoder.logits(hidden[:, -1:])[:, 0]  # (B, 1, C) -> (B, V)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays

@@ -6,8 +6,8 @@ times fewer bytes than float32. Activations stay in floating point; only the wei
 ``round(w / s)`` with ``s = max|w_row| / 127``, an error of at most ``s / 2`` per weight.
 
 On the CPU the product runs in torch's fused int8-weight kernel (``torch._weight_int8pack_mm``, the kernel
-gpt-fast uses) with bfloat16 activations; elsewhere, or for many rows at once (a prompt), the weight is
-dequantized to the activations' dtype and multiplied as usual.
+gpt-fast uses) with bfloat16 activations, for input widths that are multiples of 16; elsewhere, or for many rows
+at once (a prompt), the weight is dequantized to the activations' dtype and multiplied as usual.
 
 Quantization is for inference: the result has no gradients and its state dict is not a oneblock checkpoint.
 """
@@ -20,6 +20,8 @@ from torch import Tensor, nn
 
 from oneblock.errors import InputError
 
+# The int8 kernel reads the input width in blocks of 16 and crashes on other widths; those take the dequantizing path.
+KERNEL_BLOCK = 16
 # Rows (tokens) at or above which a product dequantizes the weight instead of calling the int8 kernel: a prompt
 # amortizes the dequantization over its rows, while one decoding step wants the fewest bytes read.
 DEQUANTIZE_ROWS = 16
@@ -60,7 +62,8 @@ class Int8Linear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise InputError(f"Int8Linear expects inputs of width {self.in_features}; got shape {tuple(x.shape)}")
         rows = x.numel() // self.in_features
-        if rows >= DEQUANTIZE_ROWS or x.device.type != "cpu" or not _int8_kernel():
+        kernel = self.in_features % KERNEL_BLOCK == 0 and x.device.type == "cpu" and _int8_kernel()
+        if rows >= DEQUANTIZE_ROWS or not kernel:
             return F.linear(x, self.dequantized(x.dtype), self.bias)
         flat = x.reshape(rows, self.in_features).to(torch.bfloat16)  # (M, K)
         y = torch._weight_int8pack_mm(flat, self.weight, self.scale_bf16).to(x.dtype)  # (M, N)

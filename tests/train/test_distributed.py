@@ -32,11 +32,11 @@ def _run_ddp(out: Path) -> None:
     """Start two processes the way torchrun would: the same script, each with its own RANK."""
     port = str(_free_port())
     base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS} | {"OMP_NUM_THREADS": "1"}
+    launch = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     procs = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(out), str(BATCH)],
-            env=base | {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": port},  # fmt: skip
+            env=base | launch | {"RANK": str(r), "LOCAL_RANK": str(r)},
             stderr=subprocess.PIPE,
             text=True,
         )

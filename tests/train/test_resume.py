@@ -140,7 +140,7 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path):
     model_cfg, cfg = _configs()
     with pytest.raises(CheckpointError, match="nothing to resume"):
         Trainer(model_cfg, cfg, run_dir=tmp_path).train(resume=True)
-    with pytest.raises(CheckpointError, match="config.json"):
+    with pytest.raises(CheckpointError, match=r"config\.json"):
         Trainer.from_run(tmp_path / "missing")
 
 

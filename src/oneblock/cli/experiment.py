@@ -16,6 +16,7 @@ from typing import Any
 from oneblock.cli import options
 
 EXPERIMENTS = ("residuals", "norm-placement")
+SHOWN_DEPTHS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48)  # rows of the residuals table on screen (all are in the .md)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -101,27 +102,34 @@ def _show(name: str, report: dict[str, Any]) -> None:
 
     out = console()
     if name == "residuals":
-        shown = [r for r in report["results"] if r["depth"] in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48)]
-        rows = [
-            (r["depth"], r["first_layer_skip"], r["first_layer_no_skip"], r["input_skip"], r["input_no_skip"],
-             0.5 ** (r["depth"] - 1))
-            for r in shown
-        ]  # fmt: skip
         columns = ("depth", "first block, skips", "first block, no skips", "input, skips", "input, no skips",
                    "0.5^(depth-1)")  # fmt: skip
+        keys = ("first_layer_skip", "first_layer_no_skip", "input_skip", "input_no_skip")
+        rows = [
+            (r["depth"], *(r[k] for k in keys), 0.5 ** (r["depth"] - 1))
+            for r in report["results"]
+            if r["depth"] in SHOWN_DEPTHS
+        ]
         out.print(table("Gradient norms at initialization", columns, rows))
     else:
-        rows = []
-        for depth, lr, warmup in sorted({(r["depth"], r["lr"], r["warmup"]) for r in report["runs"]}):
-            pair = {r["norm_position"]: r for r in report["runs"] if (r["depth"], r["lr"], r["warmup"]) == (depth, lr,
-                                                                                                         warmup)}
-            rows.append((depth, f"{lr:g}", "yes" if warmup else "no", _final(pair["pre"]), pair["pre"]["status"],
-                         _final(pair["post"]), pair["post"]["status"]))  # fmt: skip
         columns = ("depth", "lr", "warmup", "pre-LN loss", "pre-LN", "post-LN loss", "post-LN")
-        out.print(table("Final training loss (mean of the last tenth of the steps)", columns, rows))
+        out.print(table("Final training loss (mean of the last tenth of the steps)", columns, _loss_rows(report)))
     for line in report.get("findings", report.get("claims", [])):
         out.print(f"- {line}", markup=False)
     out.print(f"wrote {report['png']} and {report['markdown']}")
+
+
+def _loss_rows(report: dict[str, Any]) -> list[tuple]:
+    """One row per (depth, lr, warmup): pre-LN and post-LN final losses and verdicts."""
+    by_setting: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for run in report["runs"]:
+        by_setting.setdefault((run["depth"], run["lr"], run["warmup"]), {})[run["norm_position"]] = run
+    rows = []
+    for (depth, lr, warmup), pair in sorted(by_setting.items()):
+        pre, post = pair["pre"], pair["post"]
+        rows.append((depth, f"{lr:g}", "yes" if warmup else "no", _final(pre), pre["status"], _final(post),
+                     post["status"]))  # fmt: skip
+    return rows
 
 
 def _final(run: dict[str, Any]) -> str:

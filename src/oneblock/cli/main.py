@@ -22,6 +22,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "plot",
     "embed",
     "convert",
+    "generate",
     "train",
     "experiment",
 )

@@ -61,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "copy: encoder-decoder (default: lm)",
     )
     task.add_argument("--text", metavar="FILE", help="UTF-8 text for lm / mlm (default: the shipped corpus)")
-    task.add_argument("--seq-len", type=int, metavar="T", help="text window, or synthetic sequence length (64)")
+    task.add_argument("--seq-len", type=int, metavar="T", help="text window (64), or synthetic sequence length (8)")
     task.add_argument("--n-symbols", type=int, metavar="K", help="alphabet size of the synthetic tasks (10)")
     task.add_argument("--mask-prob", type=float, metavar="P", help="mlm: share of positions to predict (0.15)")
     task.add_argument("--eval-examples", type=int, metavar="N", help="held-out windows or examples (256)")
@@ -70,7 +70,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     opt.add_argument("--batch-size", type=int, metavar="B", help="examples per step and per process (16)")
     opt.add_argument("--lr", type=float, help="peak learning rate (3e-3)")
     opt.add_argument("--min-lr-ratio", type=float, metavar="R", help="cosine floor as a share of --lr (0.1)")
-    opt.add_argument("--warmup", type=int, metavar="N", help="linear warmup steps (50)")
+    opt.add_argument(
+        "--warmup", type=int, metavar="N", help="linear warmup steps (50, or a tenth of a shorter --steps)"
+    )
     opt.add_argument("--weight-decay", type=float, metavar="W", help="AdamW decay of weight matrices (0.1)")
     opt.add_argument("--grad-clip", type=float, metavar="G", help="max global gradient norm, 0 = off (1.0)")
     opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward pass")
@@ -96,6 +98,8 @@ def train_config(args: argparse.Namespace):  # -> TrainConfig
     from oneblock.train.config import TrainConfig
 
     given = {field: getattr(args, dest) for dest, field in TRAIN_FLAGS.items() if getattr(args, dest) is not None}
+    if "steps" in given and "warmup_steps" not in given:  # a short run gets a tenth of its steps, up to the default
+        given["warmup_steps"] = min(TrainConfig.warmup_steps, given["steps"] // 10)
     return TrainConfig(task=args.task, bf16=args.bf16, **given)
 
 

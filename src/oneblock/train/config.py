@@ -9,6 +9,8 @@ from typing import Any
 from oneblock.errors import ConfigError
 
 TASKS = ("lm", "mlm", "reverse", "sort", "copy", "majority")
+TEXT_SEQ_LEN = 64  # bytes per training window
+SYNTHETIC_SEQ_LEN = 8  # symbols per synthetic sequence: long enough to need attention, short enough to learn fast
 TASK_ARCH = {
     "lm": "decoder",  # next-byte prediction on text
     "mlm": "encoder",  # masked-byte prediction on text
@@ -31,7 +33,7 @@ class TrainConfig:
     text: str | None = None  # UTF-8 file for lm / mlm; None means the shipped corpus
     steps: int = 500
     batch_size: int = 16
-    seq_len: int = 64  # text window, or the length L of a synthetic sequence
+    seq_len: int | None = None  # text window (default 64), or the length L of a synthetic sequence (default 8)
     n_symbols: int = 10  # alphabet of the synthetic tasks
     mask_prob: float = 0.15  # mlm: share of positions to predict
     lr: float = 3e-3
@@ -52,6 +54,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}; got {self.task!r}")
+        if self.seq_len is None:  # frozen: set the task's default once, so to_dict records the value used
+            object.__setattr__(self, "seq_len", TEXT_SEQ_LEN if self.is_text else SYNTHETIC_SEQ_LEN)
         for name in ("steps", "batch_size", "seq_len", "eval_examples", "keep_checkpoints"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -186,12 +186,13 @@ def _healthy(run: Run) -> bool:
 def claims(runs: list[Run], grads: dict[str, list[float]], setup: Setup, tol: float = 0.02) -> list[str]:
     """One line per setting: did the lesson's claim hold in this run?
 
-    - "pre-LN trains more stably" holds at a (depth, lr, warmup) setting when pre-LN is healthy and ends at a
-      loss no worse than post-LN's plus ``tol``, or post-LN diverged or stalled while pre-LN did not.
-    - "pre-LN needs less warmup" holds at a (depth, lr) setting when skipping warmup costs pre-LN no more
-      than it costs post-LN (plus ``tol``).
-    - Xiong et al.'s gradient picture holds at a depth when post-LN's top-layer gradient exceeds its bottom
-      layer's while pre-LN's top/bottom ratio is smaller than post-LN's.
+    - "pre-LN trains more stably", at a (depth, lr, warmup) setting: HELD when pre-LN is healthy and post-LN
+      is not, or both are and pre-LN ends more than ``tol`` lower; TIE when both are healthy and end within
+      ``tol``; NOT HELD otherwise.
+    - "pre-LN needs less warmup", at a (depth, lr): skipping warmup costs pre-LN less than post-LN (HELD),
+      the same within ``tol`` (TIE) or more (NOT HELD); INCONCLUSIVE when a placement fails both ways.
+    - Xiong et al.'s gradient picture holds at a depth when post-LN's top-block gradient exceeds its bottom
+      block's while pre-LN's top/bottom ratio is smaller than post-LN's.
     """
     lines = []
     for depth in setup.depths:
@@ -206,18 +207,28 @@ def claims(runs: list[Run], grads: dict[str, list[float]], setup: Setup, tol: fl
         for lr in setup.lrs:
             for warmup in (False, True):
                 pre, post = _find(runs, depth, "pre", lr, warmup), _find(runs, depth, "post", lr, warmup)
-                held = _healthy(pre) and (not _healthy(post) or pre.final <= post.final + tol)
+                if _healthy(pre) and _healthy(post):
+                    verdict = _compare(post.final - pre.final, tol)
+                else:
+                    verdict = "HELD" if _healthy(pre) else "NOT HELD"
                 lines.append(
                     f"depth {depth}, lr {lr:g}, {'warmup' if warmup else 'no warmup'}: pre-LN {pre.final:.3f} "
                     f"({pre.status}) vs post-LN {post.final:.3f} ({post.status}); pre-LN trains more stably: "
-                    f"{'HELD' if held else 'NOT HELD'}"
+                    f"{verdict}"
                 )
             lines.append(_warmup_claim(runs, depth, lr, tol))
     return lines
 
 
+def _compare(advantage: float, tol: float) -> str:
+    """HELD when pre-LN's advantage exceeds ``tol``, TIE within it, NOT HELD below."""
+    if advantage > tol:
+        return "HELD"
+    return f"TIE (within {tol:g})" if advantage >= -tol else "NOT HELD"
+
+
 def _warmup_claim(runs: list[Run], depth: int, lr: float, tol: float) -> str:
-    """"Pre-LN needs less warmup" at one (depth, lr): skipping warmup costs pre-LN no more than post-LN.
+    """"Pre-LN needs less warmup" at one (depth, lr): skipping warmup costs pre-LN less than post-LN.
 
     Untestable when one placement fails with and without warmup: warmup is then not what decides.
     """
@@ -230,7 +241,7 @@ def _warmup_claim(runs: list[Run], depth: int, lr: float, tol: float) -> str:
     if failed:
         verdict = f"INCONCLUSIVE ({' and '.join(failed)} failed with and without warmup)"
     else:
-        verdict = "HELD" if cost["pre"] <= cost["post"] + tol else "NOT HELD"
+        verdict = _compare(cost["post"] - cost["pre"], tol)
     return (
         f"depth {depth}, lr {lr:g}: skipping warmup costs pre-LN {cost['pre']:+.3f}, post-LN {cost['post']:+.3f}; "
         f"pre-LN needs less warmup: {verdict}"

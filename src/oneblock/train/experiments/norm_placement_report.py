@@ -77,6 +77,8 @@ def plot(results: dict[str, Any], path: str | Path) -> Path:
     from oneblock.plotting import require_matplotlib
 
     plt = require_matplotlib()
+    from matplotlib.ticker import MaxNLocator
+
     setup = Setup(**results["setup"])
     runs: list[Run] = results["runs"]
     depths, lrs = setup.depths, setup.lrs
@@ -89,6 +91,7 @@ def plot(results: dict[str, Any], path: str | Path) -> Path:
             g = results["grads"][f"{norm}-{depth}"]
             ax.plot(range(1, len(g) + 1), g, "o-", ms=3, color=STYLE[(norm, True)][1], label=f"{norm}-LN")
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{depth} layers: grad norm per block at init", fontsize=9)
         ax.set_xlabel("block (1 = bottom)", fontsize=8)
         ax.grid(alpha=0.3, which="both")

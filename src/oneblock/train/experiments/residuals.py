@@ -94,43 +94,40 @@ def run(depths: tuple[int, ...] = FULL_DEPTHS, *, seeds: int = 3, d_model: int =
 
 
 def findings(results: list[DepthResult]) -> list[str]:
-    """Plain-language lines: the 12-layer figures against 0.5^12, and where the skip-less stack gives out."""
+    """Plain-language lines: the 12-layer figures against 0.5^12, the spread with skips, and where (and how fast)
+    the gradient of the skip-less stack collapses."""
     by_depth = {r.depth: r for r in results}
-    base = results[0]
-    lines = []
-    deep = by_depth.get(12, results[-1])
-    ratio_skip = deep.first_layer_skip / base.first_layer_skip
-    ratio_none = deep.first_layer_no_skip / base.first_layer_no_skip
-    lines.append(
-        f"{deep.depth} layers vs {base.depth}: first-layer gradient x{ratio_skip:.3g} with skips, "
-        f"x{ratio_none:.3g} without (the lesson's 0.5-per-layer model predicts "
-        f"x{0.5 ** (deep.depth - base.depth):.3g} without)"
-    )
-    lines.append(
+    base, last = results[0], results[-1]
+    deep = by_depth.get(12, last)
+    lines = [
+        f"{deep.depth} layers vs {base.depth}: first-layer gradient x{deep.first_layer_skip / base.first_layer_skip:.3g}"
+        f" with skips, x{deep.first_layer_no_skip / base.first_layer_no_skip:.3g} without (the lesson's "
+        f"0.5-per-layer model predicts x{0.5 ** (deep.depth - base.depth):.3g} without)",
         f"gradient reaching the input at {deep.depth} layers: {deep.input_skip:.3g} with skips, "
-        f"{deep.input_no_skip:.3g} without"
-    )
-    last = results[-1]
+        f"{deep.input_no_skip:.3g} without ({base.input_no_skip:.3g} without at {base.depth} layer"
+        f"{'s' if base.depth > 1 else ''})",
+    ]
+    skip_w = [r.first_layer_skip for r in results]
+    skip_x = [r.input_skip for r in results]
     lines.append(
-        f"at {last.depth} layers: first-layer gradient {last.first_layer_skip:.3g} with skips, "
-        f"{last.first_layer_no_skip:.3g} without (x{last.first_layer_no_skip / base.first_layer_no_skip:.3g} "
-        f"of the 1-layer value)"
+        f"with skips, over all depths: first-layer gradient {min(skip_w):.3g} to {max(skip_w):.3g}, input gradient "
+        f"{min(skip_x):.3g} to {max(skip_x):.3g}"
     )
-    collapsed = [r.depth for r in results if r.first_layer_no_skip < 1e-3 * base.first_layer_no_skip]
-    if collapsed:
-        d = collapsed[0]
-        earlier = [r for r in results if r.depth < d]
-        ref = max(earlier, key=lambda r: r.first_layer_no_skip) if earlier else base
-        span = max(1, last.depth - ref.depth)
-        rate = (last.first_layer_no_skip / ref.first_layer_no_skip) ** (1 / span)
+    collapsed = [r for r in results if r.first_layer_no_skip < 0.1 * base.first_layer_no_skip]
+    if collapsed and collapsed[0] is not last:
+        start = collapsed[0]
+        rate = (last.first_layer_no_skip / start.first_layer_no_skip) ** (1 / (last.depth - start.depth))
         lines.append(
-            f"without skips the first-layer gradient falls below 1/1000 of its 1-layer value from {d} layers on; "
-            f"from {ref.depth} to {last.depth} layers it shrinks by {rate:.2f} per layer"
+            f"without skips the first-layer gradient first falls below 1/10 of its {base.depth}-layer value at "
+            f"{start.depth} layers; from there to {last.depth} layers it shrinks by x{rate:.2f} per layer, to "
+            f"{last.first_layer_no_skip:.3g} (x{last.first_layer_no_skip / base.first_layer_no_skip:.3g} of the "
+            f"{base.depth}-layer value)"
         )
     else:
-        lines.append("without skips the first-layer gradient stays above 1/1000 of its 1-layer value at every depth")
-    spread = max(r.first_layer_skip for r in results) / min(r.first_layer_skip for r in results)
-    lines.append(f"with skips the first-layer gradient varies by a factor of {spread:.2f} over all depths")
+        lines.append(
+            f"without skips the first-layer gradient stays above 1/10 of its {base.depth}-layer value up to "
+            f"{last.depth} layers"
+        )
     return lines
 
 

@@ -1,0 +1,371 @@
+"""oneblock's speed against its peers and against the machine, in one process.
+
+    python benchmarks/bench.py [--quick] [--json PATH] [--rounds N] [--skip SECTION ...]
+
+Sections (same weights and inputs for every contender; random weights, nothing is downloaded):
+
+* machine: matmul FLOP/s at GPT-2 small's shapes (float32, bfloat16) and memory read bandwidth;
+* prefill: GPT-2 small forward to the last position's logits, oneblock vs transformers ``GPT2LMHeadModel`` (sdpa)
+  vs a nanoGPT-style model, float32 and bfloat16, at (B=4, T=256) and (B=1, T=1024);
+* decode: greedy, B=1, 128 new tokens after a 64-token prompt, ``oneblock.generate`` (float32 and weight-only
+  int8) vs transformers ``generate``;
+* bert: BERT-base encoder (B=8, T=128, padded batch) vs transformers ``BertModel``;
+* minilm: ``oneblock.embedding.embed`` vs sentence-transformers on all-MiniLM-L6-v2;
+* smollm2: ``benchmarks/bench_smollm2.py`` when that script exists.
+
+Timings are medians of interleaved rounds (see ``timing.py``); ratios are what to read, absolute figures move
+with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+warnings.filterwarnings("ignore")
+
+import machine  # noqa: E402
+import nanogpt_ref  # noqa: E402
+from timing import interleaved  # noqa: E402
+
+import oneblock as ob  # noqa: E402
+from oneblock.generation import generate  # noqa: E402
+from oneblock.quantize import quantize_int8  # noqa: E402
+
+SECTIONS = ("machine", "prefill", "decode", "bert", "minilm", "smollm2")
+PREFILL_SHAPES = ((4, 256), (1, 1024))
+PROMPT, NEW = 64, 128
+BF16 = torch.bfloat16
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and shorter decodes (about 2 minutes)")
+    parser.add_argument("--rounds", type=int, help="measured rounds per comparison (default: 5, quick: 3)")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH as JSON")
+    parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, help="sections to leave out")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 5)
+    start = time.perf_counter()
+    report: dict[str, Any] = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "quick": args.quick,
+        "rounds": rounds,
+    }
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {report['cpu_capability']}, {rounds} rounds")
+    gpt2 = _gpt2() if {"prefill", "decode", "machine"} - set(args.skip) else None
+    if "machine" not in args.skip:
+        report["machine"] = bench_machine(rounds)
+    if "prefill" not in args.skip:
+        report["prefill"] = bench_prefill(gpt2, rounds, report.get("machine"), quick=args.quick)
+    if "decode" not in args.skip:
+        report["decode"] = bench_decode(gpt2, rounds, report.get("machine"), quick=args.quick)
+    if "bert" not in args.skip:
+        report["bert"] = bench_bert(rounds)
+    if "minilm" not in args.skip:
+        report["minilm"] = bench_minilm(rounds)
+    if "smollm2" not in args.skip and (HERE / "bench_smollm2.py").is_file():
+        report["smollm2"] = bench_smollm2(args.quick)
+    report["targets"] = targets(report)
+    report["seconds"] = time.perf_counter() - start
+    _print_targets(report["targets"])
+    print(f"\ntotal {report['seconds']:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- models
+
+
+def _gpt2() -> dict[str, Any]:
+    """GPT-2 small with random weights: transformers' model, oneblock's conversion of it, the nanoGPT copy."""
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(attn_implementation="sdpa")).eval()
+    hf.generation_config.eos_token_id = None  # never stop early: every contender makes every token
+    ours = ob.from_hf(hf)
+    return {"hf": hf, "ours": ours, "nano": nanogpt_ref.from_oneblock(ours), "cfg": ours.config}
+
+
+def _tokens(b: int, t: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------------------------------- sections
+
+
+def bench_machine(rounds: int) -> dict[str, Any]:
+    cfg = ob.get_preset("gpt2")
+    c, f = cfg.d_model, cfg.d_ff
+    shapes = [(c, 3 * c), (c, c), (c, f), (f, c)]  # fused q/k/v, output, FFN up, FFN down
+    out: dict[str, Any] = {"shapes": shapes}
+    _heading("machine limits (GPT-2 small shapes, 1024 rows)")
+    for name, dtype, r in (("fp32", torch.float32, rounds), ("bf16", BF16, max(2, rounds // 2))):
+        peak = machine.matmul_peak(1024, shapes, dtype, rounds=r)
+        out[f"matmul_{name}"] = peak
+        shown = "  ".join(f"{k} {v / 1e9:.0f}" for k, v in peak.items())
+        print(f"  matmul {name} GFLOP/s: {shown}")
+    bw = machine.read_bandwidth(rounds=rounds)
+    out["bandwidth"] = bw
+    print("  read bandwidth GB/s: " + "  ".join(f"{k} {v / 1e9:.1f}" for k, v in bw.items()))
+    return out
+
+
+def bench_prefill(gpt2: dict[str, Any], rounds: int, limits: dict | None, *, quick: bool) -> dict[str, Any]:
+    """Tokens/s of one forward pass to the last position's logits (what generation's first step computes)."""
+    cfg, out = gpt2["cfg"], {}
+    _heading("prefill, GPT-2 small, logits of the last position (tokens/s)")
+    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", BF16)):
+        models = {
+            "oneblock": gpt2["ours"].to(dtype),
+            "transformers": gpt2["hf"].to(dtype),
+            "nanogpt": gpt2["nano"].to(dtype),
+        }
+        for b, t in PREFILL_SHAPES:
+            x = _tokens(b, t, cfg.vocab_size)
+            calls = {
+                "oneblock": lambda x=x, m=models["oneblock"]: m(x, last_only=True),
+                "transformers": lambda x=x, m=models["transformers"]: m(x, use_cache=False, logits_to_keep=1).logits,
+                "nanogpt": lambda x=x, m=models["nanogpt"]: m(x),
+            }
+            with torch.inference_mode():
+                ref = calls["oneblock"]().float()
+                agree = {k: (fn().float().reshape(ref.shape) - ref).abs().max().item() for k, fn in calls.items()}
+            r = rounds if dtype is torch.float32 else max(2, rounds // 2 if quick else rounds - 2)
+            times = interleaved(calls, rounds=r)
+            key = f"{dtype_name} B={b} T={t}"
+            flops = ob.count_flops(cfg, t)
+            per_token = flops["matmul"] + flops["attention_causal"] + flops["head"] / t
+            row = {name: b * t / s["median"] for name, s in times.items()}
+            entry: dict[str, Any] = {"tokens_per_s": row, "max_abs_logit_diff_vs_oneblock": agree}
+            entry["flops_per_token"] = per_token
+            if limits:
+                peak = limits[f"matmul_{dtype_name}"]["combined"]
+                entry["fraction_of_matmul_peak"] = row["oneblock"] * per_token / peak
+            out[key] = entry
+            frac = f", {entry['fraction_of_matmul_peak']:.0%} of matmul peak" if limits else ""
+            print(
+                f"  {key:18s} oneblock {row['oneblock']:7.0f}  transformers {row['transformers']:7.0f}  "
+                f"nanoGPT {row['nanogpt']:7.0f}   x{row['oneblock'] / row['transformers']:.2f} vs transformers, "
+                f"x{row['oneblock'] / row['nanogpt']:.2f} vs nanoGPT{frac}"
+            )
+    for key in ("ours", "hf", "nano"):
+        gpt2[key].float()
+    fp32_tf = {k: v["tokens_per_s"]["transformers"] for k, v in out.items() if k.startswith("fp32")}
+    for key, entry in out.items():
+        if key.startswith("bf16"):
+            entry["vs_transformers_fp32"] = entry["tokens_per_s"]["oneblock"] / fp32_tf["fp32" + key[4:]]
+    return out
+
+
+def bench_decode(gpt2: dict[str, Any], rounds: int, limits: dict | None, *, quick: bool) -> dict[str, Any]:
+    """Greedy decoding, B=1: new tokens/s over the whole call (prompt included), and the int8 path's accuracy."""
+    cfg, hf, ours = gpt2["cfg"], gpt2["hf"], gpt2["ours"]
+    new = 64 if quick else NEW
+    int8 = quantize_int8(copy.deepcopy(ours))
+    prompt = _tokens(1, PROMPT, cfg.vocab_size, seed=1)
+    calls = {
+        "oneblock fp32": lambda: generate(ours, prompt, new, greedy=True),
+        "oneblock int8": lambda: generate(int8, prompt, new, greedy=True),
+        "transformers fp32": lambda: hf.generate(
+            prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+        ),
+    }
+    _heading(f"greedy decode, GPT-2 small, B=1, {new} new tokens after {PROMPT} (tokens/s, prompt included)")
+    with torch.inference_mode():
+        same = calls["oneblock fp32"]().tolist() == calls["transformers fp32"]().tolist()
+        accuracy = _int8_accuracy(ours, int8, calls["oneblock fp32"]())
+    times = interleaved(calls, rounds=rounds)
+    rate = {name: new / s["median"] for name, s in times.items()}
+    weight_bytes = _decode_bytes(ours)
+    out: dict[str, Any] = {"tokens_per_s": rate, "new_tokens": new, "same_tokens_as_transformers": same}
+    out["int8_accuracy"] = accuracy
+    out["weight_bytes_per_token"] = {"fp32": weight_bytes, "int8": _decode_bytes(int8)}
+    for name, value in rate.items():
+        print(f"  {name:18s} {value:6.1f}   x{value / rate['transformers fp32']:.2f} vs transformers fp32")
+    print(f"  same tokens as transformers: {same}")
+    print(
+        f"  int8 logits vs fp32 (teacher-forced, {accuracy['positions']} positions): max |diff| "
+        f"{accuracy['max_abs_diff']:.4f} = {accuracy['max_diff_over_logit_range']:.2%} of the logit range; "
+        f"top-1 agreement {accuracy['top1_agreement']:.1%}"
+    )
+    if limits:
+        bw = limits["bandwidth"]["best"]
+        out["bandwidth_bound_tokens_per_s"] = bw / weight_bytes
+        out["fraction_of_bandwidth_bound"] = rate["oneblock fp32"] / (bw / weight_bytes)
+        print(
+            f"  fp32 weights read per token {weight_bytes / 1e6:.0f} MB -> bound {bw / weight_bytes:.1f} tokens/s; "
+            f"oneblock reaches {out['fraction_of_bandwidth_bound']:.0%}"
+        )
+    return out
+
+
+def _decode_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights one decoding step reads: every tensor but the lookup tables, of which a step reads one
+    row (the token table still counts when the LM head is tied to it and reads it whole)."""
+    head = getattr(model.lm_head, "weight", None)
+    lookups = {id(model.embed.tok.weight)} - {id(head)}
+    if model.embed.pos is not None:
+        lookups.add(id(model.embed.pos.weight))
+    unique = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in lookups}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+def _int8_accuracy(ours: torch.nn.Module, int8: torch.nn.Module, sequence: torch.Tensor) -> dict[str, float]:
+    """Logits of the int8 model's decoding steps (the int8 kernel path) against float32, on the same tokens."""
+    steps = 32
+    start = sequence.shape[1] - steps
+    cache = int8.new_cache(1, max_len=sequence.shape[1])
+    rows = [int8(sequence[:, :start], cache=cache, last_only=True)[:, 0]]
+    for i in range(start, sequence.shape[1] - 1):
+        rows.append(int8(sequence[:, i : i + 1], cache=cache)[:, 0])
+    approx = torch.cat(rows)  # (steps, V)
+    exact = ours(sequence)[0, start - 1 : -1]  # (steps, V)
+    diff = (approx - exact).abs().max().item()
+    spread = (exact.amax(-1) - exact.amin(-1)).mean().item()
+    return {
+        "positions": steps,
+        "max_abs_diff": diff,
+        "max_diff_over_logit_range": diff / spread,
+        "top1_agreement": (approx.argmax(-1) == exact.argmax(-1)).float().mean().item(),
+    }
+
+
+def bench_bert(rounds: int) -> dict[str, Any]:
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig(attn_implementation="sdpa"), add_pooling_layer=False).eval()
+    ours = ob.from_hf(hf)
+    b, t = 8, 128
+    x = _tokens(b, t, hf.config.vocab_size, seed=2)
+    lengths = torch.tensor([128, 120, 110, 100, 96, 80, 64, 128])
+    mask = torch.arange(t)[None] < lengths[:, None]  # (B, T) right padding
+    calls = {
+        "oneblock": lambda: ours(x, padding_mask=mask),
+        "transformers": lambda: hf(input_ids=x, attention_mask=mask.long()).last_hidden_state,
+    }
+    with torch.inference_mode():
+        diff = (calls["oneblock"]() - calls["transformers"]())[mask].abs().max().item()
+    times = interleaved(calls, rounds=rounds)
+    rate = {name: b * t / s["median"] for name, s in times.items()}
+    _heading("BERT-base encoder, B=8, T=128 padded batch (tokens/s)")
+    print(
+        f"  oneblock {rate['oneblock']:.0f}  transformers {rate['transformers']:.0f}   "
+        f"x{rate['oneblock'] / rate['transformers']:.2f}; max |diff| {diff:.1e}"
+    )
+    return {"tokens_per_s": rate, "max_abs_diff": diff}
+
+
+def bench_minilm(rounds: int) -> dict[str, Any]:
+    from sentence_transformers import SentenceTransformer
+
+    from oneblock.embedding import default_model_dir, load_sentence_model
+
+    directory = default_model_dir()
+    ours = load_sentence_model(directory)
+    st = SentenceTransformer(str(directory), device="cpu")
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards"]
+    words += ["quietly", "judge", "boxing", "matches"]
+    texts = [" ".join(words[(i * 7) % len(words) :] + words[: (i * 3) % 11]) for i in range(256)]
+    calls = {
+        "oneblock": lambda: ours.encode(texts, batch_size=32),
+        "sentence-transformers": lambda: st.encode(texts, batch_size=32, convert_to_tensor=True),
+    }
+    with torch.inference_mode():
+        diff = (calls["oneblock"]() - calls["sentence-transformers"]().cpu()).abs().max().item()
+    times = interleaved(calls, rounds=rounds)
+    rate = {name: len(texts) / s["median"] for name, s in times.items()}
+    _heading("all-MiniLM-L6-v2 sentence embeddings, 256 texts, batch 32 (texts/s)")
+    print(
+        f"  oneblock {rate['oneblock']:.0f}  sentence-transformers {rate['sentence-transformers']:.0f}   "
+        f"x{rate['oneblock'] / rate['sentence-transformers']:.2f}; max |diff| {diff:.1e}"
+    )
+    return {"texts_per_s": rate, "max_abs_diff": diff}
+
+
+def bench_smollm2(quick: bool) -> dict[str, Any]:
+    """Run the optional SmolLM2 script as its own process; keep its JSON when it writes one."""
+    _heading("SmolLM2 (benchmarks/bench_smollm2.py)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "smollm2.json"
+        base = [sys.executable, str(HERE / "bench_smollm2.py"), *(["--quick"] if quick else [])]
+        for argv in ([*base, "--json", str(path)], base):
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            if done.returncode != 2:  # 2: argparse refused a flag; try without it
+                break
+        print("\n".join("  " + line for line in done.stdout.strip().splitlines()))
+        if done.returncode:
+            print(f"  (exit status {done.returncode}) {done.stderr.strip()[-500:]}")
+        data = json.loads(path.read_text()) if path.is_file() else None
+    return {"returncode": done.returncode, "json": data, "stdout": done.stdout}
+
+
+# ---------------------------------------------------------------------------------------------------- targets
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each goal: the measured value, the threshold and whether it is met."""
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, value: float | None, threshold: float, unit: str = "x") -> None:
+        if value is not None:
+            met = value >= threshold
+            rows.append({"target": name, "value": value, "threshold": threshold, "unit": unit, "met": met})
+
+    pre = report.get("prefill", {})
+    for key, entry in pre.items():
+        tps = entry["tokens_per_s"]
+        if key.startswith("fp32"):
+            add(f"prefill {key}: vs transformers fp32", tps["oneblock"] / tps["transformers"], 1.15)
+            add(f"prefill {key}: vs nanoGPT fp32", tps["oneblock"] / tps["nanogpt"], 1.0)
+            add(f"prefill {key}: fraction of fp32 matmul peak", entry.get("fraction_of_matmul_peak"), 0.90, "%")
+        else:
+            add(f"prefill {key}: vs transformers fp32", entry["vs_transformers_fp32"], 3.0)
+            add(f"prefill {key}: vs transformers bf16", tps["oneblock"] / tps["transformers"], 1.15)
+    dec = report.get("decode")
+    if dec:
+        rate = dec["tokens_per_s"]
+        add("decode fp32: vs transformers generate", rate["oneblock fp32"] / rate["transformers fp32"], 1.25)
+        add("decode fp32: fraction of bandwidth bound", dec.get("fraction_of_bandwidth_bound"), 0.75, "%")
+        add("decode int8: vs transformers fp32 generate", rate["oneblock int8"] / rate["transformers fp32"], 2.0)
+    bert = report.get("bert")
+    if bert:
+        add("BERT-base: vs transformers", bert["tokens_per_s"]["oneblock"] / bert["tokens_per_s"]["transformers"], 1.15)
+    return rows
+
+
+def _print_targets(rows: list[dict[str, Any]]) -> None:
+    _heading("targets")
+    for row in rows:
+        value = f"{row['value']:.0%}" if row["unit"] == "%" else f"x{row['value']:.2f}"
+        need = f"{row['threshold']:.0%}" if row["unit"] == "%" else f"x{row['threshold']:.2f}"
+        print(f"  {'met ' if row['met'] else 'MISS'}  {row['target']:52s} {value:>7s}  (>= {need})")
+
+
+def _heading(text: str) -> None:
+    print(f"\n{text}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""The machine's limits, measured in the benchmark's own process: matmul FLOP/s and memory read bandwidth.
+
+A model's speed means little alone; against the hardware it says how much is left. Prefill is a chain of large
+matrix products, so its ceiling is the matmul throughput at the model's own shapes. Decoding one token reads every
+weight once, so its ceiling is the memory bandwidth divided by the bytes of the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timing import interleaved
+
+
+def matmul_peak(rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype, *, rounds: int = 5) -> dict[str, float]:
+    """FLOP/s of ``F.linear`` over ``rows`` tokens at each (in, out) weight shape, and over all of them in turn.
+
+    The combined figure (total FLOPs / total median time) is the ceiling of a layer made of these products.
+    """
+    gen = torch.Generator().manual_seed(0)
+    x = {k: torch.randn(rows, k, generator=gen).to(dtype) for k, _ in shapes}
+    weights = {(k, n): torch.randn(n, k, generator=gen).to(dtype) for k, n in shapes}
+    biases = {(k, n): torch.randn(n, generator=gen).to(dtype) for k, n in shapes}
+    calls = {f"{k}x{n}": (lambda k=k, n=n: F.linear(x[k], weights[k, n], biases[k, n])) for k, n in shapes}
+    times = interleaved(calls, rounds=rounds)
+    flops = {f"{k}x{n}": 2 * rows * k * n for k, n in shapes}
+    result = {name: flops[name] / times[name]["median"] for name in calls}
+    result["combined"] = sum(flops.values()) / sum(times[name]["median"] for name in calls)
+    return result
+
+
+def read_bandwidth(megabytes: int = 512, *, rounds: int = 5) -> dict[str, float]:
+    """Bytes/s read from memory: a large buffer (far beyond the caches) reduced by a sum and by a matrix-vector
+    product; ``best`` is the higher, the ceiling decoding is held to."""
+    n = megabytes * 2**20 // 4
+    buf = torch.randn(n // 1024, 1024)  # (R, 1024) float32
+    ones = torch.ones(1024)
+    times = interleaved({"sum": buf.sum, "mv": lambda: torch.mv(buf, ones)}, rounds=rounds)
+    result = {name: buf.numel() * 4 / t["median"] for name, t in times.items()}
+    result["best"] = max(result.values())
+    return result

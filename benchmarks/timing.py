@@ -1,0 +1,48 @@
+"""Timing for a shared machine: contenders run interleaved, round after round, in one process; medians win.
+
+Other jobs may load the cores at any moment. Interleaving puts every contender under the same conditions in each
+round, and the median of the rounds ignores the rounds a neighbour spoiled.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+
+
+def once(fn: Callable[[], object]) -> float:
+    """Seconds one call takes."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(
+    contenders: Mapping[str, Callable[[], object]], *, rounds: int, warmup: int = 1
+) -> dict[str, dict[str, float]]:
+    """Median (and min) seconds per call of each contender, measured in alternating order.
+
+    Args:
+        contenders: name -> zero-argument callable.
+        rounds: measured rounds; each calls every contender once, in an order that rotates by one per round.
+        warmup: unmeasured rounds first (allocator, caches, one-time packing).
+
+    Returns:
+        name -> ``{"median": s, "min": s, "rounds": n}``.
+    """
+    names = list(contenders)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with torch.inference_mode():
+        for r in range(warmup + rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order:
+                seconds = once(contenders[name])
+                if r >= warmup:
+                    times[name].append(seconds)
+    return {
+        name: {"median": statistics.median(values), "min": min(values), "rounds": len(values)}
+        for name, values in times.items()
+    }
