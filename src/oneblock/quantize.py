@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
+from oneblock.layers.attention import MultiHeadAttention
 
 # The int8 kernel reads the input width in blocks of 16 and crashes on other widths; those take the dequantizing path.
 KERNEL_BLOCK = 16
@@ -36,19 +37,24 @@ class Int8Linear(nn.Module):
 
     Args:
         linear: the ``nn.Linear`` (or any module with ``weight`` (N, K) and ``bias``) to quantize.
-        weight: use this (N, K) matrix instead of ``linear.weight`` (the tied LM head's embedding, say).
+        weight: use this (N, K) matrix instead of ``linear.weight`` (several projections stacked, say).
+        bias: use this (N,) bias instead of ``linear.bias``.
 
     Shape: (..., K) -> (..., N).
     """
 
-    def __init__(self, linear: nn.Module | None = None, *, weight: Tensor | None = None) -> None:
+    def __init__(
+        self, linear: nn.Module | None = None, *, weight: Tensor | None = None, bias: Tensor | None = None
+    ) -> None:
         super().__init__()
         w = (weight if weight is not None else linear.weight).detach()
-        bias = getattr(linear, "bias", None) if linear is not None else None
+        if bias is None and weight is None and linear is not None:
+            bias = linear.bias
         w32 = w.float()
         scale = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (N,)
         q = torch.round(w32 / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
         self.in_features, self.out_features = w.shape[1], w.shape[0]
+        self.kernel = self.in_features % KERNEL_BLOCK == 0 and _int8_kernel()
         self.register_buffer("weight", q)
         self.register_buffer("scale", scale.to(w.dtype))
         self.register_buffer("scale_bf16", scale.to(torch.bfloat16), persistent=False)
@@ -59,17 +65,16 @@ class Int8Linear(nn.Module):
         return self.weight.to(dtype) * self.scale.to(dtype)[:, None]
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-1] != self.in_features:
-            raise InputError(f"Int8Linear expects inputs of width {self.in_features}; got shape {tuple(x.shape)}")
-        rows = x.numel() // self.in_features
-        kernel = self.in_features % KERNEL_BLOCK == 0 and x.device.type == "cpu" and _int8_kernel()
-        if rows >= DEQUANTIZE_ROWS or not kernel:
-            return F.linear(x, self.dequantized(x.dtype), self.bias)
-        flat = x.reshape(rows, self.in_features).to(torch.bfloat16)  # (M, K)
-        y = torch._weight_int8pack_mm(flat, self.weight, self.scale_bf16).to(x.dtype)  # (M, N)
-        if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y.view(*x.shape[:-1], self.out_features)
+        k = self.in_features
+        if x.shape[-1] != k:
+            raise InputError(f"Int8Linear expects inputs of width {k}; got shape {tuple(x.shape)}")
+        if self.kernel and x.numel() < DEQUANTIZE_ROWS * k and x.device.type == "cpu":
+            y = torch._weight_int8pack_mm(x.reshape(-1, k).to(torch.bfloat16), self.weight, self.scale_bf16)
+            y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)  # (..., N), a new tensor
+            return y if self.bias is None else y.add_(self.bias)
+        # x (W_int8 s)^T = (x W_int8^T) s: one conversion of the weight, the scales applied to the output.
+        y = F.linear(x, self.weight.to(x.dtype)).mul_(self.scale.to(x.dtype))  # (..., N)
+        return y if self.bias is None else y.add_(self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row scales"
@@ -78,17 +83,25 @@ class Int8Linear(nn.Module):
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (the LM head included) by an ``Int8Linear``, in place.
 
-    The embeddings stay as they are: a lookup reads one row per token, so they cost no bandwidth worth saving.
-    A head tied to the token embedding gets its own int8 copy of that matrix.
+    The query, key and value projections of each self-attention layer become one ``Int8Linear`` (``qkv_proj``),
+    one product instead of three per step. The embeddings stay as they are: a lookup reads one row per token, so
+    they cost no bandwidth worth saving. A head tied to the token embedding gets its own int8 copy of that matrix.
 
     Args:
         model: a oneblock model (or any module).
 
     Returns:
-        ``model``, in eval mode, for inference only.
+        ``model``, in eval mode, for inference only (its state dict is no longer a checkpoint's).
     """
     if not isinstance(model, nn.Module):
         raise InputError(f"quantize_int8 expects an nn.Module; got {type(model).__name__}")
+    for attn in [m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.cross]:
+        if attn.qkv_proj is None and all(isinstance(p, nn.Linear) for p in (attn.q_proj, attn.k_proj, attn.v_proj)):
+            projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+            weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
+            bias = torch.cat([p.bias.detach() for p in projections]) if attn.q_proj.bias is not None else None
+            attn.qkv_proj = Int8Linear(weight=weight, bias=bias)
+            attn.q_proj = attn.k_proj = attn.v_proj = None
     targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")

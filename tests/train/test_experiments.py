@@ -35,11 +35,12 @@ def test_skips_keep_the_input_gradient_and_their_absence_shrinks_it():
 
 
 def test_residual_report_lines_and_table():
-    results = [residuals.DepthResult(d, 2.0, 4.0 * 0.5 ** (d - 1), 1.0, 0.5**d) for d in (1, 2, 12, 24)]
+    results = [residuals.DepthResult(d, 2.0, 4.0 * 0.5 ** (d - 1), 1.0, 0.5**d, 3.0, 0.01) for d in (1, 2, 12, 24)]
     lines = residuals.findings(results)
     assert lines[0].startswith("12 layers vs 1: first-layer gradient x1 with skips, x0.000488 without")
-    assert lines[-1].startswith("without skips the first-layer gradient first falls below 1/10 of its 1-layer value")
-    assert "at 12 layers; from there to 24 layers it shrinks by x0.50 per layer" in lines[-1]
+    assert lines[-2].startswith("without skips the first-layer gradient first falls below 1/10 of its 1-layer value")
+    assert "at 12 layers; from there to 24 layers it shrinks by x0.50 per layer" in lines[-2]
+    assert lines[-1].startswith("without skips and with norm epsilon 1e-12 instead of 1e-5, the first-layer gradient")
     table = residuals.markdown_table(results).splitlines()
     assert len(table) == 2 + len(results) and table[4].startswith("| 12 |")
 

@@ -217,7 +217,8 @@ def _plot_available(is_main: bool) -> bool:
 def _samples(trainer: Any, n: int) -> str | None:
     """``n`` bytes sampled from the trained decoder with ``oneblock.generation.generate``, after a newline.
 
-    Longer than the context, the sample is made in pieces, each prompted with the last half-context of bytes.
+    Longer than the context, the sample is made in pieces, each prompted with the last half-context of bytes. The
+    context is the trained window (``--seq-len``), not ``max_seq_len``: positions beyond it were never trained.
     """
     try:
         from oneblock.generation import generate
@@ -228,7 +229,7 @@ def _samples(trainer: Any, n: int) -> str | None:
     from oneblock.train.data import decode, encode
 
     model = trainer.model
-    context = model.config.max_seq_len
+    context = min(model.config.max_seq_len, trainer.cfg.seq_len)
     ids = encode("\n").to(trainer.ctx.device)  # (1,)
     while len(ids) < n + 1:
         prompt = ids[-(context // 2) :]
@@ -247,7 +248,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     for key, value in summary["eval"].items():
         table.add_row(key.replace("_", " "), f"{value:.4f}")
-    table.add_row("final training loss", f"{summary['final_train_loss']:.4f}")
+    if summary["final_train_loss"] is not None:  # None when a finished run is resumed: no step was taken
+        table.add_row("final training loss", f"{summary['final_train_loss']:.4f}")
     table.add_row("tokens", f"{summary['tokens']:,}")
     table.add_row("seconds", f"{summary['seconds']:.1f}")
     console = Console()

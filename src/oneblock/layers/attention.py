@@ -65,6 +65,9 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
+        # One product for q, k and v together, (B, T, C) -> (B, T, (H + 2 Hkv) Dh), when an inference-only
+        # transform (``oneblock.quantize.quantize_int8``) builds one; then q_proj, k_proj and v_proj are unused.
+        self.qkv_proj: nn.Module | None = None
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape
@@ -113,12 +116,18 @@ class MultiHeadAttention(nn.Module):
         """
         self._check(x, "x")
         b, t, _ = x.shape
-        q = self._split(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
         if self.cross:
+            q = self._split(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
             k, v = cross_kv if cross_kv is not None else self.context_kv(context)
         else:
-            k = self._split(self.k_proj(x), self.n_kv_heads)  # (B, Hkv, T, Dh)
-            v = self._split(self.v_proj(x), self.n_kv_heads)
+            if self.qkv_proj is not None:
+                sizes = (self.n_heads * self.head_dim, *(2 * [self.n_kv_heads * self.head_dim]))
+                q, k, v = self.qkv_proj(x).split(sizes, dim=-1)  # (B, T, H*Dh), (B, T, Hkv*Dh) x 2
+            else:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = self._split(q, self.n_heads)  # (B, H, T, Dh)
+            k = self._split(k, self.n_kv_heads)  # (B, Hkv, T, Dh)
+            v = self._split(v, self.n_kv_heads)
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
             if cache is not None:
