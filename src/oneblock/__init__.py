@@ -35,10 +35,14 @@ __all__ = [
     "ModelConfig",
     "OneBlockError",
     "ParameterCount",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
     "build_model",
     "count_flops",
     "count_parameters",
     "embed",
+    "fit_model_config",
     "from_gguf",
     "from_hf",
     "generate",
@@ -51,9 +55,16 @@ __all__ = [
 ]
 
 
+_TRAINING = ("TrainConfig", "Trainer", "TrainResult", "fit_model_config")
+
+
 def __getattr__(name: str) -> Any:
     if name == "from_gguf":  # the gguf package is imported only when asked for
         from oneblock.io.gguf import from_gguf
 
         return from_gguf
+    if name in _TRAINING:
+        import oneblock.train
+
+        return getattr(oneblock.train, name)
     raise AttributeError(f"module 'oneblock' has no attribute {name!r}")
