@@ -26,6 +26,15 @@ FAMILIES = {
 ATOL = 1e-5
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small models run fastest, and steadiest on a busy machine, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def build(family: str = "pre-ln", seed: int = 0, **changes) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = ob.build_model(ob.ModelConfig(**{**SMALL, **FAMILIES[family], **changes}))

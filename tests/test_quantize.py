@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -11,6 +13,15 @@ from oneblock import quantize
 from oneblock.errors import InputError
 from oneblock.generation import generate
 from oneblock.quantize import Int8Linear, quantize_int8
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small models run fastest, and steadiest on a busy machine, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_int8_linear_error_is_bounded_by_the_rounding():
@@ -64,3 +75,31 @@ def test_quantized_decoder_generates_close_to_float32():
     assert approx.shape == exact.shape
     with pytest.raises(InputError, match=r"expects an nn\.Module"):
         quantize_int8("model")
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"norm": "rmsnorm", "ffn": "swiglu", "position": "rope", "n_heads": 6, "n_kv_heads": 2, "bias": False},
+        {"arch": "encoder-decoder"},
+    ],
+)
+def test_fused_projections_with_grouped_heads_and_cross_attention(changes):
+    torch.manual_seed(3)
+    cfg = ob.ModelConfig(**{"vocab_size": 97, "d_model": 48, "n_heads": 3, "n_layers": 2, "max_seq_len": 24, **changes})
+    reference = ob.build_model(cfg).eval()
+    q = quantize_int8(copy.deepcopy(reference))
+    fused = [m for m in q.modules() if getattr(m, "qkv_proj", None) is not None]
+    assert fused and all(m.q_proj is None and not m.cross for m in fused)
+    kw = {}
+    if cfg.arch == "encoder-decoder":
+        kw = {"src": torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(4))}
+        cross = [m for m in q.modules() if getattr(m, "cross", False)]
+        assert cross and all(m.qkv_proj is None and isinstance(m.q_proj, Int8Linear) for m in cross)
+    prompt = torch.randint(0, 97, (2, 4), generator=torch.Generator().manual_seed(5))
+    cached, logits = generate(q, prompt, 8, greedy=True, return_logits=True, **kw)
+    uncached, logits_uncached = generate(q, prompt, 8, greedy=True, use_cache=False, return_logits=True, **kw)
+    assert torch.equal(cached, uncached)
+    torch.testing.assert_close(logits, logits_uncached, atol=0.05 * logits.abs().max().item(), rtol=0)
+    _, exact = generate(reference, prompt, 8, greedy=True, return_logits=True, **kw)
+    assert (logits[:, 0] - exact[:, 0]).abs().max() < 0.05 * exact.abs().max()

@@ -13,6 +13,15 @@ from oneblock.sampling import check_sampling, sample_next, top_k_filter, top_p_f
 INF = float("-inf")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small models run fastest, and steadiest on a busy machine, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def probs(*values):
     """Logits whose softmax is exactly ``values`` (which must sum to one), as a (1, V) row."""
     return torch.tensor([[math.log(v) for v in values]])

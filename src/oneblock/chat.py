@@ -21,9 +21,11 @@ The capital of France is Paris.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from torch import Tensor
 
 from oneblock.errors import InputError
 from oneblock.generation import generate_stream
@@ -126,9 +128,12 @@ class ChatSession:
 
     def messages(self, pending: str | None = None) -> list[Message]:
         """The conversation as the template reads it: the system prompt, the history, then ``pending``."""
+        return self._conversation(self.history, pending)
+
+    def _conversation(self, history: list[Message], pending: str | None) -> list[Message]:
         head = [{"role": "system", "content": self.system}] if self.system is not None else []
         tail = [{"role": "user", "content": pending}] if pending is not None else []
-        return [*head, *self.history, *tail]
+        return [*head, *history, *tail]
 
     def reset(self) -> None:
         """Forget the history; the system prompt and the settings stay."""
@@ -147,13 +152,8 @@ class ChatSession:
             got = repr(text) if isinstance(text, str) else type(text).__name__
             raise InputError(f"a chat message must be a non-empty str; got {got}")
         budget = self.context - self.max_new_tokens
-        full = self.history
-        for dropped in range(len(full) // 2 + 1):
-            self.history = full[2 * dropped :]
-            try:
-                ids = self._render(self.messages(text))
-            finally:
-                self.history = full
+        for dropped in range(len(self.history) // 2 + 1):
+            ids = self._render(self._conversation(self.history[2 * dropped :], text))
             if len(ids) <= budget:
                 return ids, dropped
         raise InputError(
@@ -167,51 +167,53 @@ class ChatSession:
         return [int(i) for i in ids]
 
     def stream(self, text: str) -> Iterator[str]:
-        """Send the user message ``text``; yield the reply as text pieces, each as soon as it is complete.
+        """Send the user message ``text``; return an iterator over the reply's text, piece by piece.
 
-        Pieces never end inside a multi-byte character: a token that carries only part of one is held until
-        the rest arrives. The pieces join to ``Reply.text``. The exchange joins the history, and ``self.last``
-        is set, when the iterator is exhausted; a reply abandoned half-way (``close()``, Ctrl-C) leaves the
-        session as it was.
+        Each piece comes as soon as its tokens are generated, and never ends inside a multi-byte character: a
+        token that carries only part of one is held until the rest arrives. The pieces join to ``Reply.text``.
+        The exchange joins the history, and ``self.last`` is set, when the iterator is exhausted; a reply
+        abandoned half-way (``close()``, Ctrl-C) leaves the session as it was.
 
         Raises:
-            InputError: see ``prompt_ids``; raised at the first ``next()``.
+            InputError: see ``prompt_ids``; raised here, before any token is generated.
         """
         prompt, dropped = self.prompt_ids(text)
+        eos = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else self.model.config.eos_token_id
         seed = None if self.seed is None else self.seed + self.replies
-        eos = self.tokenizer.eos_id
-        if eos is None:
-            eos = self.model.config.eos_token_id
         steps = generate_stream(
             self.model, prompt, self.max_new_tokens, seed=seed, eos_id=eos, use_cache=True, **self.sampling
         )
+        return self._reply(text, steps, eos, len(prompt), dropped)
+
+    def _reply(
+        self, text: str, steps: Generator[Tensor, None, Any], eos: int | None, prompt_tokens: int, dropped: int
+    ) -> Iterator[str]:
         pieces = TextStream(self.tokenizer)
         new: list[int] = []
         finished = False
         start = time.perf_counter()
-        for step in steps:  # (1,) per step
-            token = int(step[0])
-            if token == eos:
-                finished = True
-                break
-            new.append(token)
-            piece = pieces.push([token])
-            if piece:
-                yield piece
-        steps.close()
+        try:
+            for step in steps:  # (1,): one new id per step
+                token = int(step[0])
+                if token == eos:
+                    finished = True
+                    break
+                new.append(token)
+                piece = pieces.push([token])
+                if piece:
+                    yield piece
+        finally:
+            steps.close()  # restores the model's train/eval mode now, not when collected
         rest = pieces.flush()
         if rest:
             yield rest
         seconds = time.perf_counter() - start
         reply = self.tokenizer.decode(new)
-        self.history = [*self.history[2 * dropped :], {"role": "user", "content": text}]
-        self.history.append({"role": "assistant", "content": reply})
+        user = {"role": "user", "content": text}
+        self.history = [*self.history[2 * dropped :], user, {"role": "assistant", "content": reply}]
         self.replies += 1
-        self.last = Reply(reply, tuple(new), len(prompt), dropped, finished, seconds)
+        self.last = Reply(reply, tuple(new), prompt_tokens, dropped, finished, seconds)
 
     def send(self, text: str) -> str:
-        """Send the user message ``text`` and return the whole reply (``stream`` without the pieces)."""
-        for _ in self.stream(text):
-            pass
-        assert self.last is not None  # set by the exhausted stream
-        return self.last.text
+        """Send the user message ``text`` and return the whole reply: ``stream``'s pieces, joined."""
+        return "".join(self.stream(text))

@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "embed",
     "convert",
     "generate",
+    "chat",
     "train",
     "experiment",
 )
