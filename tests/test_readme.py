@@ -13,7 +13,8 @@ def blocks(language):
     return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
 
 
-def test_readme_python_examples_run(capsys):
+def test_readme_python_examples_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for code in blocks("python"):
         exec(compile(code, str(README), "exec"), namespace)
@@ -24,7 +25,9 @@ def test_readme_python_examples_run(capsys):
 @pytest.mark.parametrize("line", [
     line for code in blocks("console") for line in code.splitlines() if line.startswith("$ oneblock ")
 ])
-def test_readme_commands_run(line):
+def test_readme_commands_run(line, tmp_path, monkeypatch):
     from oneblock.cli.main import main
+
+    monkeypatch.chdir(tmp_path)  # commands that write files write them here
 
     assert main(shlex.split(line)[2:]) == 0
