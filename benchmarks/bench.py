@@ -14,7 +14,8 @@ Sections (same weights and inputs for every contender; random weights, nothing i
 * smollm2: ``benchmarks/bench_smollm2.py`` when that script exists.
 
 Timings are medians of interleaved rounds (see ``timing.py``); ratios are what to read, absolute figures move
-with the machine's load.
+with the machine's load. For the same reason the ceilings that fractions are taken of (the matmul throughput at
+the model's shapes, the memory read bandwidth) are timed inside the same rounds as the models they bound.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,7 +43,7 @@ warnings.filterwarnings("ignore")
 
 import machine  # noqa: E402
 import nanogpt_ref  # noqa: E402
-from timing import interleaved  # noqa: E402
+from timing import interleaved, speedup  # noqa: E402
 
 import oneblock as ob  # noqa: E402
 from oneblock.generation import generate  # noqa: E402
@@ -76,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     if "machine" not in args.skip:
         report["machine"] = bench_machine(rounds)
     if "prefill" not in args.skip:
-        report["prefill"] = bench_prefill(gpt2, rounds, report.get("machine"), quick=args.quick)
+        report["prefill"] = bench_prefill(gpt2, rounds, quick=args.quick)
     if "decode" not in args.skip:
-        report["decode"] = bench_decode(gpt2, rounds, report.get("machine"), quick=args.quick)
+        report["decode"] = bench_decode(gpt2, rounds, quick=args.quick)
     if "bert" not in args.skip:
         report["bert"] = bench_bert(rounds)
     if "minilm" not in args.skip:
@@ -116,12 +118,16 @@ def _tokens(b: int, t: int, vocab: int, seed: int = 0) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------- sections
 
 
-def bench_machine(rounds: int) -> dict[str, Any]:
-    cfg = ob.get_preset("gpt2")
+def shapes_of(cfg: ob.ModelConfig) -> list[tuple[int, int]]:
+    """(in, out) of one block's products: q/k/v (as one), output, FFN up, FFN down."""
     c, f = cfg.d_model, cfg.d_ff
-    shapes = [(c, 3 * c), (c, c), (c, f), (f, c)]  # fused q/k/v, output, FFN up, FFN down
+    return [(c, 3 * c), (c, c), (c, f), (f, c)]
+
+
+def bench_machine(rounds: int) -> dict[str, Any]:
+    shapes = shapes_of(ob.get_preset("gpt2"))
     out: dict[str, Any] = {"shapes": shapes}
-    _heading("machine limits (GPT-2 small shapes, 1024 rows)")
+    _heading("machine limits at the start (GPT-2 small shapes, 1024 rows); fractions below use the same-round ones")
     for name, dtype, r in (("fp32", torch.float32, rounds), ("bf16", BF16, max(2, rounds // 2))):
         peak = machine.matmul_peak(1024, shapes, dtype, rounds=r)
         out[f"matmul_{name}"] = peak
@@ -133,7 +139,7 @@ def bench_machine(rounds: int) -> dict[str, Any]:
     return out
 
 
-def bench_prefill(gpt2: dict[str, Any], rounds: int, limits: dict | None, *, quick: bool) -> dict[str, Any]:
+def bench_prefill(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str, Any]:
     """Tokens/s of one forward pass to the last position's logits (what generation's first step computes)."""
     cfg, out = gpt2["cfg"], {}
     _heading("prefill, GPT-2 small, logits of the last position (tokens/s)")
@@ -156,42 +162,51 @@ def bench_prefill(gpt2: dict[str, Any], rounds: int, limits: dict | None, *, qui
                 with torch.inference_mode():
                     ref = calls["oneblock"]()
                     agree = {k: (fn().reshape(ref.shape) - ref).abs().max().item() for k, fn in calls.items()}
+            # The ceiling runs in the same rounds: the model's own matmul shapes, once per layer, same rows.
+            ceiling, ceiling_flops = machine.matmul_workload(b * t, shapes_of(cfg), dtype, cfg.n_layers)
+            calls["matmul ceiling"] = ceiling
             # bfloat16 calls take seconds here: fewer rounds (their spread is small next to their length).
-            r = rounds if dtype is torch.float32 else (1 if quick else max(2, rounds - 2))
+            r = rounds if dtype is torch.float32 else (1 if quick else 2)
             times = interleaved(calls, rounds=r)
             key = f"{dtype_name} B={b} T={t}"
             flops = ob.count_flops(cfg, t)
             per_token = flops["matmul"] + flops["attention_causal"] + flops["head"] / t
-            row = {name: b * t / s["median"] for name, s in times.items()}
+            peak = ceiling_flops / times["matmul ceiling"]["median"]
+            row = {name: b * t / s["median"] for name, s in times.items() if name != "matmul ceiling"}
             entry: dict[str, Any] = {"tokens_per_s": row, "max_abs_logit_diff_vs_oneblock": agree}
+            entry["speedup"] = {peer: speedup(times, "oneblock", peer) for peer in ("transformers", "nanogpt")}
             entry["flops_per_token"] = per_token
-            if limits:
-                peak = limits[f"matmul_{dtype_name}"]["combined"]
-                entry["fraction_of_matmul_peak"] = row["oneblock"] * per_token / peak
+            entry["matmul_ceiling_flops_per_s"] = peak
+            # Per round: (oneblock's FLOP/s) / (the ceiling's FLOP/s) = (t_ceiling / t_oneblock) * work ratio.
+            work = per_token * b * t / ceiling_flops
+            entry["fraction_of_matmul_peak"] = speedup(times, "oneblock", "matmul ceiling") * work
             out[key] = entry
-            frac = f", {entry['fraction_of_matmul_peak']:.0%} of matmul peak" if limits else ""
+            frac = f", {entry['fraction_of_matmul_peak']:.0%} of the matmul ceiling ({peak / 1e9:.0f} GFLOP/s)"
             print(
                 f"  {key:18s} oneblock {row['oneblock']:7.0f}  transformers {row['transformers']:7.0f}  "
-                f"nanoGPT {row['nanogpt']:7.0f}   x{row['oneblock'] / row['transformers']:.2f} vs transformers, "
-                f"x{row['oneblock'] / row['nanogpt']:.2f} vs nanoGPT{frac}"
+                f"nanoGPT {row['nanogpt']:7.0f}   x{entry['speedup']['transformers']:.2f} vs transformers, "
+                f"x{entry['speedup']['nanogpt']:.2f} vs nanoGPT{frac}"
             )
     for key in ("ours", "hf", "nano"):
         gpt2[key].float()
     fp32_tf = {k: v["tokens_per_s"]["transformers"] for k, v in out.items() if k.startswith("fp32")}
-    for key, entry in out.items():
+    for key, entry in out.items():  # across sections: medians, not paired rounds
         if key.startswith("bf16") and "fp32" + key[4:] in fp32_tf:
-            entry["vs_transformers_fp32"] = entry["tokens_per_s"]["oneblock"] / fp32_tf["fp32" + key[4:]]
+            entry["speedup"]["transformers fp32"] = entry["tokens_per_s"]["oneblock"] / fp32_tf["fp32" + key[4:]]
     return out
 
 
-def bench_decode(gpt2: dict[str, Any], rounds: int, limits: dict | None, *, quick: bool) -> dict[str, Any]:
+def bench_decode(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str, Any]:
     """Greedy decoding, B=1: new tokens/s over the whole call (prompt included), and the int8 path's accuracy."""
     cfg, hf, ours = gpt2["cfg"], gpt2["hf"], gpt2["ours"]
     new = 64 if quick else NEW
     int8 = quantize_int8(copy.deepcopy(ours))
     prompt = _tokens(1, PROMPT, cfg.vocab_size, seed=1)
+    reader, read_bytes = machine.read_workload()
     calls = {
+        "read bandwidth": lambda: [reader() for _ in range(4)],  # timed in the same rounds as the decoders
         "oneblock fp32": lambda: generate(ours, prompt, new, greedy=True),
+        "oneblock fp32, 1 token": lambda: generate(ours, prompt, 1, greedy=True),  # the prompt's share
         "oneblock int8": lambda: generate(int8, prompt, new, greedy=True),
         "transformers fp32": lambda: hf.generate(
             prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
@@ -199,30 +214,50 @@ def bench_decode(gpt2: dict[str, Any], rounds: int, limits: dict | None, *, quic
     }
     _heading(f"greedy decode, GPT-2 small, B=1, {new} new tokens after {PROMPT} (tokens/s, prompt included)")
     with torch.inference_mode():
-        same = calls["oneblock fp32"]().tolist() == calls["transformers fp32"]().tolist()
+        same = calls["oneblock fp32"]().tolist() == calls["transformers fp32"]().tolist()  # before timing
         accuracy = _int8_accuracy(ours, int8, calls["oneblock fp32"]())
     times = interleaved(calls, rounds=rounds)
-    rate = {name: new / s["median"] for name, s in times.items()}
+    bandwidth = 4 * read_bytes / times["read bandwidth"]["median"]
+    rate = {name: new / times[name]["median"] for name in ("oneblock fp32", "oneblock int8", "transformers fp32")}
+    first = times["oneblock fp32, 1 token"]["median"]
+    steps_only = (new - 1) / (times["oneblock fp32"]["median"] - first)  # tokens/s of the decoding steps alone
     weight_bytes = _decode_bytes(ours)
     out: dict[str, Any] = {"tokens_per_s": rate, "new_tokens": new, "same_tokens_as_transformers": same}
+    out["speedup_vs_transformers_fp32"] = {
+        name: speedup(times, name, "transformers fp32") for name in ("oneblock fp32", "oneblock int8")
+    }
+    # Per round: decoding steps' tokens/s over (bandwidth / bytes per token).
+    per_round = [
+        ((new - 1) / (full - one)) / (4 * read_bytes / read / weight_bytes)
+        for full, one, read in zip(
+            times["oneblock fp32"]["times"],
+            times["oneblock fp32, 1 token"]["times"],
+            times["read bandwidth"]["times"],
+            strict=True,
+        )
+    ]
     out["int8_accuracy"] = accuracy
     out["weight_bytes_per_token"] = {"fp32": weight_bytes, "int8": _decode_bytes(int8)}
     for name, value in rate.items():
-        print(f"  {name:18s} {value:6.1f}   x{value / rate['transformers fp32']:.2f} vs transformers fp32")
+        ratio = out["speedup_vs_transformers_fp32"].get(name, 1.0)
+        print(f"  {name:18s} {value:6.1f}   x{ratio:.2f} vs transformers fp32")
     print(f"  same tokens as transformers: {same}")
     print(
         f"  int8 logits vs fp32 (teacher-forced, {accuracy['positions']} positions): max |diff| "
         f"{accuracy['max_abs_diff']:.4f} = {accuracy['max_diff_over_logit_range']:.2%} of the logit range; "
         f"top-1 agreement {accuracy['top1_agreement']:.1%}"
     )
-    if limits:
-        bw = limits["bandwidth"]["best"]
-        out["bandwidth_bound_tokens_per_s"] = bw / weight_bytes
-        out["fraction_of_bandwidth_bound"] = rate["oneblock fp32"] / (bw / weight_bytes)
-        print(
-            f"  fp32 weights read per token {weight_bytes / 1e6:.0f} MB -> bound {bw / weight_bytes:.1f} tokens/s; "
-            f"oneblock reaches {out['fraction_of_bandwidth_bound']:.0%}"
-        )
+    out["read_bandwidth_bytes_per_s"] = bandwidth
+    out["bandwidth_bound_tokens_per_s"] = bandwidth / weight_bytes
+    out["decode_steps_tokens_per_s"] = steps_only
+    out["fraction_of_bandwidth_bound"] = statistics.median(per_round)
+    out["fraction_of_bandwidth_bound_prompt_included"] = rate["oneblock fp32"] / (bandwidth / weight_bytes)
+    print(
+        f"  read bandwidth in the same rounds {bandwidth / 1e9:.1f} GB/s; fp32 weights read per token "
+        f"{weight_bytes / 1e6:.0f} MB -> bound {bandwidth / weight_bytes:.1f} tokens/s; oneblock fp32 decoding "
+        f"steps {steps_only:.1f} tokens/s = {out['fraction_of_bandwidth_bound']:.0%} of it "
+        f"({out['fraction_of_bandwidth_bound_prompt_included']:.0%} with the prompt)"
+    )
     return out
 
 
@@ -278,9 +313,9 @@ def bench_bert(rounds: int) -> dict[str, Any]:
     _heading("BERT-base encoder, B=8, T=128 padded batch (tokens/s)")
     print(
         f"  oneblock {rate['oneblock']:.0f}  transformers {rate['transformers']:.0f}   "
-        f"x{rate['oneblock'] / rate['transformers']:.2f}; max |diff| {diff:.1e}"
+        f"x{speedup(times, 'oneblock', 'transformers'):.2f}; max |diff| {diff:.1e}"
     )
-    return {"tokens_per_s": rate, "max_abs_diff": diff}
+    return {"tokens_per_s": rate, "speedup": speedup(times, "oneblock", "transformers"), "max_abs_diff": diff}
 
 
 def bench_minilm(rounds: int) -> dict[str, Any]:
@@ -305,9 +340,9 @@ def bench_minilm(rounds: int) -> dict[str, Any]:
     _heading("all-MiniLM-L6-v2 sentence embeddings, 128 texts, batch 32 (texts/s)")
     print(
         f"  oneblock {rate['oneblock']:.0f}  sentence-transformers {rate['sentence-transformers']:.0f}   "
-        f"x{rate['oneblock'] / rate['sentence-transformers']:.2f}; max |diff| {diff:.1e}"
+        f"x{speedup(times, 'oneblock', 'sentence-transformers'):.2f}; max |diff| {diff:.1e}"
     )
-    return {"texts_per_s": rate, "max_abs_diff": diff}
+    return {"texts_per_s": rate, "speedup": speedup(times, "oneblock", "sentence-transformers"), "max_abs_diff": diff}
 
 
 def bench_smollm2(quick: bool) -> dict[str, Any]:
@@ -341,23 +376,23 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
     pre = report.get("prefill", {})
     for key, entry in pre.items():
-        tps = entry["tokens_per_s"]
+        up = entry["speedup"]
         if key.startswith("fp32"):
-            add(f"prefill {key}: vs transformers fp32", tps["oneblock"] / tps["transformers"], 1.15)
-            add(f"prefill {key}: vs nanoGPT fp32", tps["oneblock"] / tps["nanogpt"], 1.0)
-            add(f"prefill {key}: fraction of fp32 matmul peak", entry.get("fraction_of_matmul_peak"), 0.90, "%")
+            add(f"prefill {key}: vs transformers fp32", up["transformers"], 1.15)
+            add(f"prefill {key}: vs nanoGPT fp32", up["nanogpt"], 1.0)
+            add(f"prefill {key}: fraction of fp32 matmul ceiling", entry["fraction_of_matmul_peak"], 0.90, "%")
         else:
-            add(f"prefill {key}: vs transformers fp32", entry["vs_transformers_fp32"], 3.0)
-            add(f"prefill {key}: vs transformers bf16", tps["oneblock"] / tps["transformers"], 1.15)
+            add(f"prefill {key}: vs transformers fp32", up.get("transformers fp32"), 3.0)
+            add(f"prefill {key}: vs transformers bf16", up["transformers"], 1.15)
     dec = report.get("decode")
     if dec:
-        rate = dec["tokens_per_s"]
-        add("decode fp32: vs transformers generate", rate["oneblock fp32"] / rate["transformers fp32"], 1.25)
-        add("decode fp32: fraction of bandwidth bound", dec.get("fraction_of_bandwidth_bound"), 0.75, "%")
-        add("decode int8: vs transformers fp32 generate", rate["oneblock int8"] / rate["transformers fp32"], 2.0)
+        up = dec["speedup_vs_transformers_fp32"]
+        add("decode fp32: vs transformers generate", up["oneblock fp32"], 1.25)
+        add("decode fp32: fraction of bandwidth bound", dec["fraction_of_bandwidth_bound"], 0.75, "%")
+        add("decode int8: vs transformers fp32 generate", up["oneblock int8"], 2.0)
     bert = report.get("bert")
     if bert:
-        add("BERT-base: vs transformers", bert["tokens_per_s"]["oneblock"] / bert["tokens_per_s"]["transformers"], 1.15)
+        add("BERT-base: vs transformers", bert["speedup"], 1.15)
     return rows
 
 

@@ -7,6 +7,8 @@ weight once, so its ceiling is the memory bandwidth divided by the bytes of the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from timing import interleaved
@@ -39,3 +41,30 @@ def read_bandwidth(megabytes: int = 512, *, rounds: int = 5) -> dict[str, float]
     result = {name: buf.numel() * 4 / t["median"] for name, t in times.items()}
     result["best"] = max(result.values())
     return result
+
+
+def matmul_workload(
+    rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype, repeats: int
+) -> tuple[Callable[[], object], int]:
+    """A call that runs ``F.linear`` at each shape ``repeats`` times over ``rows`` tokens, and its FLOPs.
+
+    Timed in the same interleaved rounds as a model (one repeat per layer), it gives the matmul ceiling under the
+    very conditions the model met.
+    """
+    gen = torch.Generator().manual_seed(1)
+    x = {k: torch.randn(rows, k, generator=gen).to(dtype) for k, _ in shapes}
+    weights = [(torch.randn(n, k, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)) for k, n in shapes]
+
+    def run() -> None:
+        for _ in range(repeats):
+            for w, b in weights:
+                F.linear(x[w.shape[1]], w, b)
+
+    return run, repeats * sum(2 * rows * k * n for k, n in shapes)
+
+
+def read_workload(megabytes: int = 512) -> tuple[Callable[[], object], int]:
+    """A call that reads ``megabytes`` from memory once (a matrix-vector product), and the bytes it reads."""
+    buf = torch.randn(megabytes * 2**20 // 4 // 1024, 1024)  # (R, 1024) float32
+    ones = torch.ones(1024)
+    return (lambda: torch.mv(buf, ones)), buf.numel() * 4

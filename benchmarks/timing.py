@@ -1,7 +1,8 @@
 """Timing for a shared machine: contenders run interleaved, round after round, in one process; medians win.
 
 Other jobs may load the cores at any moment. Interleaving puts every contender under the same conditions in each
-round, and the median of the rounds ignores the rounds a neighbour spoiled.
+round, so a ratio is taken within each round (contenders that ran seconds apart) and the median of the per-round
+ratios ignores the rounds a neighbour spoiled more for one contender than for another.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def interleaved(
         warmup: unmeasured rounds first (allocator, caches, one-time packing).
 
     Returns:
-        name -> ``{"median": s, "min": s, "rounds": n}``.
+        name -> ``{"median": s, "min": s, "rounds": n, "times": [s, ...]}`` (``times`` in round order).
     """
     names = list(contenders)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -43,6 +44,11 @@ def interleaved(
                 if r >= warmup:
                     times[name].append(seconds)
     return {
-        name: {"median": statistics.median(values), "min": min(values), "rounds": len(values)}
+        name: {"median": statistics.median(values), "min": min(values), "rounds": len(values), "times": values}
         for name, values in times.items()
     }
+
+
+def speedup(times: dict[str, dict], faster: str, slower: str) -> float:
+    """How many times quicker ``faster`` ran than ``slower``: the median over rounds of the per-round ratio."""
+    return statistics.median(b / a for a, b in zip(times[faster]["times"], times[slower]["times"], strict=True))

