@@ -11,6 +11,7 @@ imported by the functions that need them.
 
 from typing import Any
 
+from oneblock.chat import ChatSession, Reply
 from oneblock.config import ModelConfig
 from oneblock.counting import ParameterCount, count_flops, count_parameters
 from oneblock.embedding import embed, similarity
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PRESETS",
+    "ChatSession",
     "CheckpointError",
     "ConfigError",
     "ConversionError",
@@ -35,6 +37,7 @@ __all__ = [
     "ModelConfig",
     "OneBlockError",
     "ParameterCount",
+    "Reply",
     "TrainConfig",
     "TrainResult",
     "Trainer",
