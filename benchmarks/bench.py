@@ -53,6 +53,9 @@ SECTIONS = ("machine", "prefill", "decode", "bert", "minilm", "smollm2")
 PREFILL_SHAPES = ((4, 256), (1, 1024))
 PROMPT, NEW = 64, 128
 BF16 = torch.bfloat16
+# Seconds (times this factor) after which a comparison stops starting new rounds: a loaded machine makes the run
+# shorter rather than longer. Quick halves it.
+BUDGET = 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, help="sections to leave out")
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 5)
+    global BUDGET
+    BUDGET = 0.5 if args.quick else 1.0
     start = time.perf_counter()
     report: dict[str, Any] = {
         "torch": torch.__version__,
@@ -167,7 +172,7 @@ def bench_prefill(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str
             calls["matmul ceiling"] = ceiling
             # bfloat16 calls take seconds here: fewer rounds (their spread is small next to their length).
             r = rounds if dtype is torch.float32 else (1 if quick else 2)
-            times = interleaved(calls, rounds=r)
+            times = interleaved(calls, rounds=r, budget=BUDGET * (30 if dtype is torch.float32 else 60))
             key = f"{dtype_name} B={b} T={t}"
             flops = ob.count_flops(cfg, t)
             per_token = flops["matmul"] + flops["attention_causal"] + flops["head"] / t
@@ -216,7 +221,7 @@ def bench_decode(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str,
     with torch.inference_mode():
         same = calls["oneblock fp32"]().tolist() == calls["transformers fp32"]().tolist()  # before timing
         accuracy = _int8_accuracy(ours, int8, calls["oneblock fp32"]())
-    times = interleaved(calls, rounds=rounds)
+    times = interleaved(calls, rounds=rounds, budget=BUDGET * 90)
     bandwidth = 4 * read_bytes / times["read bandwidth"]["median"]
     rate = {name: new / times[name]["median"] for name in ("oneblock fp32", "oneblock int8", "transformers fp32")}
     first = times["oneblock fp32, 1 token"]["median"]
@@ -308,7 +313,7 @@ def bench_bert(rounds: int) -> dict[str, Any]:
     }
     with torch.inference_mode():
         diff = (calls["oneblock"]() - calls["transformers"]())[mask].abs().max().item()
-    times = interleaved(calls, rounds=rounds)
+    times = interleaved(calls, rounds=rounds, budget=BUDGET * 30)
     rate = {name: b * t / s["median"] for name, s in times.items()}
     _heading("BERT-base encoder, B=8, T=128 padded batch (tokens/s)")
     print(
@@ -335,7 +340,7 @@ def bench_minilm(rounds: int) -> dict[str, Any]:
     }
     with torch.inference_mode():
         diff = (calls["oneblock"]() - calls["sentence-transformers"]().cpu()).abs().max().item()
-    times = interleaved(calls, rounds=rounds)
+    times = interleaved(calls, rounds=rounds, budget=BUDGET * 30)
     rate = {name: len(texts) / s["median"] for name, s in times.items()}
     _heading("all-MiniLM-L6-v2 sentence embeddings, 128 texts, batch 32 (texts/s)")
     print(

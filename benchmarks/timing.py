@@ -22,7 +22,7 @@ def once(fn: Callable[[], object]) -> float:
 
 
 def interleaved(
-    contenders: Mapping[str, Callable[[], object]], *, rounds: int, warmup: int = 1
+    contenders: Mapping[str, Callable[[], object]], *, rounds: int, warmup: int = 1, budget: float | None = None
 ) -> dict[str, dict[str, float]]:
     """Median (and min) seconds per call of each contender, measured in alternating order.
 
@@ -30,14 +30,19 @@ def interleaved(
         contenders: name -> zero-argument callable.
         rounds: measured rounds; each calls every contender once, in an order that rotates by one per round.
         warmup: unmeasured rounds first (allocator, caches, one-time packing).
+        budget: seconds after which no new round starts once one has been measured, so that a heavily loaded
+            machine shortens the run instead of stretching it.
 
     Returns:
         name -> ``{"median": s, "min": s, "rounds": n, "times": [s, ...]}`` (``times`` in round order).
     """
     names = list(contenders)
     times: dict[str, list[float]] = {name: [] for name in names}
+    stop = time.perf_counter() + budget if budget is not None else float("inf")
     with torch.inference_mode():
         for r in range(warmup + rounds):
+            if r > warmup and time.perf_counter() > stop:
+                break
             order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 seconds = once(contenders[name])

@@ -16,11 +16,12 @@ from oneblock.config import ModelConfig
 from oneblock.counting import ParameterCount, count_flops, count_parameters
 from oneblock.embedding import embed, similarity
 from oneblock.errors import CheckpointError, ConfigError, ConversionError, InputError, OneBlockError
-from oneblock.generation import generate
+from oneblock.generation import generate, generate_stream, pad_prompts
 from oneblock.io.checkpoint import load, save
 from oneblock.io.hf import from_hf, save_hf, to_hf
 from oneblock.models import Decoder, Encoder, EncoderDecoder, build_model
 from oneblock.presets import PRESETS, get_preset
+from oneblock.quantize import quantize_int8
 
 __version__ = "0.1.0"
 
@@ -49,8 +50,11 @@ __all__ = [
     "from_gguf",
     "from_hf",
     "generate",
+    "generate_stream",
     "get_preset",
     "load",
+    "pad_prompts",
+    "quantize_int8",
     "save",
     "save_hf",
     "similarity",

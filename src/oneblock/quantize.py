@@ -68,13 +68,17 @@ class Int8Linear(nn.Module):
         k = self.in_features
         if x.shape[-1] != k:
             raise InputError(f"Int8Linear expects inputs of width {k}; got shape {tuple(x.shape)}")
-        if self.kernel and x.numel() < DEQUANTIZE_ROWS * k and x.device.type == "cpu":
+        bias = self.bias
+        if self.kernel and x.is_cpu and x.numel() < DEQUANTIZE_ROWS * k:
             y = torch._weight_int8pack_mm(x.reshape(-1, k).to(torch.bfloat16), self.weight, self.scale_bf16)
-            y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)  # (..., N), a new tensor
-            return y if self.bias is None else y.add_(self.bias)
+            y = y.view(*x.shape[:-1], self.out_features)  # (..., N) bfloat16
+            if bias is not None and bias.dtype == x.dtype:  # one op back to x's dtype: the bias promotes the sum
+                return torch.add(bias, y)
+            y = y.to(x.dtype)
+            return y if bias is None else y.add_(bias)
         # x (W_int8 s)^T = (x W_int8^T) s: one conversion of the weight, the scales applied to the output.
         y = F.linear(x, self.weight.to(x.dtype)).mul_(self.scale.to(x.dtype))  # (..., N)
-        return y if self.bias is None else y.add_(self.bias)
+        return y if bias is None else y.add_(bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row scales"
