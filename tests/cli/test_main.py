@@ -9,19 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_testing import one_line_error
 
 from oneblock.cli.main import SUBCOMMANDS, build_parser, main
-
-
-def _one_line_error(capsys, code: int) -> str:
-    captured = capsys.readouterr()
-    assert code == 2
-    assert captured.out == ""
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("oneblock: error: ")
-    assert "Traceback" not in captured.err
-    return lines[0]
 
 
 def test_top_level_help_lists_every_subcommand(capsys):
@@ -70,16 +60,16 @@ def test_version(capsys):
     ],
 )
 def test_argparse_errors_are_one_line(argv, capsys):
-    _one_line_error(capsys, main(argv))
+    one_line_error(capsys, main(argv))
 
 
 def test_impossible_config_names_the_values(capsys):
-    line = _one_line_error(capsys, main(["count", "--d-model", "64", "--n-heads", "3"]))
+    line = one_line_error(capsys, main(["count", "--d-model", "64", "--n-heads", "3"]))
     assert "n_heads (3) must divide d_model (64)" in line
 
 
 def test_unknown_preset_lists_the_names(capsys):
-    line = _one_line_error(capsys, main(["count", "--preset", "gpt5"]))
+    line = one_line_error(capsys, main(["count", "--preset", "gpt5"]))
     assert "unknown preset 'gpt5'" in line and "smollm2-135m" in line
 
 
