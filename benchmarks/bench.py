@@ -10,7 +10,7 @@ Sections (same weights and inputs for every contender; random weights, nothing i
 * decode: greedy, B=1, 128 new tokens after a 64-token prompt, ``oneblock.generate`` (float32 and weight-only
   int8) vs transformers ``generate``;
 * bert: BERT-base encoder (B=8, T=128, padded batch) vs transformers ``BertModel``;
-* minilm: ``oneblock.embedding.embed`` vs sentence-transformers on all-MiniLM-L6-v2;
+* minilm: ``oneblock.inference.embedding.embed`` vs sentence-transformers on all-MiniLM-L6-v2;
 * smollm2: ``benchmarks/bench_smollm2.py`` when that script exists.
 
 Timings are medians of interleaved rounds (see ``timing.py``); ratios are what to read, absolute figures move
@@ -46,8 +46,8 @@ import nanogpt_ref  # noqa: E402
 from timing import interleaved, speedup  # noqa: E402
 
 import oneblock as ob  # noqa: E402
-from oneblock.generation import generate  # noqa: E402
-from oneblock.quantize import quantize_int8  # noqa: E402
+from oneblock.inference.generation import generate  # noqa: E402
+from oneblock.inference.quantize import quantize_int8  # noqa: E402
 
 SECTIONS = ("machine", "prefill", "decode", "bert", "minilm", "smollm2")
 PREFILL_SHAPES = ((4, 256), (1, 1024))
@@ -326,7 +326,7 @@ def bench_bert(rounds: int) -> dict[str, Any]:
 def bench_minilm(rounds: int) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
-    from oneblock.embedding import default_model_dir, load_sentence_model
+    from oneblock.inference.embedding import default_model_dir, load_sentence_model
 
     directory = default_model_dir()
     ours = load_sentence_model(directory)

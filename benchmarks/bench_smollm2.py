@@ -32,7 +32,7 @@ warnings.filterwarnings("ignore")
 from timing import interleaved  # noqa: E402
 
 from oneblock.errors import CheckpointError  # noqa: E402
-from oneblock.generation import generate  # noqa: E402
+from oneblock.inference.generation import generate  # noqa: E402
 
 PROMPT, NEW = 64, 128
 TEXT = (
@@ -60,7 +60,7 @@ def bench_smollm2(*, quick: bool = False, rounds: int | None = None) -> dict[str
     """
     import transformers
 
-    from oneblock.io.smollm2 import load_smollm2, smollm2_gguf_path
+    from oneblock.io.gguf.smollm2 import load_smollm2, smollm2_gguf_path
 
     transformers.utils.logging.disable_progress_bar()
     new = 64 if quick else NEW

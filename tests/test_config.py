@@ -7,7 +7,7 @@ def test_defaults_are_the_lesson():
     cfg = ModelConfig()
     assert (cfg.arch, cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.max_seq_len) == (
         "decoder", 1000, 64, 4, 2, 128)
-    assert cfg.d_ff == 256 and cfg.head_dim == 16 and cfg.kv_heads == 4 and cfg.has_final_norm
+    assert cfg.d_ff == 256 and cfg.d_head == 16 and cfg.n_kv_heads == 4 and cfg.has_final_norm
 
 
 def test_json_round_trip():
@@ -30,7 +30,7 @@ def test_json_round_trip():
         ({"norm": "batchnorm"}, "norm must be one of 'layernorm', 'rmsnorm'; got 'batchnorm'"),
         ({"activation": "tanh"}, "activation must be one of"),
         ({"n_kv_heads": 3}, r"n_kv_heads \(3\) must divide n_heads \(4\)"),
-        ({"n_decoder_layers": 2}, "n_decoder_layers .* only applies to arch='encoder-decoder'"),
+        ({"n_decoder_layers": 3}, "n_decoder_layers .* only applies to arch='encoder-decoder'"),
         ({"pooler": True}, "pooler only applies to arch='encoder'"),
         ({"norm_eps": 0}, "norm_eps must be a positive number"),
         ({"position": "rope", "d_model": 60, "n_heads": 4}, "even head width; got d_head 15"),

@@ -11,17 +11,17 @@ imported by the functions that need them.
 
 from typing import Any
 
-from oneblock.chat import ChatSession, Reply
+from oneblock.analysis.counting import ParameterCount, count_flops, count_parameters
 from oneblock.config import ModelConfig
-from oneblock.counting import ParameterCount, count_flops, count_parameters
-from oneblock.embedding import embed, similarity
 from oneblock.errors import CheckpointError, ConfigError, ConversionError, InputError, OneBlockError
-from oneblock.generation import generate, generate_stream, pad_prompts
+from oneblock.inference.chat import ChatSession, Reply
+from oneblock.inference.embedding import embed, similarity
+from oneblock.inference.generation import generate, generate_stream, pad_prompts
+from oneblock.inference.quantize import quantize_int8
 from oneblock.io.checkpoint import load, save
-from oneblock.io.hf import from_hf, save_hf, to_hf
+from oneblock.io.hf.convert import from_hf, save_hf, to_hf
 from oneblock.models import Decoder, Encoder, EncoderDecoder, build_model
 from oneblock.presets import PRESETS, get_preset
-from oneblock.quantize import quantize_int8
 
 __version__ = "0.1.0"
 
@@ -67,7 +67,7 @@ _TRAINING = ("TrainConfig", "Trainer", "TrainResult", "fit_model_config")
 
 def __getattr__(name: str) -> Any:
     if name == "from_gguf":  # the gguf package is imported only when asked for
-        from oneblock.io.gguf import from_gguf
+        from oneblock.io.gguf.load import from_gguf
 
         return from_gguf
     if name in _TRAINING:

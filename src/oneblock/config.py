@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +45,8 @@ class ModelConfig:
     d_model: int = 64
     n_heads: int = 4
     n_layers: int = 2
-    d_ff: int | None = None  # None means 4 * d_model, the lesson's (and GPT-2's) expansion
+    # A field left as None is derived in __post_init__ (the comment says from what), so it always reads as an int.
+    d_ff: int = None  # type: ignore[assignment]  # None means 4 * d_model, the lesson's (and GPT-2's) expansion
     max_seq_len: int = 128
     norm_position: str = "pre"
     norm: str = "layernorm"
@@ -53,13 +55,13 @@ class ModelConfig:
     tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
     dropout: float = 0.0
     norm_eps: float = 1e-5
-    n_decoder_layers: int | None = None  # encoder-decoder only; None means n_layers
+    n_decoder_layers: int = None  # type: ignore[assignment]  # encoder-decoder's decoder; None means n_layers
     # The modern block (Llama family).
     ffn: str = "mlp"  # "swiglu" is W2 (silu(W1 x) * W3 x) and ignores `activation`
     position: str = "learned"
     rope_theta: float = 10000.0
-    n_kv_heads: int | None = None  # grouped-query attention; None means n_heads (ordinary multi-head)
-    d_head: int | None = None  # None means d_model // n_heads
+    n_kv_heads: int = None  # type: ignore[assignment]  # grouped-query attention; None means n_heads
+    d_head: int = None  # type: ignore[assignment]  # width of one head, Dh; None means d_model // n_heads
     # Details of published checkpoints.
     type_vocab_size: int = 0  # BERT's segment embeddings
     embed_norm: bool = False  # a norm right after the embeddings (BERT, BART)
@@ -84,20 +86,30 @@ class ModelConfig:
         for name in ("d_ff", "n_decoder_layers", "n_kv_heads", "d_head"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        if self.d_ff is None:
-            object.__setattr__(self, "d_ff", 4 * self.d_model)
         if self.d_head is None and self.d_model % self.n_heads != 0:
             raise ConfigError(
                 f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}); "
                 f"choose n_heads from {_divisors(self.d_model)} or set d_head explicitly"
             )
-        if self.kv_heads > self.n_heads or self.n_heads % self.kv_heads != 0:
+        if (
+            self.n_decoder_layers is not None
+            and self.arch != "encoder-decoder"
+            and self.n_decoder_layers != self.n_layers
+        ):
             raise ConfigError(
-                f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads}); "
+                f"n_decoder_layers ({self.n_decoder_layers}) only applies to arch='encoder-decoder'; "
+                f"got arch={self.arch!r}"
+            )
+        for name, derive in _DERIVED.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, derive(self))
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ConfigError(
+                f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}); "
                 f"choose n_kv_heads from {_divisors(self.n_heads)}"
             )
-        if self.position == "rope" and self.head_dim % 2 != 0:
-            raise ConfigError(f"rotary positions need an even head width; got d_head {self.head_dim}")
+        if self.position == "rope" and self.d_head % 2 != 0:
+            raise ConfigError(f"rotary positions need an even head width; got d_head {self.d_head}")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
             raise ConfigError(f"dropout must be in [0, 1); got {self.dropout!r}")
         if not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
@@ -108,11 +120,6 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer; got {value!r}")
-        if self.n_decoder_layers is not None and self.arch != "encoder-decoder":
-            raise ConfigError(
-                f"n_decoder_layers ({self.n_decoder_layers}) only applies to arch='encoder-decoder'; "
-                f"got arch={self.arch!r}"
-            )
         if self.pooler and self.arch != "encoder":
             raise ConfigError(f"pooler only applies to arch='encoder'; got arch={self.arch!r}")
         if self.final_logits_bias and self.arch == "encoder":
@@ -127,21 +134,6 @@ class ModelConfig:
                 raise ConfigError(f"{name} ({value}) must lie in [0, vocab_size={self.vocab_size})")
 
     # Derived values.
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head, ``Dh``."""
-        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        """Number of key/value heads; fewer than ``n_heads`` means grouped-query attention."""
-        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
-
-    @property
-    def decoder_layers(self) -> int:
-        """Blocks in the decoder stack of an encoder-decoder model."""
-        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
-
     @property
     def has_final_norm(self) -> bool:
         """Pre-LN leaves the residual stream unnormalized, so one norm closes each stack."""
@@ -177,12 +169,22 @@ class ModelConfig:
         return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> ModelConfig:
-        """A copy with some fields changed; ``d_ff`` is recomputed if only ``d_model`` changes."""
+        """A copy with some fields changed; a derived field (``d_ff``, ``d_head``, ``n_kv_heads``,
+        ``n_decoder_layers``) that held its derived value is derived again from the new fields."""
         data = self.to_dict()
-        if "d_model" in changes and "d_ff" not in changes and self.d_ff == 4 * self.d_model:
-            data["d_ff"] = None
+        for name, derive in _DERIVED.items():
+            if name not in changes and getattr(self, name) == derive(self):
+                data[name] = None
         data.update(changes)
         return ModelConfig.from_dict(data)
+
+
+_DERIVED: dict[str, Callable[[ModelConfig], int]] = {
+    "d_ff": lambda cfg: 4 * cfg.d_model,
+    "d_head": lambda cfg: cfg.d_model // cfg.n_heads,
+    "n_kv_heads": lambda cfg: cfg.n_heads,
+    "n_decoder_layers": lambda cfg: cfg.n_layers,
+}
 
 
 def _divisors(n: int) -> list[int]:

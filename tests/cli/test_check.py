@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-import oneblock.checks
-from oneblock.checks import CheckResult
+import oneblock.analysis.checks
+from oneblock.analysis.checks import CheckResult
 from oneblock.cli.main import main
 
 
@@ -40,7 +40,7 @@ def test_failure_exits_1(monkeypatch, capsys):
     def failing(model, *, seed=0):
         return [CheckResult("causality", False, "earlier positions moved by 0.5", {"earlier_max_change": 0.5})]
 
-    monkeypatch.setattr(oneblock.checks, "run_checks", failing)
+    monkeypatch.setattr(oneblock.analysis.checks, "run_checks", failing)
     assert main(["check"]) == 1
     out = capsys.readouterr().out
     assert "causality" in out and "✗" in out and "0 of 1 passed" in out

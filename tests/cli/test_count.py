@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import oneblock.counting
+import oneblock.analysis.counting
+from oneblock.analysis.counting import count_flops, weight_memory
 from oneblock.cli.main import main
-from oneblock.counting import count_flops, weight_memory
 from oneblock.presets import get_preset
 
 PUBLISHED = {
@@ -87,13 +87,13 @@ def test_verify_against_numel(preset, capsys):
 
 
 def test_verify_exits_1_on_mismatch(monkeypatch, capsys):
-    real = oneblock.counting.count_parameters
+    real = oneblock.analysis.counting.count_parameters
 
     def off_by_one(cfg):
         count = real(cfg)
         return type(count)(**{**count.__dict__, "total": count.total + 1})
 
-    monkeypatch.setattr(oneblock.counting, "count_parameters", off_by_one)
+    monkeypatch.setattr(oneblock.analysis.counting, "count_parameters", off_by_one)
     assert main(["count", "--verify", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["verified"] is False and data["measured"] == 172_288

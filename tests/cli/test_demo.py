@@ -179,7 +179,7 @@ def test_json_architectures(demo_json):
 
 def test_json_tiny_forward(demo_json):
     tiny = demo_json["tiny"]
-    assert tiny["config"] == {"vocab_size": 10, "d_model": 8, "n_heads": 2, "head_dim": 4, "n_layers": 1}
+    assert tiny["config"] == {"vocab_size": 10, "d_model": 8, "n_heads": 2, "d_head": 4, "n_layers": 1}
     assert [s["shape"] for s in tiny["shapes"]] == [[2, 4], [2, 4, 8], [2, 4, 8], [2, 4, 8], [2, 4, 10]]
     assert tiny["attention_shape"] == [2, 2, 4, 4]
     names = {c["name"]: c["passed"] for c in tiny["checks"]}
@@ -191,7 +191,7 @@ def test_json_tiny_forward(demo_json):
 
 def test_failed_sanity_check_fails_the_demo(monkeypatch, capsys):
     import oneblock.lesson.tiny
-    from oneblock.checks import CheckResult
+    from oneblock.analysis.checks import CheckResult
 
     monkeypatch.setattr(
         oneblock.lesson.tiny, "run_checks", lambda model, seed=0: [CheckResult("causality", False, "leaked", {})]

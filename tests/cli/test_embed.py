@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from oneblock.cli.main import main
-from oneblock.embedding import PACKAGE, default_model_dir, embed
+from oneblock.inference.embedding import PACKAGE, default_model_dir, embed
 
 TEXTS = ["The cat sits on the mat.", "A kitten is resting on a rug.", "Stock markets fell sharply."]
 

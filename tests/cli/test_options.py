@@ -43,7 +43,7 @@ def test_every_config_flag_reaches_the_config():
             "--dropout", "0.25",
         )
     )  # fmt: skip
-    assert (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.max_seq_len) == (37, 36, 6, 3, 9)
+    assert (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.max_seq_len) == (37, 36, 6, 3, 9)
     assert (cfg.norm_position, cfg.activation, cfg.ffn, cfg.position, cfg.dropout) == (
         "post", "relu", "swiglu", "rope", 0.25
     )  # fmt: skip

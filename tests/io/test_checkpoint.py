@@ -250,7 +250,7 @@ def test_config_that_cannot_be_built(saved):
     with pytest.raises(CheckpointError, match="config that cannot be built: config is not valid JSON"):
         load(saved)
     bad = json.loads(CONFIGS["decoder"].to_json())
-    bad["n_heads"] = 5
+    bad.update(n_heads=5, d_head=None, n_kv_heads=None)  # the stored config holds the derived widths
     _rewrite(saved, meta={"oneblock.config": json.dumps(bad)})
     with pytest.raises(CheckpointError, match=r"cannot be built: n_heads \(5\) must divide d_model \(36\)"):
         load(saved)

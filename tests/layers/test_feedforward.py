@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oneblock.checks import check_position_wise
+from oneblock.analysis.checks import check_position_wise
 from oneblock.errors import ConfigError
 from oneblock.layers.feedforward import FeedForward
 

@@ -122,7 +122,7 @@ def test_tiny(lesson):
     t = lesson["tiny"]
     assert [s["shape"] for s in t["shapes"]] == [[2, 4], [2, 4, 8], [2, 4, 8], [2, 4, 8], [2, 4, 10]]
     assert t["attention_shape"] == [2, 2, 4, 4]
-    assert t["config"]["head_dim"] == 4 and t["all_passed"]
+    assert t["config"]["d_head"] == 4 and t["all_passed"]
     assert {"causality", "rows sum to one", "future weights exactly zero"} <= {c["name"] for c in t["checks"]}
 
 

@@ -11,7 +11,7 @@ import torch
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError
 from oneblock.models.build import build_model
-from oneblock.train.heads import EncoderClassifier
+from oneblock.models.heads import EncoderClassifier
 from oneblock.train.optim import make_optimizer, parameter_groups
 from oneblock.train.schedule import WarmupCosine
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from oneblock.chat import ChatSession
+    from oneblock.inference.chat import ChatSession
 
 DEFAULT_NEW_TOKENS = 256
 DEFAULT_TEMPERATURE = 0.2  # SmolLM2's model card suggests 0.2 with top-p 0.9
@@ -73,9 +73,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oneblock.chat import ChatSession
     from oneblock.errors import InputError
-    from oneblock.sampling import check_sampling
+    from oneblock.inference.chat import ChatSession
+    from oneblock.inference.sampling import check_sampling
 
     check_sampling(args.temperature, args.top_k, args.top_p)
     if args.max_new_tokens < 1:
@@ -119,7 +119,7 @@ def model_path(given: str | None) -> Path:
     from oneblock.errors import CheckpointError
 
     if given is None:
-        from oneblock.io.smollm2 import smollm2_gguf_path
+        from oneblock.io.gguf.smollm2 import smollm2_gguf_path
 
         return smollm2_gguf_path()
     path = Path(given)
@@ -138,9 +138,9 @@ def load_model(path: Path, *, bf16: bool = False) -> tuple[Any, Any]:
     import torch
 
     from oneblock.errors import ConversionError
-    from oneblock.io.gguf import from_gguf
-    from oneblock.io.gguf_file import open_gguf
-    from oneblock.io.gguf_tokenizer import GGUFTokenizer
+    from oneblock.io.gguf.file import open_gguf
+    from oneblock.io.gguf.load import from_gguf
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
     reader = open_gguf(path)
     tokenizer = GGUFTokenizer.from_gguf(reader)

@@ -30,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def figures(args: argparse.Namespace) -> dict[str, Any]:
     """The checks' results as plain data."""
-    from oneblock.checks import run_checks
+    from oneblock.analysis.checks import run_checks
 
     model, cfg = options.model_and_config(args, seed=args.seed)
     _refuse_too_small(cfg)

@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from oneblock.counting import count_parameters
+    from oneblock.analysis.counting import count_parameters
     from oneblock.errors import ConversionError
     from oneblock.io import checkpoint, hf
 

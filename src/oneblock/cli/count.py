@@ -51,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def figures(args: argparse.Namespace) -> dict[str, Any]:
     """Everything ``count`` reports, as plain data."""
-    from oneblock.counting import count_flops, count_parameters, weight_memory
+    from oneblock.analysis.counting import count_flops, count_parameters, weight_memory
     from oneblock.errors import InputError
 
     cfg = options.config_only(args)

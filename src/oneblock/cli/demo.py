@@ -243,7 +243,7 @@ def _tiny(f: dict[str, Any]) -> list[Any]:
         + [("attention weights (B, H, T, T)", "blocks.0.attn", shape(f["attention_shape"]))],
     )
     checks = table(
-        "Sanity checks (oneblock.checks.run_checks)",
+        "Sanity checks (oneblock.analysis.checks.run_checks)",
         ["check", "passed", "detail"],
         [(c["name"], c["passed"], c["detail"]) for c in f["checks"]],
     )

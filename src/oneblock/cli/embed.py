@@ -46,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from oneblock.embedding import load_sentence_model
+    from oneblock.inference.embedding import load_sentence_model
 
     try:
         model = load_sentence_model(args.model)

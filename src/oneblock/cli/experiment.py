@@ -49,9 +49,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from oneblock.analysis.plotting import require_matplotlib
     from oneblock.cli.render import print_json
     from oneblock.errors import ConfigError
-    from oneblock.plotting import require_matplotlib
 
     require_matplotlib()  # fail before minutes of work if the figure cannot be drawn
     if args.threads <= 0:

@@ -75,8 +75,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
-    from oneblock.generation import generate
-    from oneblock.tokenizer import TextStream
+    from oneblock.inference.generation import generate
+    from oneblock.inference.tokenizer import TextStream
 
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
@@ -155,21 +155,21 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
     from oneblock.errors import CheckpointError, InputError
+    from oneblock.inference.tokenizer import load_tokenizer
     from oneblock.models import Decoder
-    from oneblock.tokenizer import load_tokenizer
 
     path = Path(args.checkpoint)
     if not path.exists():
         raise CheckpointError(f"--checkpoint {str(path)!r} does not exist")
     tokenizer = None
     if path.is_dir():
-        from oneblock.io.hf import from_hf
+        from oneblock.io.hf.convert import from_hf
 
         model = from_hf(path)
     elif path.suffix == ".gguf":
-        from oneblock.io.gguf import from_gguf
-        from oneblock.io.gguf_file import open_gguf
-        from oneblock.io.gguf_tokenizer import GGUFTokenizer
+        from oneblock.io.gguf.file import open_gguf
+        from oneblock.io.gguf.load import from_gguf
+        from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
         reader = open_gguf(path)
         model = from_gguf(reader)
@@ -187,7 +187,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.dtype is not None:
         model = model.to(getattr(torch, args.dtype))
     if args.int8:
-        from oneblock.quantize import quantize_int8
+        from oneblock.inference.quantize import quantize_int8
 
         model = quantize_int8(model)
     if tokenizer is None:
@@ -196,7 +196,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 class _GGUFText:
-    """A GGUF file's tokenizer under the interface of ``oneblock.tokenizer``."""
+    """A GGUF file's tokenizer under the interface of ``oneblock.inference.tokenizer``."""
 
     def __init__(self, tokenizer: Any, name: str) -> None:
         self.tokenizer, self.name, self.eos_id = tokenizer, name, tokenizer.eos_id

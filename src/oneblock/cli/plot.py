@@ -51,12 +51,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from oneblock.analysis.counting import count_parameters
+    from oneblock.analysis.plotting import (
+        attention_weights,
+        mask_variants,
+        plot_attention,
+        plot_parameters,
+        require_matplotlib,
+    )
     from oneblock.cli.count import label_of
     from oneblock.cli.render import console, print_json
-    from oneblock.counting import count_parameters
     from oneblock.errors import InputError
     from oneblock.models.build import init_weights
-    from oneblock.plotting import attention_weights, mask_variants, plot_attention, plot_parameters, require_matplotlib
 
     require_matplotlib()  # fail before any work if the extra is missing
     if args.init_std is not None and not args.init_std > 0:
@@ -105,8 +111,8 @@ def _tokens(args: argparse.Namespace, cfg: ModelConfig) -> Tensor:
     """The input sequence (T,): ``--tokens``, checked against the vocabulary, or ``--seq-len`` random ids."""
     import torch
 
+    from oneblock.analysis.tracing import example_tokens
     from oneblock.errors import InputError
-    from oneblock.tracing import example_tokens
 
     if args.tokens is None:
         return example_tokens(cfg, 1, args.seq_len, seed=args.seed)[0]

@@ -67,8 +67,8 @@ def _root(model: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 def figures(args: argparse.Namespace) -> dict[str, Any]:
     """The trace as plain data: one row per module call."""
+    from oneblock.analysis.tracing import forward_call, trace_shapes
     from oneblock.errors import InputError
-    from oneblock.tracing import forward_call, trace_shapes
 
     for flag in ("batch", "seq_len", "src_len"):
         value = getattr(args, flag)

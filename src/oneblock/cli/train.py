@@ -202,8 +202,8 @@ def _printer(enabled: bool):
 
 
 def _plot_available(is_main: bool) -> bool:
+    from oneblock.analysis.plotting import require_matplotlib
     from oneblock.errors import OneBlockError
-    from oneblock.plotting import require_matplotlib
 
     try:
         require_matplotlib()
@@ -215,13 +215,13 @@ def _plot_available(is_main: bool) -> bool:
 
 
 def _samples(trainer: Any, n: int) -> str | None:
-    """``n`` bytes sampled from the trained decoder with ``oneblock.generation.generate``, after a newline.
+    """``n`` bytes sampled from the trained decoder with ``oneblock.inference.generation.generate``, after a newline.
 
     Longer than the context, the sample is made in pieces, each prompted with the last half-context of bytes. The
     context is the trained window (``--seq-len``), not ``max_seq_len``: positions beyond it were never trained.
     """
     try:
-        from oneblock.generation import generate
+        from oneblock.inference.generation import generate
     except ImportError:
         return None
     import torch

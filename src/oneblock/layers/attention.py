@@ -34,7 +34,7 @@ class MultiHeadAttention(nn.Module):
         d_model: model width ``C``.
         n_heads: query heads ``H``.
         n_kv_heads: key/value heads ``Hkv`` (must divide ``H``); ``None`` means ``H``.
-        head_dim: ``Dh``; ``None`` means ``C // H``.
+        d_head: ``Dh``; ``None`` means ``C // H``.
         bias: biases on the four projections (4 C^2 + 4 C parameters with ``Hkv == H``).
         dropout: dropout on the attention weights while training.
         cross: keys and values come from ``context`` (an encoder's output) instead of ``x``.
@@ -46,32 +46,32 @@ class MultiHeadAttention(nn.Module):
         n_heads: int,
         *,
         n_kv_heads: int | None = None,
-        head_dim: int | None = None,
+        d_head: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
         cross: bool = False,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if head_dim is None:
+        if d_head is None:
             if d_model % n_heads:
                 raise ConfigError(f"n_heads ({n_heads}) must divide d_model ({d_model})")
-            head_dim = d_model // n_heads
+            d_head = d_model // n_heads
         if n_heads % n_kv_heads:
             raise ConfigError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
-        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
+        self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.dropout, self.cross = dropout, cross
-        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
+        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.o_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
         # One product for q, k and v together, (B, T, C) -> (B, T, (H + 2 Hkv) Dh), when an inference-only
-        # transform (``oneblock.quantize.quantize_int8``) builds one; then q_proj, k_proj and v_proj are unused.
+        # transform (``quantize_int8``) builds one; then q_proj, k_proj and v_proj are unused.
         self.qkv_proj: nn.Module | None = None
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, T, h*Dh) -> (B, h, T, Dh)
+        return x.view(b, t, heads, self.d_head).transpose(1, 2)  # (B, T, h*Dh) -> (B, h, T, Dh)
 
     def _check(self, x: Tensor, name: str) -> None:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
@@ -121,7 +121,7 @@ class MultiHeadAttention(nn.Module):
             k, v = cross_kv if cross_kv is not None else self.context_kv(context)
         else:
             if self.qkv_proj is not None:
-                sizes = (self.n_heads * self.head_dim, *(2 * [self.n_kv_heads * self.head_dim]))
+                sizes = (self.n_heads * self.d_head, *(2 * [self.n_kv_heads * self.d_head]))
                 q, k, v = self.qkv_proj(x).split(sizes, dim=-1)  # (B, T, H*Dh), (B, T, Hkv*Dh) x 2
             else:
                 q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -156,7 +156,7 @@ class MultiHeadAttention(nn.Module):
             out = out.masked_fill(~visible, 0.0)
             if weights is not None:
                 weights = weights.masked_fill(~visible, 0.0)
-        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, H, T, Dh) -> (B, T, H*Dh)
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, H, T, Dh) -> (B, T, H*Dh)
         return self.o_proj(out), weights
 
     def _check_mask(self, mask: Tensor, b: int, t: int, s: int) -> Tensor:
@@ -178,7 +178,7 @@ class MultiHeadAttention(nn.Module):
         if group > 1:  # each key/value head serves `group` consecutive query heads
             k = k.repeat_interleave(group, dim=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
             v = v.repeat_interleave(group, dim=1)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, S)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_head)  # (B, H, T, S)
         if is_causal:
             mask = causal_mask(q.shape[2], k.shape[2], device=q.device)
         if mask is not None:

@@ -44,8 +44,8 @@ class Block(nn.Module):
             return MultiHeadAttention(
                 cfg.d_model,
                 cfg.n_heads,
-                n_kv_heads=cfg.kv_heads,
-                head_dim=cfg.head_dim,
+                n_kv_heads=cfg.n_kv_heads,
+                d_head=cfg.d_head,
                 bias=cfg.bias,
                 dropout=cfg.dropout,
                 cross=cross,

@@ -22,12 +22,12 @@ class KVCache:
         batch_size: int,
         n_kv_heads: int,
         max_len: int,
-        head_dim: int,
+        d_head: int,
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        shape = (batch_size, n_kv_heads, max_len, d_head)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
@@ -63,14 +63,14 @@ class Cache:
         batch_size: int,
         n_kv_heads: int,
         max_len: int,
-        head_dim: int,
+        d_head: int,
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         cross_attention: bool = False,
     ) -> None:
         self.layers = [
-            KVCache(batch_size, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+            KVCache(batch_size, n_kv_heads, max_len, d_head, dtype=dtype, device=device)
             for _ in range(n_layers)
         ]
         self.cross: list[tuple[Tensor, Tensor] | None] | None = [None] * n_layers if cross_attention else None

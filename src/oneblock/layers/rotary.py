@@ -34,11 +34,11 @@ class RotaryEmbedding(nn.Module):
     The tables are non-persistent buffers: they are derived from ``theta`` and never stored in a checkpoint.
     """
 
-    def __init__(self, head_dim: int, max_seq_len: int, *, theta: float = 10000.0) -> None:
+    def __init__(self, d_head: int, max_seq_len: int, *, theta: float = 10000.0) -> None:
         super().__init__()
-        self.head_dim = head_dim
+        self.d_head = d_head
         self.theta = theta
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
         t = torch.arange(max_seq_len, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)  # (L, Dh/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (L, Dh)

@@ -7,11 +7,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from oneblock.counting import count_parameters
+from oneblock.analysis.counting import count_parameters
+from oneblock.analysis.tracing import trace_shapes
 from oneblock.layers.block import Block
 from oneblock.models import build_model
 from oneblock.presets import get_preset
-from oneblock.tracing import trace_shapes
 
 FORMULAS = {
     "post": ["x = LN(x + Attn(x))", "x = LN(x + FFN(x))"],

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from oneblock.checks import mask_after_softmax_leak
-from oneblock.counting import count_parameters
+from oneblock.analysis.checks import mask_after_softmax_leak
+from oneblock.analysis.counting import count_parameters
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.block import Block
 from oneblock.layers.masks import causal_mask
@@ -78,7 +78,7 @@ def causal_softmax_example() -> dict[str, Any]:
         x = torch.tensor([1.0, 2.0]).view(1, 2, 1)  # (B, T, C) = (1, 2, 1)
         _, weights = attn(x, is_causal=True, return_attention=True)  # (1, 1, 2, 2)
         q, k = attn.q_proj(x)[0], attn.k_proj(x)[0]  # (T, Dh)
-        scores = q @ k.T / math.sqrt(attn.head_dim)  # (T, T)
+        scores = q @ k.T / math.sqrt(attn.d_head)  # (T, T)
     leak = mask_after_softmax_leak(scores)
     last = scores[-1]
     return {

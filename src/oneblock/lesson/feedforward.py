@@ -6,11 +6,11 @@ from typing import Any
 
 import torch
 
+from oneblock.analysis.tracing import trace_shapes
 from oneblock.layers.activations import make_activation
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.feedforward import FeedForward
 from oneblock.presets import get_preset
-from oneblock.tracing import trace_shapes
 
 
 def gelu_step(seed: int) -> dict[str, Any]:

@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from oneblock.checks import run_checks
-from oneblock.counting import count_parameters
+from oneblock.analysis.checks import run_checks
+from oneblock.analysis.counting import count_parameters
+from oneblock.analysis.tracing import trace_shapes
 from oneblock.models import build_model
 from oneblock.presets import get_preset
-from oneblock.tracing import trace_shapes
 
 # The modules whose outputs tell the story, and how the lesson names each stage.
 STAGES = {
@@ -39,13 +39,13 @@ def tiny_step(seed: int) -> dict[str, Any]:
     return {
         "title": (
             f"A tiny forward pass: vocab {cfg.vocab_size}, d_model {cfg.d_model}, {cfg.n_heads} heads of width "
-            f"{cfg.head_dim}, batch {tokens.shape[0]} x {tokens.shape[1]} tokens"
+            f"{cfg.d_head}, batch {tokens.shape[0]} x {tokens.shape[1]} tokens"
         ),
         "config": {
             "vocab_size": cfg.vocab_size,
             "d_model": cfg.d_model,
             "n_heads": cfg.n_heads,
-            "head_dim": cfg.head_dim,
+            "d_head": cfg.d_head,
             "n_layers": cfg.n_layers,
         },
         "tokens": tokens.tolist(),

@@ -20,7 +20,7 @@ def init_weights(model: nn.Module, cfg: ModelConfig, *, std: float = 0.02) -> No
     """GPT-2's initialization: N(0, 0.02) for matrices and embeddings, zero biases, unit norms, and the
     projections that write into the residual stream scaled down by sqrt(2 * layers) so the stream's variance
     does not grow with depth."""
-    n_residual_writes = 2 * (cfg.n_layers + (cfg.decoder_layers if cfg.arch == "encoder-decoder" else 0))
+    n_residual_writes = 2 * (cfg.n_layers + (cfg.n_decoder_layers if cfg.arch == "encoder-decoder" else 0))
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             scale = 1 / math.sqrt(n_residual_writes) if name.endswith(("o_proj", "ffn.w2")) else 1.0

@@ -25,7 +25,7 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         self.config = cfg
         self.encoder = Encoder(cfg)
-        self.decoder = Decoder(cfg, cross_attention=True, n_layers=cfg.decoder_layers, tok=self.encoder.embed.tok)
+        self.decoder = Decoder(cfg, cross_attention=True, n_layers=cfg.n_decoder_layers, tok=self.encoder.embed.tok)
 
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         """Source ids (B, S) -> memory (B, S, C)."""

@@ -40,7 +40,7 @@ class Stack(nn.Module):
         self.causal = causal
         self.embed = Embeddings(cfg, tok=tok)
         self.rope = (
-            RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, theta=cfg.rope_theta) if cfg.position == "rope" else None
+            RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta) if cfg.position == "rope" else None
         )
         n = cfg.n_layers if n_layers is None else n_layers
         self.blocks = nn.ModuleList(
@@ -60,9 +60,9 @@ class Stack(nn.Module):
         return Cache(
             len(self.blocks),
             batch_size,
-            cfg.kv_heads,
+            cfg.n_kv_heads,
             max_len,
-            cfg.head_dim,
+            cfg.d_head,
             dtype=dtype or weight.dtype,
             device=weight.device,
             cross_attention=self.blocks[0].cross_attn is not None,

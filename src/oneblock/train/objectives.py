@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from oneblock.models.heads import EncoderClassifier, EncoderMaskedLM
 from oneblock.train import data, tasks
 from oneblock.train.config import TrainConfig
-from oneblock.train.heads import EncoderClassifier, EncoderMaskedLM
 from oneblock.train.masking import IGNORE, mask_tokens
 
 _EVAL_SEED_OFFSET = 1_000_003  # the held-out synthetic examples come from a different seed than training

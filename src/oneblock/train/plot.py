@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from oneblock.plotting import require_matplotlib
+from oneblock.analysis.plotting import require_matplotlib
 
 
 def smooth(values: list[float], span: int) -> list[float]:

@@ -74,7 +74,7 @@ def _loss(value: float) -> str:
 
 def plot(results: dict[str, Any], path: str | Path) -> Path:
     """Draw the figure described in the module docstring to ``path``."""
-    from oneblock.plotting import require_matplotlib
+    from oneblock.analysis.plotting import require_matplotlib
 
     plt = require_matplotlib()
     from matplotlib.ticker import MaxNLocator

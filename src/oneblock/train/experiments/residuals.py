@@ -165,7 +165,7 @@ def markdown_table(results: list[DepthResult]) -> str:
 
 def plot(results: list[DepthResult], path: str | Path) -> Path:
     """Gradient norms against depth (log scale), with the lesson's 0.5-per-layer line for comparison."""
-    from oneblock.plotting import require_matplotlib
+    from oneblock.analysis.plotting import require_matplotlib
 
     plt = require_matplotlib()
     depths = [r.depth for r in results]

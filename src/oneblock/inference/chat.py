@@ -1,0 +1,222 @@
+"""A conversation with a chat model: the history, the context window, and replies streamed as text.
+
+Shape notation: T prompt length, N new tokens.
+
+A chat model sees the whole conversation at every turn, rendered into one prompt by the chat template stored
+with its tokenizer (for SmolLM2, ChatML: ``<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n``). The
+model only ever continues that text; "memory" is the history re-read from the start, with the key/value cache
+making the new tokens cheap within one reply.
+
+The context window bounds prompt + reply: when the rendered prompt plus ``max_new_tokens`` would exceed it, the
+oldest exchanges (a user message and the reply to it) are dropped, the system prompt never. Replies end at the
+tokenizer's end-of-turn id or after ``max_new_tokens``.
+
+>>> from oneblock.io.gguf.smollm2 import load_smollm2  # doctest: +SKIP
+>>> session = ChatSession(*load_smollm2(), temperature=0)  # doctest: +SKIP
+>>> for piece in session.stream("What is the capital of France?"):  # doctest: +SKIP
+...     print(piece, end="", flush=True)
+The capital of France is Paris.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from oneblock.errors import InputError
+from oneblock.inference.generation import generate_stream
+from oneblock.inference.sampling import check_sampling
+from oneblock.inference.tokenizer import TextStream
+from oneblock.models.decoder import Decoder
+
+Message = dict[str, str]
+DEFAULT_NEW_TOKENS = 256
+
+
+class ChatTokenizer(Protocol):
+    """What a chat needs from a tokenizer (``oneblock.io.gguf.tokenizer.GGUFTokenizer`` has it)."""
+
+    eos_id: int | None
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tokenize: bool = False
+    ) -> str | list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One answer and what it took.
+
+    Attributes:
+        text: the reply, decoded from ``ids``.
+        ids: the N new token ids, the end-of-turn id excluded.
+        prompt_tokens: T, the length of the rendered prompt the model read.
+        dropped: exchanges dropped from the start of the history to fit this prompt in the context.
+        finished: the model ended its turn (``False``: cut at ``max_new_tokens``).
+        seconds: wall time from the first forward pass to the last token.
+    """
+
+    text: str
+    ids: tuple[int, ...]
+    prompt_tokens: int
+    dropped: int
+    finished: bool
+    seconds: float
+
+
+class ChatSession:
+    """A multi-turn conversation with a decoder-only chat model.
+
+    Args:
+        model: the ``Decoder``.
+        tokenizer: its tokenizer, with the chat template (see ``ChatTokenizer``).
+        system: the system prompt, kept in every prompt; ``None`` leaves the template's default (if any).
+        max_new_tokens: the longest reply, in tokens (default: 256, or half the context when that is less).
+        temperature: 0 picks the most likely token (greedy); above 0 samples from the softened distribution.
+        top_k: sample among the ``top_k`` most likely tokens only.
+        top_p: sample among the most likely tokens holding probability ``top_p``.
+        seed: makes sampling repeatable; reply ``i`` of the session draws with seed ``seed + i``.
+        context: the window in tokens (default and maximum: ``model.config.max_seq_len``).
+
+    Raises:
+        InputError: a model that is not a ``Decoder``, ``max_new_tokens`` outside ``[1, context)``, a context
+            above the model's, or sampling settings that select nothing.
+    """
+
+    def __init__(
+        self,
+        model: Decoder,
+        tokenizer: ChatTokenizer,
+        *,
+        system: str | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        context: int | None = None,
+    ) -> None:
+        if not isinstance(model, Decoder):
+            raise InputError(f"a chat needs a decoder-only model (a Decoder); got {type(model).__name__}")
+        check_sampling(temperature, top_k, top_p)
+        limit = model.config.max_seq_len
+        context = limit if context is None else context
+        if isinstance(context, bool) or not isinstance(context, int) or not 1 < context <= limit:
+            raise InputError(f"context must be an int in [2, {limit}] (the model's max_seq_len); got {context!r}")
+        if max_new_tokens is None:
+            max_new_tokens = min(DEFAULT_NEW_TOKENS, context // 2)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 0 < max_new_tokens < context:
+            raise InputError(
+                f"max_new_tokens must be an int in [1, {context - 1}] so that a prompt fits in the context of "
+                f"{context} tokens; got {max_new_tokens!r}"
+            )
+        if system is not None and not isinstance(system, str):
+            raise InputError(f"system must be a str or None; got {type(system).__name__}")
+        self.model, self.tokenizer = model, tokenizer
+        self.system = system
+        self.max_new_tokens, self.context = max_new_tokens, context
+        self.sampling: dict[str, Any] = {
+            "temperature": temperature, "top_k": top_k, "top_p": top_p, "greedy": temperature == 0,
+        }  # fmt: skip
+        self.seed = seed
+        self.history: list[Message] = []  # user, assistant, user, assistant, ...: the exchanges still in context
+        self.replies = 0  # replies given since the session began (seeds the sampler)
+        self.last: Reply | None = None
+
+    def messages(self, pending: str | None = None) -> list[Message]:
+        """The conversation as the template reads it: the system prompt, the history, then ``pending``."""
+        return self._conversation(self.history, pending)
+
+    def _conversation(self, history: list[Message], pending: str | None) -> list[Message]:
+        head = [{"role": "system", "content": self.system}] if self.system is not None else []
+        tail = [{"role": "user", "content": pending}] if pending is not None else []
+        return [*head, *history, *tail]
+
+    def reset(self) -> None:
+        """Forget the history; the system prompt and the settings stay."""
+        self.history.clear()
+        self.last = None
+
+    def prompt_ids(self, text: str) -> tuple[list[int], int]:
+        """The prompt for the user message ``text``: the rendered ids, and how many old exchanges were dropped.
+
+        The oldest exchanges go first, until the prompt plus ``max_new_tokens`` fits in the context.
+
+        Raises:
+            InputError: if ``text`` is not a non-empty str, or does not fit even with the history dropped.
+        """
+        if not isinstance(text, str) or not text.strip():
+            got = repr(text) if isinstance(text, str) else type(text).__name__
+            raise InputError(f"a chat message must be a non-empty str; got {got}")
+        budget = self.context - self.max_new_tokens
+        for dropped in range(len(self.history) // 2 + 1):
+            ids = self._render(self._conversation(self.history[2 * dropped :], text))
+            if len(ids) <= budget:
+                return ids, dropped
+        raise InputError(
+            f"the message renders to a prompt of {len(ids)} tokens (system prompt and template included), more than "
+            f"the {budget} the context of {self.context} leaves beside max_new_tokens ({self.max_new_tokens}); "
+            "shorten the message or the system prompt, or ask for fewer new tokens"
+        )
+
+    def _render(self, messages: list[Message]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return [int(i) for i in ids]
+
+    def stream(self, text: str) -> Iterator[str]:
+        """Send the user message ``text``; return an iterator over the reply's text, piece by piece.
+
+        Each piece comes as soon as its tokens are generated, and never ends inside a multi-byte character: a
+        token that carries only part of one is held until the rest arrives. The pieces join to ``Reply.text``.
+        The exchange joins the history, and ``self.last`` is set, when the iterator is exhausted; a reply
+        abandoned half-way (``close()``, Ctrl-C) leaves the session as it was.
+
+        Raises:
+            InputError: see ``prompt_ids``; raised here, before any token is generated.
+        """
+        prompt, dropped = self.prompt_ids(text)
+        eos = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else self.model.config.eos_token_id
+        seed = None if self.seed is None else self.seed + self.replies
+        steps = generate_stream(
+            self.model, prompt, self.max_new_tokens, seed=seed, eos_id=eos, use_cache=True, **self.sampling
+        )
+        return self._reply(text, steps, eos, len(prompt), dropped)
+
+    def _reply(
+        self, text: str, steps: Generator[Tensor, None, Any], eos: int | None, prompt_tokens: int, dropped: int
+    ) -> Iterator[str]:
+        pieces = TextStream(self.tokenizer)
+        new: list[int] = []
+        finished = False
+        start = time.perf_counter()
+        try:
+            for step in steps:  # (1,): one new id per step
+                token = int(step[0])
+                if token == eos:
+                    finished = True
+                    break
+                new.append(token)
+                piece = pieces.push([token])
+                if piece:
+                    yield piece
+        finally:
+            steps.close()  # restores the model's train/eval mode now, not when collected
+        rest = pieces.flush()
+        if rest:
+            yield rest
+        seconds = time.perf_counter() - start
+        reply = self.tokenizer.decode(new)
+        user = {"role": "user", "content": text}
+        self.history = [*self.history[2 * dropped :], user, {"role": "assistant", "content": reply}]
+        self.replies += 1
+        self.last = Reply(reply, tuple(new), prompt_tokens, dropped, finished, seconds)
+
+    def send(self, text: str) -> str:
+        """Send the user message ``text`` and return the whole reply: ``stream``'s pieces, joined."""
+        return "".join(self.stream(text))

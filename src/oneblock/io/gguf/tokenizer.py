@@ -1,0 +1,258 @@
+"""The tokenizer and chat template stored in a GGUF file.
+
+A GGUF file carries no ``tokenizer.json``; llama.cpp stores the pieces as metadata instead:
+``tokenizer.ggml.model`` (the algorithm; ``"gpt2"`` means byte-level BPE), ``tokens`` (id -> token string),
+``merges`` (the BPE merge list, best first), ``token_type`` (1 normal, 3 control such as ``<|im_end|>``,
+4 user-defined), ``pre`` (which regex splits text into words before BPE), the special ids, and
+``tokenizer.chat_template`` (a Jinja template that turns a list of messages into one prompt string).
+:class:`GGUFTokenizer` reassembles them into a ``tokenizers.Tokenizer``.
+
+Byte-level BPE (Radford et al., 2019, GPT-2): every UTF-8 byte is first mapped to a printable character
+(space -> ``Ġ``, newline -> ``Ċ``), so any text, emoji included, is spelled with the base alphabet and the merges
+build longer tokens from there; nothing is ever "unknown".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from gguf import GGUFReader
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE
+
+from oneblock.errors import ConversionError, InputError
+from oneblock.inference.chat_template import render_chat
+from oneblock.io.gguf.file import field_value, open_gguf
+
+_CONTROL = 3
+_USER_DEFINED = 4
+
+# Word-splitting regex of Llama 3 and its descendants (llama.cpp's "llama-bpe"): digits in groups of up to 3,
+# case-insensitive English contractions.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _gpt2_split() -> pre_tokenizers.PreTokenizer:
+    # GPT-2's own regex ('s|'t|...| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+) followed by the byte map.
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _smollm_split() -> pre_tokenizers.PreTokenizer:
+    # SmolLM's tokenizer isolates every digit first, then applies GPT-2's split (llama.cpp: "smollm").
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_split()])
+
+
+def _llama3_split() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+# tokenizer.ggml.pre -> how text is cut into words before BPE. A missing key means "default" (GPT-2's regex).
+PRE_TOKENIZERS = {
+    "default": _gpt2_split,
+    "gpt2": _gpt2_split,
+    "smollm": _smollm_split,
+    "llama-bpe": _llama3_split,
+    "llama3": _llama3_split,
+    "llama-v3": _llama3_split,
+    "smaug-bpe": _llama3_split,
+}
+
+
+@lru_cache(maxsize=1)
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's map from each byte to a printable character: printable Latin-1 maps to itself, the other bytes
+    (controls, space, ...) to the characters from U+0100 on, in order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _spelled(token: str, alphabet: set[str]) -> str:
+    """A vocabulary entry in the byte alphabet. A few files store special tokens in plain UTF-8 instead."""
+    if set(token) <= alphabet:
+        return token
+    table = byte_alphabet()
+    return "".join(table[b] for b in token.encode("utf-8"))
+
+
+def build_tokenizer(
+    tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int], pre: str | None
+) -> Tokenizer:
+    """A byte-level BPE ``tokenizers.Tokenizer`` from the vocabulary a GGUF file stores.
+
+    Args:
+        tokens: the vocabulary; ``tokens[i]`` is the string of id ``i``.
+        merges: ``"left right"`` pairs, highest priority first.
+        token_types: llama.cpp's type of each token; control tokens (3) become special added tokens, matched
+            whole in any text and dropped by ``decode(..., skip_special_tokens=True)``; user-defined ones (4)
+            become ordinary added tokens.
+        pre: ``tokenizer.ggml.pre``, naming the word-splitting regex.
+
+    Raises:
+        ConversionError: for an unknown ``pre`` or a malformed merge.
+    """
+    key = pre or "default"
+    if key not in PRE_TOKENIZERS:
+        raise ConversionError(
+            f"tokenizer.ggml.pre={pre!r} names a word-splitting rule oneblock does not know; "
+            f"known: {sorted(PRE_TOKENIZERS)}"
+        )
+    alphabet = set(byte_alphabet().values())
+    vocab = {_spelled(token, alphabet): index for index, token in enumerate(tokens)}
+    pairs = []
+    for merge in merges:
+        parts = merge.split(" ")
+        if len(parts) != 2:
+            raise ConversionError(f"BPE merge {merge!r} is not two tokens separated by one space")
+        pairs.append((parts[0], parts[1]))
+    tokenizer = Tokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+    tokenizer.pre_tokenizer = PRE_TOKENIZERS[key]()
+    tokenizer.decoder = decoders.ByteLevel()
+    # A control token spelled outside the byte alphabet would be a mislabelled entry: skip it, as llama.cpp
+    # never emits it from text either.
+    specials = [
+        AddedToken(token, special=True, normalized=False)
+        for token, kind in zip(tokens, token_types, strict=True)
+        if kind == _CONTROL and set(token) <= alphabet
+    ]
+    user = [
+        AddedToken(token, special=False, normalized=False)
+        for token, kind in zip(tokens, token_types, strict=True)
+        if kind == _USER_DEFINED and token in vocab
+    ]
+    tokenizer.add_special_tokens(specials)
+    tokenizer.add_tokens(user)
+    return tokenizer
+
+
+class GGUFTokenizer:
+    """The tokenizer of a GGUF file: text <-> token ids, plus its chat template.
+
+    Build it with :meth:`from_gguf`. ``encode`` matches special tokens written in the text (``<|im_start|>``
+    becomes one id), which is what a rendered chat prompt needs.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        bos_id: int | None,
+        eos_id: int | None,
+        pad_id: int | None = None,
+        add_bos: bool = False,
+        chat_template: str | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.add_bos = add_bos
+        self.chat_template = chat_template
+
+    @classmethod
+    def from_gguf(cls, source: str | os.PathLike[str] | GGUFReader) -> GGUFTokenizer:
+        """Read the tokenizer from a GGUF file (a path, or a reader already open).
+
+        Raises:
+            CheckpointError: if the file is missing, not GGUF or corrupt.
+            ConversionError: if the file has no vocabulary, or one that is not byte-level BPE.
+        """
+        reader = source if isinstance(source, GGUFReader) else open_gguf(source)
+        model = field_value(reader, "tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ConversionError(
+                f"tokenizer.ggml.model={model!r} is not supported; oneblock reads byte-level BPE ('gpt2') "
+                "vocabularies (SmolLM, Llama 3, GPT-2 style); SentencePiece ('llama') is not implemented"
+            )
+        tokens = field_value(reader, "tokenizer.ggml.tokens") or []
+        if not tokens:
+            raise ConversionError("the GGUF file has an empty tokenizer.ggml.tokens vocabulary")
+        types = field_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+        if len(types) != len(tokens):
+            raise ConversionError(
+                f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; the file is corrupt"
+            )
+        tokenizer = build_tokenizer(
+            tokens,
+            field_value(reader, "tokenizer.ggml.merges") or [],
+            types,
+            field_value(reader, "tokenizer.ggml.pre"),
+        )
+        return cls(
+            tokenizer,
+            bos_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
+            eos_id=field_value(reader, "tokenizer.ggml.eos_token_id"),
+            pad_id=field_value(reader, "tokenizer.ggml.padding_token_id"),
+            add_bos=bool(field_value(reader, "tokenizer.ggml.add_bos_token", False)),
+            chat_template=field_value(reader, "tokenizer.chat_template"),
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token(self, token_id: int) -> str | None:
+        """The vocabulary string of one id (in the byte alphabet), or None if out of range."""
+        return self.tokenizer.id_to_token(token_id)
+
+    def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
+        """Token ids of ``text``.
+
+        Args:
+            text: any string; special tokens written in it are matched whole.
+            add_bos: prepend ``bos_id``; ``None`` follows the file's ``tokenizer.ggml.add_bos_token``.
+        """
+        if not isinstance(text, str):
+            raise InputError(f"encode expects a str; got {type(text).__name__}")
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of ``ids``; invalid UTF-8 from a partial multi-byte character decodes to U+FFFD."""
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise InputError(f"token ids {bad[:5]} are outside [0, {self.vocab_size})")
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def special_tokens(self) -> dict[str, str]:
+        """``bos_token``, ``eos_token``, ``pad_token`` as strings, the names chat templates read."""
+        names = {"bos_token": self.bos_id, "eos_token": self.eos_id, "pad_token": self.pad_id}
+        return {name: self.token(i) for name, i in names.items() if i is not None and self.token(i) is not None}
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tokenize: bool = False
+    ) -> str | list[int]:
+        """Render ``messages`` with the file's chat template; with ``tokenize=True`` return the ids.
+
+        Raises:
+            ConversionError: if the file has no ``tokenizer.chat_template``.
+        """
+        if not self.chat_template:
+            raise ConversionError("this GGUF file has no tokenizer.chat_template; pass one to render_chat")
+        text = render_chat(
+            messages,
+            template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            **self.special_tokens(),
+        )
+        return self.encode(text, add_bos=False) if tokenize else text

@@ -1,0 +1,221 @@
+"""Hugging Face transformers <-> oneblock: ``from_hf``, ``to_hf`` and ``save_hf``.
+
+Four families are understood, each in its own module: GPT-2 (``gpt2``), BERT (``bert``), BART
+(``bart``) and Llama (``llama``). Conversion is exact or it fails: every tensor of the source is copied
+or the call raises ``ConversionError`` naming the tensor, and a config option oneblock cannot reproduce (say
+GPT-2's ``scale_attn_by_inverse_layer_idx``) is refused by name rather than dropped.
+
+transformers is optional. Reading a directory needs only ``safetensors`` (or ``torch.load`` for
+``pytorch_model.bin``), and ``save_hf`` writes files without it; only ``to_hf`` imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from oneblock.config import ModelConfig
+from oneblock.errors import ConversionError
+from oneblock.io.hf import bart, bert, gpt2, llama
+from oneblock.io.hf.common import TensorSource, load_exact
+from oneblock.models.build import build_model
+
+FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama)}
+
+
+def from_hf(source: Any) -> nn.Module:
+    """Copy a Hugging Face model into the oneblock model that computes the same function.
+
+    Accepted sources: a transformers model object, or a directory holding ``config.json`` and the weights
+    (``model.safetensors``, a sharded ``model.safetensors.index.json``, or ``pytorch_model.bin``, which is read
+    with ``torch.load(weights_only=True)``). Per family:
+
+    - GPT-2: ``GPT2Model``, ``GPT2LMHeadModel`` -> ``Decoder`` (logits (B, T, V)).
+    - BERT: ``BertModel`` -> ``Encoder`` (hidden states (B, T, C); ``.pool`` when the source has a pooler).
+      For ``BertFor*`` task models only the ``bert`` body is taken: the task head (``cls.*``, ``classifier.*``,
+      ``qa_outputs.*``) has no oneblock equivalent and is dropped.
+    - BART: ``BartModel``, ``BartForConditionalGeneration`` -> ``EncoderDecoder`` (logits (B, T, V)).
+    - Llama: ``LlamaModel``, ``LlamaForCausalLM`` -> ``Decoder``.
+
+    A bare body (``GPT2Model``, ``BartModel``, ``LlamaModel``) has no LM head of its own; the oneblock model then
+    gets a head tied to the token embeddings, whatever ``tie_word_embeddings`` says, so its hidden states are the
+    source's exactly and its logits are those of the tied head.
+
+    Args:
+        source: the model object, or a path to a directory.
+
+    Returns:
+        The oneblock model, in eval mode, in the dtype and on the device of the source's weights.
+        ``model.config.extra`` records ``hf_model_type`` and ``hf_architectures``.
+
+    Raises:
+        ConversionError: unknown model type, unsupported config option, missing or unused tensor, wrong shape,
+            or a directory without the expected files.
+    """
+    hf_config, tensors = _read_source(source)
+    family = _family(hf_config)
+    src = TensorSource(family.FAMILY, tensors, prefix=family.PREFIX, ignore=family.IGNORE)
+    cfg = family.config_from_hf(hf_config, src.keys())
+    cfg = cfg.replace(
+        extra={"hf_model_type": family.MODEL_TYPE, "hf_architectures": list(hf_config.get("architectures") or [])}
+    )
+    mapped = family.weights_from_hf(cfg, src)
+    src.check_all_taken()
+    model = build_model(cfg, dtype=_dtype_of(tensors), device=_device_of(tensors))
+    load_exact(model, mapped, f"the oneblock {cfg.arch} built from the {family.FAMILY} config")
+    return model.eval()
+
+
+def to_hf(model: nn.Module) -> Any:
+    """The transformers model that computes what ``model`` computes, with every tensor copied.
+
+    The class is ``GPT2LMHeadModel``, ``BertModel`` (with a pooler iff ``cfg.pooler``),
+    ``BartForConditionalGeneration`` (``final_logits_bias`` zeros when ``cfg.final_logits_bias`` is off) or
+    ``LlamaForCausalLM``, chosen by which family ``model.config`` fits.
+
+    Raises:
+        ConversionError: the config fits no family (the message lists, per family, what differs).
+        ImportError: transformers is not installed.
+    """
+    import transformers
+
+    cfg = _config_of(model)
+    family = _family_for(cfg)
+    hf_dict = family.config_to_hf(cfg)
+    architecture = hf_dict["architectures"][0]
+    hf_config = transformers.AutoConfig.for_model(
+        hf_dict["model_type"], **{k: v for k, v in hf_dict.items() if k != "model_type"}
+    )
+    model_class = getattr(transformers, architecture)
+    kwargs = {"add_pooling_layer": cfg.pooler} if architecture == "BertModel" else {}
+    hf_model = model_class(hf_config, **kwargs)
+    state = model.state_dict()
+    hf_model.to(dtype=_dtype_of(state), device=_device_of(state))
+    load_exact(hf_model, family.weights_to_hf(cfg, state), f"transformers {architecture}")
+    return hf_model.eval()
+
+
+def save_hf(model: nn.Module, directory: str | os.PathLike[str]) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` that ``transformers.AutoModel*.from_pretrained`` loads.
+
+    transformers is not needed. Tied tensors are written once, under the name transformers ties the others to.
+    A BERT without a pooler is saved as ``BertModel``; loading it creates a fresh pooler, which the hidden states
+    do not use.
+
+    Args:
+        model: a oneblock model whose config fits a family (see ``to_hf``).
+        directory: created if needed; existing files of the same names are replaced.
+
+    Returns:
+        The directory.
+    """
+    cfg = _config_of(model)
+    family = _family_for(cfg)
+    state = model.state_dict()
+    hf_dict = family.config_to_hf(cfg)
+    hf_dict["torch_dtype"] = str(_dtype_of(state)).removeprefix("torch.")
+    tensors = {key: t.detach().cpu().contiguous() for key, t in family.weights_to_hf(cfg, state).items()}
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(hf_dict, indent=2, sort_keys=True) + "\n")
+    save_file(_unshare(tensors), str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+def _read_source(source: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """(config dict, state dict) of a model object or a directory."""
+    if isinstance(source, (str, os.PathLike)):
+        return _read_directory(Path(source))
+    config = getattr(source, "config", None)
+    if callable(getattr(source, "state_dict", None)) and callable(getattr(config, "to_dict", None)):
+        return config.to_dict(), dict(source.state_dict())
+    raise ConversionError(
+        f"from_hf expects a transformers model or a directory with config.json; got {type(source).__name__}"
+    )
+
+
+def _read_directory(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    if not path.is_dir():
+        raise ConversionError(f"from_hf: {str(path)!r} is not a directory")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ConversionError(
+            f"from_hf: {str(path)!r} has no config.json; found {sorted(p.name for p in path.iterdir())}"
+        )
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConversionError(f"from_hf: {str(config_path)!r} is not valid JSON: {error}") from error
+    _family(config)  # an unsupported model type fails before its weights are read
+    if (path / "model.safetensors").is_file():
+        return config, load_file(str(path / "model.safetensors"))
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        tensors: dict[str, Tensor] = {}
+        for shard in shards:
+            tensors.update(load_file(str(path / shard)))
+        return config, tensors
+    if (path / "pytorch_model.bin").is_file():
+        return config, torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ConversionError(
+        f"from_hf: {str(path)!r} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin; "
+        f"found {sorted(p.name for p in path.iterdir())}"
+    )
+
+
+def _family(hf_config: Mapping[str, Any]) -> ModuleType:
+    model_type = hf_config.get("model_type")
+    if model_type not in FAMILIES:
+        raise ConversionError(
+            f"from_hf supports model_type {sorted(FAMILIES)}; got {model_type!r} "
+            f"(architectures {hf_config.get('architectures')})"
+        )
+    return FAMILIES[model_type]
+
+
+def _family_for(cfg: ModelConfig) -> ModuleType:
+    """The first family whose checkpoint format can hold ``cfg`` exactly."""
+    reasons = {}
+    for family in FAMILIES.values():
+        differences = family.mismatches(cfg)
+        if not differences:
+            return family
+        reasons[family.FAMILY] = differences
+    listed = "; ".join(f"{name}: {', '.join(diff)}" for name, diff in reasons.items())
+    raise ConversionError(f"this config fits no Hugging Face family oneblock can write. {listed}")
+
+
+def _config_of(model: nn.Module) -> ModelConfig:
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ModelConfig):
+        raise ConversionError(f"expected a oneblock model (with a ModelConfig .config); got {type(model).__name__}")
+    return cfg
+
+
+def _dtype_of(tensors: Mapping[str, Tensor]) -> torch.dtype:
+    """The dtype of the first floating-point tensor (float32 if none)."""
+    return next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
+
+
+def _device_of(tensors: Mapping[str, Tensor]) -> torch.device:
+    return next((t.device for t in tensors.values()), torch.device("cpu"))
+
+
+def _unshare(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Clone tensors that share memory with an earlier one: safetensors refuses shared storage."""
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in tensors.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        out[key] = tensor.clone() if ptr in seen else tensor
+        seen.add(ptr)
+    return out
