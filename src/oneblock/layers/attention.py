@@ -72,9 +72,9 @@ class MultiHeadAttention(nn.Module):
             raise ConfigError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.dropout, self.scale = dropout, scale
-        self.q_proj: nn.Module | None = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.k_proj: nn.Module | None = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
-        self.v_proj: nn.Module | None = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
         self.o_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
         # After ``fuse_qkv``: one product (B, T, C) -> (B, T, (H + 2 Hkv) Dh) in place of the three above.
         self.qkv_proj: nn.Module | None = None
@@ -112,8 +112,7 @@ class MultiHeadAttention(nn.Module):
             sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
             q, k, v = self.qkv_proj(x).split(sizes, dim=-1)  # (B, T, H*Dh), (B, T, Hkv*Dh) x 2
         else:
-            q_proj, k_proj, v_proj = self._projections()
-            q, k, v = q_proj(x), k_proj(x), v_proj(x)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return (
             self.split_heads(q, self.n_heads),
             self.split_heads(k, self.n_kv_heads),
@@ -194,16 +193,17 @@ class MultiHeadAttention(nn.Module):
         """Replace ``q_proj``, ``k_proj`` and ``v_proj`` by one ``qkv_proj`` holding their stacked weights.
 
         One matrix product per step instead of three, same numbers (up to the rounding of a wider product). The
-        state dict changes (``qkv_proj.*`` for the three), so fuse for inference, after loading weights.
+        three projections are removed, and the state dict changes (``qkv_proj.*`` for the three), so fuse for
+        inference, after loading weights.
 
         Returns:
             ``qkv_proj``, an ``nn.Linear`` (C -> (H + 2 Hkv) Dh).
         """
         if self.qkv_proj is not None:
             return self.qkv_proj
-        projections = [p for p in self._projections() if isinstance(p, nn.Linear)]
-        if len(projections) != 3:
-            kinds = ", ".join(type(p).__name__ for p in self._projections())
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if not all(isinstance(p, nn.Linear) for p in projections):  # quantize_int8 swaps in other modules
+            kinds = ", ".join(type(p).__name__ for p in projections)
             raise ConfigError(f"fuse_qkv needs three nn.Linear projections; got {kinds}. Fuse before quantizing")
         q_proj = projections[0]
         weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
@@ -215,16 +215,10 @@ class MultiHeadAttention(nn.Module):
             if fused.bias is not None:
                 fused.bias.copy_(torch.cat([p.bias.detach() for p in projections]))
         self.qkv_proj = fused
-        self.q_proj = self.k_proj = self.v_proj = None
+        del self.q_proj, self.k_proj, self.v_proj
         return fused
 
     # -- helpers ---------------------------------------------------------------------------------------------
-
-    def _projections(self) -> tuple[nn.Module, nn.Module, nn.Module]:
-        q, k, v = self.q_proj, self.k_proj, self.v_proj
-        if q is None or k is None or v is None:
-            raise ConfigError("this attention layer has neither qkv_proj nor all of q_proj, k_proj and v_proj")
-        return q, k, v
 
     def split_heads(self, x: Tensor, heads: int) -> Tensor:
         """(B, T, heads * Dh) -> (B, heads, T, Dh)."""
@@ -308,8 +302,7 @@ class CrossAttention(MultiHeadAttention):
             )
         state = EMPTY if state is None else state
         self.check_input(x, "x")
-        q_proj = self._projections()[0]
-        q = self.split_heads(q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        q = self.split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
         k, v = state.memory_kv if state.memory_kv is not None else self.memory_kv(state.memory)  # (B, Hkv, S, Dh)
         mask = self.memory_attention_mask(state.memory_mask, x.shape[0], k.shape[2])
         recorder = state.recorder.cross_weights if state.recorder is not None else None
@@ -320,9 +313,8 @@ class CrossAttention(MultiHeadAttention):
         if memory is None:
             raise InputError("cross-attention needs `memory`, the encoder output (B, S, C)")
         self.check_input(memory, "memory", "S")
-        _, k_proj, v_proj = self._projections()
-        k = self.split_heads(k_proj(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
-        v = self.split_heads(v_proj(memory), self.n_kv_heads)
+        k = self.split_heads(self.k_proj(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
+        v = self.split_heads(self.v_proj(memory), self.n_kv_heads)
         return k, v
 
     def memory_attention_mask(self, memory_mask: Tensor | None, b: int, s: int) -> Tensor | None:
