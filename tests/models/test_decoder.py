@@ -5,6 +5,7 @@ import torch
 from models_testing import VARIANTS, build, tokens
 
 import oneblock as ob
+from oneblock.errors import InputError
 
 
 def test_lesson_tiny_forward_pass_shapes():
@@ -66,3 +67,9 @@ def test_last_only_gives_the_last_row():
     ids = tokens()
     with torch.no_grad():
         torch.testing.assert_close(model(ids, last_only=True), model(ids)[:, -1:])
+
+
+def test_memory_is_refused_without_cross_attention():
+    model = build()
+    with pytest.raises(InputError, match="this decoder has no cross-attention, so memory and memory_mask do not"):
+        model(tokens(), memory=torch.randn(3, 5, 36))
