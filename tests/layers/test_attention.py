@@ -295,6 +295,15 @@ def test_fused_qkv_gives_the_same_numbers(n_kv_heads):
             torch.testing.assert_close(fused_w, w, atol=1e-12, rtol=0)
 
 
+def test_bad_score_bias_is_refused():
+    layer = MultiHeadAttention(C, H).double()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    with pytest.raises(InputError, match=r"the score bias must be a float tensor .* got dtype torch.int64"):
+        layer(x, AttentionState(self_bias=torch.zeros(1, H, T, T, dtype=torch.long)))
+    with pytest.raises(InputError, match=r"score bias of shape \(1, 3, 7, 6\) does not broadcast to \(B, H, T, S\)"):
+        layer(x, AttentionState(self_bias=torch.zeros(1, H, T, T - 1, dtype=torch.float64)))
+
+
 def test_cross_attention_refuses_fusion():
     with pytest.raises(ConfigError, match="fuse_qkv applies to self-attention only"):
         CrossAttention(C, H).fuse_qkv()

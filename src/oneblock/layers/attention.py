@@ -100,7 +100,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
         q, k = self.position(q, k, state.rope)
         k, v = self.extend(k, v, state.cache)  # (B, Hkv, S, Dh), S = cached + T
-        mask, is_causal = self.self_mask(state.mask, q, k, is_causal, state.self_bias is not None)
+        mask, is_causal = self.self_mask(state.mask, q, k, is_causal, state.self_bias)
         recorder = state.recorder.self_weights if state.recorder is not None else None
         return self.merge(self.attend(q, k, v, mask, state.self_bias, is_causal, recorder))
 
@@ -130,9 +130,9 @@ class MultiHeadAttention(nn.Module):
         return (k, v) if cache is None else cache.append(k, v)
 
     def self_mask(
-        self, mask: Tensor | None, q: Tensor, k: Tensor, is_causal: bool, has_bias: bool
+        self, mask: Tensor | None, q: Tensor, k: Tensor, is_causal: bool, bias: Tensor | None = None
     ) -> tuple[Tensor | None, bool]:
-        """The user's mask checked and joined with the causal one; ``(mask, is_causal)`` for ``attend``.
+        """The user's mask (and bias) checked, the mask joined with the causal one: ``(mask, is_causal)``.
 
         ``is_causal`` stays ``True`` (the kernels' own causal path, no mask tensor) only for a square problem
         without mask or bias; otherwise the causal part is a (T, S) tensor inside the returned mask.
@@ -141,7 +141,9 @@ class MultiHeadAttention(nn.Module):
         s = k.shape[2]
         if mask is not None:
             self.check_mask(mask, b, t, s)
-        if is_causal and (mask is not None or s != t or has_bias):
+        if bias is not None:
+            self.check_bias(bias, b, t, s)
+        if is_causal and (mask is not None or s != t or bias is not None):
             # Queries sit at the end of the key sequence; a single new token sees every key.
             causal = causal_mask(t, s, device=q.device) if t > 1 else None
             mask = causal if mask is None else (mask if causal is None else mask & causal)
@@ -167,19 +169,24 @@ class MultiHeadAttention(nn.Module):
             is_causal: apply the square causal mask (only with ``mask is None``).
             record: a list to append the weights (B, H, T, S) to; given, the explicit kernel runs.
         """
-        visible = None
-        if mask is not None:
-            visible = mask.any(dim=-1, keepdim=True)  # (B?, H?, T, 1)
-            if bool(visible.all()):
-                visible = None
-            else:  # let empty rows attend everywhere, then zero them: finite values and gradients
-                mask = mask | ~visible
+        mask, visible = self.guard_empty_rows(mask)
         if record is not None:
             out, weights = self._explicit(q, k, v, mask, bias, is_causal)
             record.append(weights if visible is None else weights.masked_fill(~visible, 0.0))
         else:
             out = self._fast(q, k, v, mask, bias, is_causal)
         return out if visible is None else out.masked_fill(~visible, 0.0)
+
+    def guard_empty_rows(self, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """``(mask, visible)``: queries that may see no key at all attend everywhere instead, so the softmax stays
+        finite, and ``visible`` (B?, H?, T, 1) marks the others; ``attend`` zeroes the rest after the kernel.
+        ``visible`` is ``None`` when every query sees something."""
+        if mask is None:
+            return None, None
+        visible = mask.any(dim=-1, keepdim=True)  # (B?, H?, T, 1)
+        if bool(visible.all()):
+            return mask, None
+        return mask | ~visible, visible
 
     def merge(self, out: Tensor) -> Tensor:
         """Heads back side by side, then the output projection: (B, H, T, Dh) -> (B, T, C)."""
@@ -240,6 +247,17 @@ class MultiHeadAttention(nn.Module):
             raise InputError(
                 f"attention mask of shape {tuple(mask.shape)} does not broadcast to (B, H, T, S) = "
                 f"({b}, {self.n_heads}, {t}, {s})"
+            ) from None
+
+    def check_bias(self, bias: Tensor, b: int, t: int, s: int) -> None:
+        if not bias.is_floating_point():
+            raise InputError(f"the score bias must be a float tensor (added to q k^T); got dtype {bias.dtype}")
+        try:
+            torch.broadcast_shapes(bias.shape, (b, self.n_heads, t, s))
+        except RuntimeError:
+            raise InputError(
+                f"score bias of shape {tuple(bias.shape)} does not broadcast to (B, H, T, S) = "
+                f"({b}, {self.n_heads}, {t}, {s}); with a cache, S counts the cached keys too"
             ) from None
 
     # -- the two kernels -------------------------------------------------------------------------------------
