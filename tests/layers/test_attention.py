@@ -307,3 +307,12 @@ def test_bad_score_bias_is_refused():
 def test_cross_attention_refuses_fusion():
     with pytest.raises(ConfigError, match="fuse_qkv applies to self-attention only"):
         CrossAttention(C, H).fuse_qkv()
+
+
+def test_causal_layer_default_and_per_call_override(pair):
+    ours, _ = pair()
+    causal = MultiHeadAttention(C, H, causal=True).double()
+    causal.load_state_dict(ours.state_dict())
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    torch.testing.assert_close(causal(x), ours(x, is_causal=True), atol=0, rtol=0)
+    torch.testing.assert_close(causal(x, is_causal=False), ours(x), atol=0, rtol=0)

@@ -45,6 +45,7 @@ class MultiHeadAttention(nn.Module):
         bias: biases on the four projections (4 C^2 + 4 C parameters with ``Hkv == H``).
         dropout: dropout on the attention weights while training.
         scale: the factor on ``q k^T``; ``None`` means ``1 / sqrt(Dh)`` (T5 uses 1.0, its weights absorb it).
+        causal: hide later keys unless a call says otherwise (decoder blocks).
     """
 
     cross = False
@@ -61,6 +62,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         scale: float | None = None,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -71,7 +73,7 @@ class MultiHeadAttention(nn.Module):
         if n_heads % n_kv_heads:
             raise ConfigError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
-        self.dropout, self.scale = dropout, scale
+        self.dropout, self.scale, self.causal = dropout, scale, causal
         self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
         self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
@@ -81,21 +83,23 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         scale = "" if self.scale is None else f", scale={self.scale}"
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}{scale}"
+        causal = ", causal=True" if self.causal else ""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}{scale}{causal}"
 
-    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool = False) -> Tensor:
+    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool | None = None) -> Tensor:
         """Attend from ``x`` to itself.
 
         Args:
             x: (B, T, C).
             state: mask, rotary tables, cache, score bias and recorder (all optional).
             is_causal: also hide later keys; aligned so that with a cache of ``S - T`` earlier positions query
-                ``i`` sees keys ``0 .. S - T + i``.
+                ``i`` sees keys ``0 .. S - T + i``. ``None`` means the layer's ``causal``.
 
         Returns:
             (B, T, C).
         """
         state = EMPTY if state is None else state
+        is_causal = self.causal if is_causal is None else is_causal
         self.check_input(x, "x")
         q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
         q, k = self.position(q, k, state.rope)
@@ -305,13 +309,28 @@ class CrossAttention(MultiHeadAttention):
 
     Reads ``memory``, ``memory_mask``, ``memory_kv`` and ``recorder`` from the ``AttentionState``. No causal mask
     (the whole source is visible), no rotary positions and no self-attention cache; ``is_causal=True`` is
-    refused. Same arguments as ``MultiHeadAttention``.
+    refused. Same arguments as ``MultiHeadAttention`` but ``causal``.
     """
 
     cross = True
     state_fields = ("memory", "memory_mask")
 
-    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool = False) -> Tensor:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        d_head: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        scale: float | None = None,
+    ) -> None:
+        super().__init__(
+            d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, bias=bias, dropout=dropout, scale=scale
+        )
+
+    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool | None = None) -> Tensor:
         """Attend from ``x`` (B, T, C) to the memory; returns (B, T, C)."""
         if is_causal:
             raise InputError(
