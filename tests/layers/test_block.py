@@ -127,3 +127,12 @@ def test_block_keeps_the_shape_and_starts_near_identity():
     assert y.shape == x.shape
     assert (y - x).norm() / x.norm() < 0.2
     assert sum(p.numel() for p in block.parameters()) == 49_984
+
+
+def test_causal_flag_reaches_the_attention():
+    block = Block(ModelConfig(d_model=C, n_heads=H, d_ff=FF), causal=True).double()
+    x = torch.randn(1, T, C, dtype=torch.float64)
+    causal = block(x)
+    block.causal = False  # a decoder with its mask forgotten
+    assert not block.attn.causal
+    assert (block(x)[:, :-1] - causal[:, :-1]).abs().max() > 0  # earlier positions now see the later ones

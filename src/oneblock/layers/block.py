@@ -36,7 +36,6 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, *, causal: bool, cross_attention: bool = False) -> None:
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
-        self.causal = causal
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.attn = MultiHeadAttention(
             cfg.d_model,
@@ -62,6 +61,15 @@ class Block(nn.Module):
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, kind=cfg.ffn, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)  # on each sublayer's output, before it joins the residual stream
+
+    @property
+    def causal(self) -> bool:
+        """Whether self-attention hides later positions; the attention layer holds the flag."""
+        return self.attn.causal
+
+    @causal.setter
+    def causal(self, value: bool) -> None:
+        self.attn.causal = value
 
     def forward(self, x: Tensor, state: AttentionState | None = None) -> Tensor:
         """Run the block on ``x`` (B, T, C); ``state`` carries masks, positions, cache and memory."""
