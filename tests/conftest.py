@@ -30,7 +30,6 @@ def one_thread() -> Iterator[None]:
 
 def copy_to_torch_attention(ours: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
     """Copy a oneblock attention layer's projections into ``torch.nn.MultiheadAttention`` (same C, H)."""
-    assert ours.q_proj is not None and ours.k_proj is not None and ours.v_proj is not None
     projections = (ours.q_proj, ours.k_proj, ours.v_proj)
     with torch.no_grad():
         ref.in_proj_weight.copy_(torch.cat([p.weight for p in projections]))  # (3C, C)

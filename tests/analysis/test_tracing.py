@@ -41,7 +41,8 @@ def test_encoder_decoder_call_and_shared_table():
     by_name = {r.name: r for r in rows}
     assert by_name["encoder.embed.tok"].inputs == [(2, 5)] and by_name["decoder.embed.tok"].inputs == [(2, 3)]
     assert by_name[""].outputs == [(2, 3, 10)]
-    assert by_name["decoder.blocks.0.cross_attn"].inputs == [(2, 3, 8), (2, 5, 8)]
+    assert by_name["decoder.blocks.0.cross_attn"].inputs == [(2, 3, 8), (2, 5, 8)]  # queries, memory
+    assert by_name["decoder.blocks.0.attn"].inputs == [(2, 3, 8)]  # self-attention does not read the memory
     assert by_name["decoder.blocks.0"].as_dict()["inputs"] == [[2, 3, 8], [2, 5, 8]]
 
 

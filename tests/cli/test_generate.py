@@ -19,13 +19,7 @@ from oneblock.io.checkpoint import save
 PROMPT = "Once upon a time"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small models run fastest, and steadiest on a busy machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small models run fastest on one thread
 
 
 def _perturbed(model):

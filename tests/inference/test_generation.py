@@ -26,13 +26,7 @@ FAMILIES = {
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small models run fastest, and steadiest on a busy machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small models run fastest on one thread
 
 
 def build(family: str = "pre-ln", seed: int = 0, **changes) -> torch.nn.Module:

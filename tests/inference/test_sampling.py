@@ -13,13 +13,7 @@ from oneblock.inference.sampling import check_sampling, sample_next, top_k_filte
 INF = float("-inf")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small models run fastest, and steadiest on a busy machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small models run fastest on one thread
 
 
 def probs(*values):

@@ -285,7 +285,7 @@ def test_fused_qkv_gives_the_same_numbers(n_kv_heads):
     params = sum(p.numel() for p in layer.parameters())
     fused = layer.fuse_qkv()
     assert isinstance(fused, nn.Linear) and fused.weight.shape == ((H + 2 * hkv) * dh, C)
-    assert layer.q_proj is None and layer.k_proj is None and layer.v_proj is None
+    assert not any(hasattr(layer, name) for name in ("q_proj", "k_proj", "v_proj"))
     assert sum(p.numel() for p in layer.parameters()) == params
     assert layer.fuse_qkv() is fused  # fusing twice is a no-op
     for record, (out, w) in zip((False, True), before, strict=True):
@@ -295,6 +295,24 @@ def test_fused_qkv_gives_the_same_numbers(n_kv_heads):
             torch.testing.assert_close(fused_w, w, atol=1e-12, rtol=0)
 
 
+def test_bad_score_bias_is_refused():
+    layer = MultiHeadAttention(C, H).double()
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    with pytest.raises(InputError, match=r"the score bias must be a float tensor .* got dtype torch.int64"):
+        layer(x, AttentionState(self_bias=torch.zeros(1, H, T, T, dtype=torch.long)))
+    with pytest.raises(InputError, match=r"score bias of shape \(1, 3, 7, 6\) does not broadcast to \(B, H, T, S\)"):
+        layer(x, AttentionState(self_bias=torch.zeros(1, H, T, T - 1, dtype=torch.float64)))
+
+
 def test_cross_attention_refuses_fusion():
     with pytest.raises(ConfigError, match="fuse_qkv applies to self-attention only"):
         CrossAttention(C, H).fuse_qkv()
+
+
+def test_causal_layer_default_and_per_call_override(pair):
+    ours, _ = pair()
+    causal = MultiHeadAttention(C, H, causal=True).double()
+    causal.load_state_dict(ours.state_dict())
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    torch.testing.assert_close(causal(x), ours(x, is_causal=True), atol=0, rtol=0)
+    torch.testing.assert_close(causal(x, is_causal=False), ours(x), atol=0, rtol=0)

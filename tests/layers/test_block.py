@@ -88,6 +88,32 @@ def test_pre_and_post_ln_wire_the_norm_differently():
     # pre-LN by hand: x + attn(ln1(x)), then + ffn(ln2(.))
     h = x + pre.attn(pre.attn_norm(x), is_causal=True)
     torch.testing.assert_close(y_pre, h + pre.ffn(pre.ffn_norm(h)), atol=1e-12, rtol=0)
+    # post-LN by hand: ln1(x + attn(x)), then ln2(. + ffn(.))
+    h = post.attn_norm(x + post.attn(x, is_causal=True))
+    torch.testing.assert_close(y_post, post.ffn_norm(h + post.ffn(h)), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_decoder_block_sublayers_in_order_with_one_recorder(position):
+    torch.manual_seed(3)
+    cfg = ModelConfig(arch="encoder-decoder", d_model=C, n_heads=H, d_ff=FF, norm_position=position)
+    block = Block(cfg, causal=True, cross_attention=True).double().eval()
+    x, memory = torch.randn(B, T, C, dtype=torch.float64), torch.randn(B, S, C, dtype=torch.float64)
+    recorder = AttentionRecorder()
+    out = block(x, AttentionState(memory=memory, recorder=recorder))
+    state = AttentionState(memory=memory)
+    if position == "pre":
+        h = x + block.attn(block.attn_norm(x), is_causal=True)
+        h = h + block.cross_attn(block.cross_norm(h), state)
+        expected = h + block.ffn(block.ffn_norm(h))
+    else:
+        h = block.attn_norm(x + block.attn(x, is_causal=True))
+        h = block.cross_norm(h + block.cross_attn(h, state))
+        expected = block.ffn_norm(h + block.ffn(h))
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    (self_w,), (cross_w,) = recorder.self_weights, recorder.cross_weights
+    assert self_w.shape == (B, H, T, T) and (self_w.triu(1) == 0).all()
+    assert cross_w.shape == (B, H, T, S) and (cross_w.triu(1) > 0).any()  # no causal mask on the source
 
 
 def test_block_keeps_the_shape_and_starts_near_identity():
@@ -101,3 +127,12 @@ def test_block_keeps_the_shape_and_starts_near_identity():
     assert y.shape == x.shape
     assert (y - x).norm() / x.norm() < 0.2
     assert sum(p.numel() for p in block.parameters()) == 49_984
+
+
+def test_causal_flag_reaches_the_attention():
+    block = Block(ModelConfig(d_model=C, n_heads=H, d_ff=FF), causal=True).double()
+    x = torch.randn(1, T, C, dtype=torch.float64)
+    causal = block(x)
+    block.causal = False  # a decoder with its mask forgotten
+    assert not block.attn.causal
+    assert (block(x)[:, :-1] - causal[:, :-1]).abs().max() > 0  # earlier positions now see the later ones

@@ -25,8 +25,9 @@ def test_rotary_equals_reference_formula():
     positions = torch.tensor([0, 1, 4, 9, 31])
     cos, sin = rope(positions, torch.float64)
     # The tables are float32 by design (as in Llama): angles up to 31 rad carry ~3e-6 rounding.
-    torch.testing.assert_close(apply_rotary(x, cos, sin), reference_rotary(x, positions.tolist(), 100.0),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        apply_rotary(x, cos, sin), reference_rotary(x, positions.tolist(), 100.0), atol=1e-5, rtol=0
+    )
 
 
 def test_scores_depend_only_on_relative_position():
@@ -46,8 +47,9 @@ def test_rotary_equals_transformers_llama():
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama import modeling_llama as ml
 
-    config = transformers.LlamaConfig(hidden_size=48, num_attention_heads=4, max_position_embeddings=64,
-                                      rope_theta=500.0)
+    config = transformers.LlamaConfig(
+        hidden_size=48, num_attention_heads=4, max_position_embeddings=64, rope_theta=500.0
+    )
     theirs = ml.LlamaRotaryEmbedding(config)
     ours = RotaryEmbedding(12, 64, theta=500.0)
     positions = torch.tensor([[0, 3, 5, 17, 63]])

@@ -45,6 +45,7 @@ class MultiHeadAttention(nn.Module):
         bias: biases on the four projections (4 C^2 + 4 C parameters with ``Hkv == H``).
         dropout: dropout on the attention weights while training.
         scale: the factor on ``q k^T``; ``None`` means ``1 / sqrt(Dh)`` (T5 uses 1.0, its weights absorb it).
+        causal: hide later keys unless a call says otherwise (decoder blocks).
     """
 
     cross = False
@@ -61,6 +62,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         scale: float | None = None,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -71,36 +73,38 @@ class MultiHeadAttention(nn.Module):
         if n_heads % n_kv_heads:
             raise ConfigError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
-        self.dropout, self.scale = dropout, scale
-        self.q_proj: nn.Module | None = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.k_proj: nn.Module | None = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
-        self.v_proj: nn.Module | None = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.dropout, self.scale, self.causal = dropout, scale, causal
+        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
         self.o_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
         # After ``fuse_qkv``: one product (B, T, C) -> (B, T, (H + 2 Hkv) Dh) in place of the three above.
         self.qkv_proj: nn.Module | None = None
 
     def extra_repr(self) -> str:
         scale = "" if self.scale is None else f", scale={self.scale}"
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}{scale}"
+        causal = ", causal=True" if self.causal else ""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}{scale}{causal}"
 
-    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool = False) -> Tensor:
+    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool | None = None) -> Tensor:
         """Attend from ``x`` to itself.
 
         Args:
             x: (B, T, C).
             state: mask, rotary tables, cache, score bias and recorder (all optional).
             is_causal: also hide later keys; aligned so that with a cache of ``S - T`` earlier positions query
-                ``i`` sees keys ``0 .. S - T + i``.
+                ``i`` sees keys ``0 .. S - T + i``. ``None`` means the layer's ``causal``.
 
         Returns:
             (B, T, C).
         """
         state = EMPTY if state is None else state
+        is_causal = self.causal if is_causal is None else is_causal
         self.check_input(x, "x")
         q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
         q, k = self.position(q, k, state.rope)
         k, v = self.extend(k, v, state.cache)  # (B, Hkv, S, Dh), S = cached + T
-        mask, is_causal = self.self_mask(state.mask, q, k, is_causal, state.self_bias is not None)
+        mask, is_causal = self.self_mask(state.mask, q, k, is_causal, state.self_bias)
         recorder = state.recorder.self_weights if state.recorder is not None else None
         return self.merge(self.attend(q, k, v, mask, state.self_bias, is_causal, recorder))
 
@@ -112,8 +116,7 @@ class MultiHeadAttention(nn.Module):
             sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
             q, k, v = self.qkv_proj(x).split(sizes, dim=-1)  # (B, T, H*Dh), (B, T, Hkv*Dh) x 2
         else:
-            q_proj, k_proj, v_proj = self._projections()
-            q, k, v = q_proj(x), k_proj(x), v_proj(x)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return (
             self.split_heads(q, self.n_heads),
             self.split_heads(k, self.n_kv_heads),
@@ -131,9 +134,9 @@ class MultiHeadAttention(nn.Module):
         return (k, v) if cache is None else cache.append(k, v)
 
     def self_mask(
-        self, mask: Tensor | None, q: Tensor, k: Tensor, is_causal: bool, has_bias: bool
+        self, mask: Tensor | None, q: Tensor, k: Tensor, is_causal: bool, bias: Tensor | None = None
     ) -> tuple[Tensor | None, bool]:
-        """The user's mask checked and joined with the causal one; ``(mask, is_causal)`` for ``attend``.
+        """The user's mask (and bias) checked, the mask joined with the causal one: ``(mask, is_causal)``.
 
         ``is_causal`` stays ``True`` (the kernels' own causal path, no mask tensor) only for a square problem
         without mask or bias; otherwise the causal part is a (T, S) tensor inside the returned mask.
@@ -142,7 +145,9 @@ class MultiHeadAttention(nn.Module):
         s = k.shape[2]
         if mask is not None:
             self.check_mask(mask, b, t, s)
-        if is_causal and (mask is not None or s != t or has_bias):
+        if bias is not None:
+            self.check_bias(bias, b, t, s)
+        if is_causal and (mask is not None or s != t or bias is not None):
             # Queries sit at the end of the key sequence; a single new token sees every key.
             causal = causal_mask(t, s, device=q.device) if t > 1 else None
             mask = causal if mask is None else (mask if causal is None else mask & causal)
@@ -168,19 +173,24 @@ class MultiHeadAttention(nn.Module):
             is_causal: apply the square causal mask (only with ``mask is None``).
             record: a list to append the weights (B, H, T, S) to; given, the explicit kernel runs.
         """
-        visible = None
-        if mask is not None:
-            visible = mask.any(dim=-1, keepdim=True)  # (B?, H?, T, 1)
-            if bool(visible.all()):
-                visible = None
-            else:  # let empty rows attend everywhere, then zero them: finite values and gradients
-                mask = mask | ~visible
+        mask, visible = self.guard_empty_rows(mask)
         if record is not None:
             out, weights = self._explicit(q, k, v, mask, bias, is_causal)
             record.append(weights if visible is None else weights.masked_fill(~visible, 0.0))
         else:
             out = self._fast(q, k, v, mask, bias, is_causal)
         return out if visible is None else out.masked_fill(~visible, 0.0)
+
+    def guard_empty_rows(self, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """``(mask, visible)``: queries that may see no key at all attend everywhere instead, so the softmax stays
+        finite, and ``visible`` (B?, H?, T, 1) marks the others; ``attend`` zeroes the rest after the kernel.
+        ``visible`` is ``None`` when every query sees something."""
+        if mask is None:
+            return None, None
+        visible = mask.any(dim=-1, keepdim=True)  # (B?, H?, T, 1)
+        if bool(visible.all()):
+            return mask, None
+        return mask | ~visible, visible
 
     def merge(self, out: Tensor) -> Tensor:
         """Heads back side by side, then the output projection: (B, H, T, Dh) -> (B, T, C)."""
@@ -194,16 +204,17 @@ class MultiHeadAttention(nn.Module):
         """Replace ``q_proj``, ``k_proj`` and ``v_proj`` by one ``qkv_proj`` holding their stacked weights.
 
         One matrix product per step instead of three, same numbers (up to the rounding of a wider product). The
-        state dict changes (``qkv_proj.*`` for the three), so fuse for inference, after loading weights.
+        three projections are removed, and the state dict changes (``qkv_proj.*`` for the three), so fuse for
+        inference, after loading weights.
 
         Returns:
             ``qkv_proj``, an ``nn.Linear`` (C -> (H + 2 Hkv) Dh).
         """
         if self.qkv_proj is not None:
             return self.qkv_proj
-        projections = [p for p in self._projections() if isinstance(p, nn.Linear)]
-        if len(projections) != 3:
-            kinds = ", ".join(type(p).__name__ for p in self._projections())
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if not all(isinstance(p, nn.Linear) for p in projections):  # quantize_int8 swaps in other modules
+            kinds = ", ".join(type(p).__name__ for p in projections)
             raise ConfigError(f"fuse_qkv needs three nn.Linear projections; got {kinds}. Fuse before quantizing")
         q_proj = projections[0]
         weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
@@ -215,16 +226,10 @@ class MultiHeadAttention(nn.Module):
             if fused.bias is not None:
                 fused.bias.copy_(torch.cat([p.bias.detach() for p in projections]))
         self.qkv_proj = fused
-        self.q_proj = self.k_proj = self.v_proj = None
+        del self.q_proj, self.k_proj, self.v_proj
         return fused
 
     # -- helpers ---------------------------------------------------------------------------------------------
-
-    def _projections(self) -> tuple[nn.Module, nn.Module, nn.Module]:
-        q, k, v = self.q_proj, self.k_proj, self.v_proj
-        if q is None or k is None or v is None:
-            raise ConfigError("this attention layer has neither qkv_proj nor all of q_proj, k_proj and v_proj")
-        return q, k, v
 
     def split_heads(self, x: Tensor, heads: int) -> Tensor:
         """(B, T, heads * Dh) -> (B, heads, T, Dh)."""
@@ -246,6 +251,17 @@ class MultiHeadAttention(nn.Module):
             raise InputError(
                 f"attention mask of shape {tuple(mask.shape)} does not broadcast to (B, H, T, S) = "
                 f"({b}, {self.n_heads}, {t}, {s})"
+            ) from None
+
+    def check_bias(self, bias: Tensor, b: int, t: int, s: int) -> None:
+        if not bias.is_floating_point():
+            raise InputError(f"the score bias must be a float tensor (added to q k^T); got dtype {bias.dtype}")
+        try:
+            torch.broadcast_shapes(bias.shape, (b, self.n_heads, t, s))
+        except RuntimeError:
+            raise InputError(
+                f"score bias of shape {tuple(bias.shape)} does not broadcast to (B, H, T, S) = "
+                f"({b}, {self.n_heads}, {t}, {s}); with a cache, S counts the cached keys too"
             ) from None
 
     # -- the two kernels -------------------------------------------------------------------------------------
@@ -293,13 +309,28 @@ class CrossAttention(MultiHeadAttention):
 
     Reads ``memory``, ``memory_mask``, ``memory_kv`` and ``recorder`` from the ``AttentionState``. No causal mask
     (the whole source is visible), no rotary positions and no self-attention cache; ``is_causal=True`` is
-    refused. Same arguments as ``MultiHeadAttention``.
+    refused. Same arguments as ``MultiHeadAttention`` but ``causal``.
     """
 
     cross = True
     state_fields = ("memory", "memory_mask")
 
-    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool = False) -> Tensor:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        d_head: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        scale: float | None = None,
+    ) -> None:
+        super().__init__(
+            d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, bias=bias, dropout=dropout, scale=scale
+        )
+
+    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool | None = None) -> Tensor:
         """Attend from ``x`` (B, T, C) to the memory; returns (B, T, C)."""
         if is_causal:
             raise InputError(
@@ -308,8 +339,7 @@ class CrossAttention(MultiHeadAttention):
             )
         state = EMPTY if state is None else state
         self.check_input(x, "x")
-        q_proj = self._projections()[0]
-        q = self.split_heads(q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        q = self.split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
         k, v = state.memory_kv if state.memory_kv is not None else self.memory_kv(state.memory)  # (B, Hkv, S, Dh)
         mask = self.memory_attention_mask(state.memory_mask, x.shape[0], k.shape[2])
         recorder = state.recorder.cross_weights if state.recorder is not None else None
@@ -320,9 +350,8 @@ class CrossAttention(MultiHeadAttention):
         if memory is None:
             raise InputError("cross-attention needs `memory`, the encoder output (B, S, C)")
         self.check_input(memory, "memory", "S")
-        _, k_proj, v_proj = self._projections()
-        k = self.split_heads(k_proj(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
-        v = self.split_heads(v_proj(memory), self.n_kv_heads)
+        k = self.split_heads(self.k_proj(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
+        v = self.split_heads(self.v_proj(memory), self.n_kv_heads)
         return k, v
 
     def memory_attention_mask(self, memory_mask: Tensor | None, b: int, s: int) -> Tensor | None:

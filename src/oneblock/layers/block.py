@@ -36,10 +36,15 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, *, causal: bool, cross_attention: bool = False) -> None:
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
-        self.causal = causal
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.attn = MultiHeadAttention(
-            cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, d_head=cfg.d_head, bias=cfg.bias, dropout=cfg.dropout
+            cfg.d_model,
+            cfg.n_heads,
+            n_kv_heads=cfg.n_kv_heads,
+            d_head=cfg.d_head,
+            bias=cfg.bias,
+            dropout=cfg.dropout,
+            causal=causal,
         )
         self.cross_norm: nn.Module | None = None
         self.cross_attn: CrossAttention | None = None
@@ -57,19 +62,24 @@ class Block(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, kind=cfg.ffn, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)  # on each sublayer's output, before it joins the residual stream
 
+    @property
+    def causal(self) -> bool:
+        """Whether self-attention hides later positions; the attention layer holds the flag."""
+        return self.attn.causal
+
+    @causal.setter
+    def causal(self, value: bool) -> None:
+        self.attn.causal = value
+
     def forward(self, x: Tensor, state: AttentionState | None = None) -> Tensor:
         """Run the block on ``x`` (B, T, C); ``state`` carries masks, positions, cache and memory."""
         state = EMPTY if state is None else state
         if self.pre_norm:  # pre-LN: normalize each branch; the stream stays a clean identity path
-            x = x + self.drop(self.self_attention(self.attn_norm(x), state))
+            x = x + self.drop(self.attn(self.attn_norm(x), state))
             if self.cross_attn is not None and self.cross_norm is not None:
                 x = x + self.drop(self.cross_attn(self.cross_norm(x), state))
             return x + self.drop(self.ffn(self.ffn_norm(x)))
-        x = self.attn_norm(x + self.drop(self.self_attention(x, state)))  # post-LN: normalize after each add
+        x = self.attn_norm(x + self.drop(self.attn(x, state)))  # post-LN: normalize after each add
         if self.cross_attn is not None and self.cross_norm is not None:
             x = self.cross_norm(x + self.drop(self.cross_attn(x, state)))
         return self.ffn_norm(x + self.drop(self.ffn(x)))
-
-    def self_attention(self, h: Tensor, state: AttentionState) -> Tensor:
-        """The first sublayer: (causal, for decoder blocks) self-attention of ``h`` (B, T, C)."""
-        return self.attn(h, state, is_causal=self.causal)

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
+from oneblock.errors import InputError
 from oneblock.layers.kv_cache import Cache
 from oneblock.layers.state import AttentionRecorder
 from oneblock.models.inputs import check_hidden, check_tokens
@@ -70,7 +71,13 @@ class Decoder(Stack):
             Logits (B, T, V), or ``(logits, weights)``.
         """
         b, _ = check_tokens(tokens, self.config, past=cache.length if cache is not None else 0)
-        if self.blocks[0].cross_attn is not None and (cache is None or cache.cross is None or cache.cross[0] is None):
+        if not self.cross_attention:
+            if memory is not None or memory_mask is not None:
+                raise InputError(
+                    "this decoder has no cross-attention, so memory and memory_mask do not apply; they feed the "
+                    "decoder of an encoder-decoder model"
+                )
+        elif memory is not None or cache is None or cache.cross is None or cache.cross[0] is None:
             check_hidden(memory, b, self.config.d_model, "memory")
         recorder = AttentionRecorder() if return_attention else None
         x = self.run(

@@ -41,6 +41,7 @@ class Stack(nn.Module):
         super().__init__()
         self.config = cfg
         self.causal = causal
+        self.cross_attention = cross_attention
         self.embed = Embeddings(cfg, tok=tok)
         self.rope = (
             RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta) if cfg.position == "rope" else None
@@ -64,7 +65,7 @@ class Stack(nn.Module):
             cfg.d_head,
             dtype=dtype or weight.dtype,
             device=weight.device,
-            cross_attention=self.blocks[0].cross_attn is not None,
+            cross_attention=self.cross_attention,
         )
 
     def run(

@@ -39,7 +39,7 @@ class NoSkipBlock(Block):
     """A pre-LN block with its residual connections removed: ``x = f(norm(x))`` for each sublayer."""
 
     def forward(self, x: Tensor, state: AttentionState | None = None) -> Tensor:
-        x = self.drop(self.self_attention(self.attn_norm(x), state or AttentionState()))
+        x = self.drop(self.attn(self.attn_norm(x), state))
         return self.drop(self.ffn(self.ffn_norm(x)))
 
 
