@@ -180,8 +180,10 @@ def test_bad_directories(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "t5"')
     with pytest.raises(ConversionError, match="is not valid JSON"):
         from_hf(tmp_path)
-    (tmp_path / "config.json").write_text('{"model_type": "t5"}')
-    with pytest.raises(ConversionError, match=r"supports model_type \['bart', 'bert', 'gpt2', 'llama'\]; got 't5'"):
+    (tmp_path / "config.json").write_text('{"model_type": "mt5"}')
+    with pytest.raises(
+        ConversionError, match=r"supports model_type \['bart', 'bert', 'gpt2', 'llama', 't5'\]; got 'mt5'"
+    ):
         from_hf(tmp_path)
     with pytest.raises(ConversionError, match="expects a transformers model or a directory"):
         from_hf(42)
