@@ -163,14 +163,16 @@ def verdict(runs: list[Run], setup: Setup, unigram: float) -> dict[str, Any]:
     """The rule of the module docstring, applied to the grid; ``lines`` say what it found at each (depth, lr).
 
     ``cold_failures`` lists where post-LN without warmup failed outright (diverged, or a mean held-out loss within
-    ``STALL_MARGIN`` of the unigram entropy: a model that ignores the context); the grid is wide enough in the
-    sense of Xiong et al. only if that list is not empty.
+    ``STALL_MARGIN`` of the unigram entropy: a model that ignores the context; a loss still above it at a small
+    rate is a run too short to have learned, not a failure); the grid is wide enough in the sense of Xiong et al.
+    only if that list is not empty.
     """
     grid = cells(runs)
     rescued, contrary, lines = [], [], []
     cold_failures = [
         (depth, lr) for depth in setup.depths for lr in setup.lrs
-        if grid[(depth, "post", lr, False)].mean >= unigram - STALL_MARGIN
+        if not math.isfinite(grid[(depth, "post", lr, False)].mean)
+        or abs(grid[(depth, "post", lr, False)].mean - unigram) <= STALL_MARGIN
     ]  # fmt: skip
     for depth in setup.depths:
         for lr in setup.lrs:
