@@ -350,7 +350,7 @@ class _Decode:
         end = start + x.shape[1]
         self.end = end
         run = self.run
-        hidden, _, _ = self.decoder.run(
+        hidden = self.decoder.run(
             x,
             padding_mask=run.mask[:, :end] if run.mask is not None else None,
             positions=self.positions[:, start:end] if self.positions is not None else None,
