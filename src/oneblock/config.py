@@ -164,10 +164,10 @@ class ModelConfig:
             raise ConfigError(f"attn_scale must be a positive number or None (1/sqrt(d_head)); got {scale!r}")
         if not isinstance(self.scale_tied_logits, bool):
             raise ConfigError(f"scale_tied_logits must be True or False; got {self.scale_tied_logits!r}")
-        if self.scale_tied_logits and (self.arch == "encoder" or not self.tie_embeddings):
+        if self.scale_tied_logits and not self.tie_embeddings:  # an encoder has no head: the option is then idle
             raise ConfigError(
-                "scale_tied_logits rescales a tied LM head; it needs arch 'decoder' or 'encoder-decoder' and "
-                f"tie_embeddings=True; got arch={self.arch!r}, tie_embeddings={self.tie_embeddings}"
+                "scale_tied_logits rescales the LM head that shares the token embedding; it needs "
+                "tie_embeddings=True (an untied head, as in T5 v1.1, is not rescaled)"
             )
 
     # Derived values.
