@@ -70,7 +70,7 @@ def test_config_is_frozen():
         ({"attn_scale": 0.0}, r"attn_scale must be a positive number or None \(1/sqrt\(d_head\)\); got 0.0"),
         ({"attn_scale": "none"}, "attn_scale must be a positive number or None"),
         ({"attn_scale": True}, "attn_scale must be a positive number or None"),
-        ({"scale_tied_logits": True, "tie_embeddings": False}, "scale_tied_logits rescales the LM head .* needs tie_embeddings=True"),
+        ({"scale_tied_logits": True, "tie_embeddings": False}, "rescales the LM head .* needs tie_embeddings=True"),
         ({"scale_tied_logits": 1}, "scale_tied_logits must be True or False; got 1"),
         ({"ffn": "geglu"}, "ffn must be one of 'mlp', 'swiglu', 'gated'; got 'geglu'"),
     ],
