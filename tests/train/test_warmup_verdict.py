@@ -56,6 +56,12 @@ def test_spread_decides_what_counts():
     assert cell.mean == pytest.approx(2.6) and cell.spread == pytest.approx(0.1)
 
 
+def test_warmup_that_prevents_divergence_is_a_rescue():
+    runs = cells([2.30] * 3, [2.30] * 3, [math.inf, 2.5, 2.6], [2.40, 2.45, 2.50])
+    result = warmup.verdict(runs, SETUP, UNIGRAM)
+    assert result["outcome"] == "SUPPORTED" and result["cold_failures"] == [(6, 1e-2)]
+
+
 def test_diverged_seed_makes_the_cell_infinite():
     cell = warmup.Cell(6, "post", 1e-2, False, (2.0, math.inf))
     assert cell.mean == math.inf and cell.spread == math.inf

@@ -147,7 +147,8 @@ def cells(runs: list[Run]) -> dict[tuple[int, str, float, bool], Cell]:
 
 
 def _spread(a: Cell, b: Cell) -> float:
-    return max(a.spread, b.spread, MIN_SPREAD)
+    """The larger seed spread of two cells; a diverged cell has none (its gap to a finite cell is infinite)."""
+    return max([c.spread for c in (a, b) if math.isfinite(c.spread)] + [MIN_SPREAD])
 
 
 def warmup_gain(
