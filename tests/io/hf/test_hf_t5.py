@@ -217,3 +217,15 @@ def test_unused_tensor_is_named(tmp_path):
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ConversionError, match=r"block\.1\.layer\.0\.SelfAttention\.relative_attention_bias"):
         from_hf(tmp_path)
+
+
+def test_bare_t5_model_gets_the_tied_head():
+    """T5Model has no head: oneblock's is tied to the shared embedding and reads the decoder output rescaled."""
+    hf = hf_model("relu", seed=17, cls=transformers.T5Model)
+    model = from_hf(hf)
+    assert model.config.tie_embeddings and model.config.scale_tied_logits
+    src, tgt, mask = batch(seed=18)
+    with torch.no_grad():
+        hidden = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).last_hidden_state
+        expected = (hidden * C**-0.5) @ hf.shared.weight.T
+        assert max_diff(model(src, tgt, src_padding_mask=mask), expected) <= ATOL
