@@ -59,3 +59,28 @@ def test_unknown_fields_and_bad_json_are_refused():
 def test_config_is_frozen():
     with pytest.raises(AttributeError):
         ModelConfig().d_model = 32
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"position": "relative", "relative_buckets": 2}, r"relative_buckets >= 4 .* got relative_buckets=2"),
+        ({"position": "relative", "relative_max_distance": 16}, r"relative_max_distance > relative_buckets // 2"),
+        ({"relative_buckets": 0}, "relative_buckets must be a positive integer; got 0"),
+        ({"attn_scale": 0.0}, r"attn_scale must be a positive number or None \(1/sqrt\(d_head\)\); got 0.0"),
+        ({"attn_scale": "none"}, "attn_scale must be a positive number or None"),
+        ({"attn_scale": True}, "attn_scale must be a positive number or None"),
+        ({"scale_tied_logits": True, "tie_embeddings": False}, "rescales the LM head .* needs tie_embeddings=True"),
+        ({"scale_tied_logits": 1}, "scale_tied_logits must be True or False; got 1"),
+        ({"ffn": "geglu"}, "ffn must be one of 'mlp', 'swiglu', 'gated'; got 'geglu'"),
+    ],
+)
+def test_t5_options_are_validated(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**kwargs)
+
+
+def test_t5_options_round_trip():
+    cfg = ModelConfig(arch="encoder-decoder", position="relative", relative_buckets=11, relative_max_distance=13,
+                      attn_scale=1.0, ffn="gated", scale_tied_logits=True, norm="rmsnorm")  # fmt: skip
+    assert ModelConfig.from_json(cfg.to_json()) == cfg

@@ -14,8 +14,8 @@ ARCHS = ("encoder", "decoder", "encoder-decoder")
 NORM_POSITIONS = ("pre", "post")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
-FFNS = ("mlp", "swiglu")
-POSITIONS = ("learned", "rope", "none")
+FFNS = ("mlp", "swiglu", "gated")
+POSITIONS = ("learned", "rope", "relative", "none")
 
 
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -57,11 +57,22 @@ class ModelConfig:
     norm_eps: float = 1e-5
     n_decoder_layers: int = None  # type: ignore[assignment]  # encoder-decoder's decoder; None means n_layers
     # The modern block (Llama family).
-    ffn: str = "mlp"  # "swiglu" is W2 (silu(W1 x) * W3 x) and ignores `activation`
+    ffn: str = "mlp"  # "swiglu" is W2 (silu(W1 x) * W3 x) and ignores `activation`; "gated" is below
     position: str = "learned"
     rope_theta: float = 10000.0
     n_kv_heads: int = None  # type: ignore[assignment]  # grouped-query attention; None means n_heads
     d_head: int = None  # type: ignore[assignment]  # width of one head, Dh; None means d_model // n_heads
+    # T5. position="relative" learns one (relative_buckets, H) table of score biases per stack, indexed by the
+    # bucketed distance key - query: exact for small distances, logarithmic up to relative_max_distance, beyond
+    # which all distances share the last bucket (Raffel et al., 2020).
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    # Scores are q.k * attn_scale; None means 1/sqrt(d_head). T5 uses 1.0: it folds the scale into its init.
+    attn_scale: float | None = None
+    # ffn="gated" is W2 (act(W1 x) * W3 x) with `activation`: T5 v1.1's gated GELU with activation="gelu_tanh".
+    # A tied LM head reads the final hidden state times d_model**-0.5 (T5 rescales because its embeddings,
+    # shared with the head, are initialized at unit scale).
+    scale_tied_logits: bool = False
     # Details of published checkpoints.
     type_vocab_size: int = 0  # BERT's segment embeddings
     embed_norm: bool = False  # a norm right after the embeddings (BERT, BART)
@@ -122,6 +133,7 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a non-negative integer; got {value!r}")
         if self.pooler and self.arch != "encoder":
             raise ConfigError(f"pooler only applies to arch='encoder'; got arch={self.arch!r}")
+        self._check_t5_options()
         if self.final_logits_bias and self.arch == "encoder":
             raise ConfigError("final_logits_bias needs a language-model head; arch='encoder' has none")
         if self.position != "learned" and self.position_offset:
@@ -132,6 +144,31 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ConfigError(f"{name} ({value}) must lie in [0, vocab_size={self.vocab_size})")
+
+    def _check_t5_options(self) -> None:
+        _positive("relative_buckets", self.relative_buckets)
+        _positive("relative_max_distance", self.relative_max_distance)
+        # The bucket function keeps the distances below relative_buckets // 2 (a quarter of the buckets in each
+        # direction when bidirectional) exact and spreads the rest on a log scale up to relative_max_distance.
+        exact = self.relative_buckets // 2
+        if self.position == "relative" and (self.relative_buckets < 4 or self.relative_max_distance <= exact):
+            raise ConfigError(
+                f"position='relative' needs relative_buckets >= 4 and relative_max_distance > relative_buckets // 2 "
+                f"(the distances held exactly); got relative_buckets={self.relative_buckets}, "
+                f"relative_max_distance={self.relative_max_distance}"
+            )
+        scale = self.attn_scale
+        if scale is not None and (
+            isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf")
+        ):
+            raise ConfigError(f"attn_scale must be a positive number or None (1/sqrt(d_head)); got {scale!r}")
+        if not isinstance(self.scale_tied_logits, bool):
+            raise ConfigError(f"scale_tied_logits must be True or False; got {self.scale_tied_logits!r}")
+        if self.scale_tied_logits and not self.tie_embeddings:  # an encoder has no head: the option is then idle
+            raise ConfigError(
+                "scale_tied_logits rescales the LM head that shares the token embedding; it needs "
+                "tie_embeddings=True (an untied head, as in T5 v1.1, is not rescaled)"
+            )
 
     # Derived values.
     @property

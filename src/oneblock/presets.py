@@ -42,6 +42,21 @@ PRESETS: dict[str, ModelConfig] = {
         norm="rmsnorm", ffn="swiglu", position="rope", rope_theta=100000.0, bias=False, activation="silu",
         bos_token_id=1, eos_token_id=2,
     ),
+    # T5-small (60,506,624, as transformers counts T5ForConditionalGeneration): pre-LN RMSNorm encoder-decoder,
+    # relative position bias, unscaled scores, ReLU MLP without biases, tied head reading h * d_model**-0.5.
+    "t5-small": ModelConfig(
+        arch="encoder-decoder", vocab_size=32128, d_model=512, n_heads=8, d_head=64, n_layers=6, d_ff=2048,
+        max_seq_len=512, norm="rmsnorm", norm_eps=1e-6, activation="relu", bias=False, dropout=0.1,
+        position="relative", attn_scale=1.0, scale_tied_logits=True, pad_token_id=0, bos_token_id=0, eos_token_id=1,
+    ),
+    # T5 v1.1-small (76,961,152): gated GELU (tanh), 8 + 8 layers of 6 heads, an untied head without the rescale.
+    # transformers 5 ties T5's head whatever the config says and counts 60,511,616: this less the head's matrix.
+    "t5-v1_1-small": ModelConfig(
+        arch="encoder-decoder", vocab_size=32128, d_model=512, n_heads=6, d_head=64, n_layers=8, d_ff=1024,
+        max_seq_len=512, norm="rmsnorm", norm_eps=1e-6, ffn="gated", activation="gelu_tanh", bias=False,
+        tie_embeddings=False, dropout=0.1, position="relative", attn_scale=1.0, pad_token_id=0, bos_token_id=0,
+        eos_token_id=1,
+    ),
 }
 
 

@@ -29,13 +29,31 @@ def test_lesson_counts():
 
 @pytest.mark.parametrize(
     ("arch", "position", "norm", "bias", "tie"),
-    list(itertools.product(["encoder", "decoder", "encoder-decoder"], ["pre", "post"], ["layernorm", "rmsnorm"],
-                           [True, False], [True, False])),
+    list(
+        itertools.product(
+            ["encoder", "decoder", "encoder-decoder"],
+            ["pre", "post"],
+            ["layernorm", "rmsnorm"],
+            [True, False],
+            [True, False],
+        )
+    ),
 )
 def test_analytic_count_equals_numel(arch, position, norm, bias, tie):
-    cfg = ob.ModelConfig(arch=arch, vocab_size=101, d_model=36, n_heads=3, n_layers=2, d_ff=37, max_seq_len=11,
-                         norm_position=position, norm=norm, bias=bias, tie_embeddings=tie,
-                         n_decoder_layers=3 if arch == "encoder-decoder" else None)
+    cfg = ob.ModelConfig(
+        arch=arch,
+        vocab_size=101,
+        d_model=36,
+        n_heads=3,
+        n_layers=2,
+        d_ff=37,
+        max_seq_len=11,
+        norm_position=position,
+        norm=norm,
+        bias=bias,
+        tie_embeddings=tie,
+        n_decoder_layers=3 if arch == "encoder-decoder" else None,
+    )
     assert ob.count_parameters(cfg).total == numel(ob.build_model(cfg))
 
 
@@ -48,6 +66,9 @@ def test_analytic_count_equals_numel(arch, position, norm, bias, tie):
         {"type_vocab_size": 2, "embed_norm": True, "position_offset": 2},
         {"d_head": 10, "n_kv_heads": 1},
         {"scale_embeddings": True, "final_logits_bias": True},
+        {"position": "relative", "relative_buckets": 11, "relative_max_distance": 13, "d_head": 10},
+        {"position": "relative", "attn_scale": 1.0, "ffn": "gated", "norm": "rmsnorm", "bias": False},
+        {"ffn": "gated", "activation": "relu", "tie_embeddings": False},
     ],
 )
 @pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder-decoder"])
@@ -60,8 +81,17 @@ def test_count_equals_numel_for_real_model_options(arch, extra):
 
 @pytest.mark.parametrize(
     ("preset", "total"),
-    [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168), ("bert-base", 109_482_240),
-     ("bart-base", 139_420_416), ("minilm", 22_713_216), ("smollm2-135m", 134_515_008), ("lesson", 172_288)],
+    [
+        ("gpt2", 124_439_808),
+        ("gpt2-medium", 354_823_168),
+        ("bert-base", 109_482_240),
+        ("bart-base", 139_420_416),
+        ("minilm", 22_713_216),
+        ("smollm2-135m", 134_515_008),
+        ("lesson", 172_288),
+        ("t5-small", 60_506_624),
+        ("t5-v1_1-small", 76_961_152),
+    ],
 )
 def test_presets_reproduce_public_counts(preset, total):
     assert ob.count_parameters(ob.get_preset(preset)).total == total
@@ -85,3 +115,23 @@ def test_flops_and_memory():
 def test_unknown_preset():
     with pytest.raises(ob.ConfigError, match="unknown preset 'gpt3'; choose one of lesson"):
         ob.get_preset("gpt3")
+
+
+@pytest.mark.parametrize(("arch", "stacks"), [("encoder", 1), ("decoder", 1), ("encoder-decoder", 2)])
+def test_relative_bias_is_one_table_per_stack(arch, stacks):
+    cfg = ob.ModelConfig(
+        arch=arch,
+        vocab_size=101,
+        d_model=36,
+        n_heads=3,
+        d_ff=37,
+        n_layers=4,
+        position="relative",
+        relative_buckets=11,
+        relative_max_distance=13,
+        scale_tied_logits=arch != "encoder",
+    )
+    count = ob.count_parameters(cfg)
+    tables = {k: v for k, v in count.breakdown.items() if k.endswith("relative_position_bias")}
+    assert len(tables) == stacks and set(tables.values()) == {11 * 3}
+    assert count.total == numel(ob.build_model(cfg))

@@ -18,6 +18,16 @@ from oneblock.cli.main import main
         (["--arch", "encoder"], "encoder", {"rows sum to one", "batch row equals run alone"}),
         (["--arch", "encoder-decoder", "--norm-position", "post"], "encoder-decoder", {"causality"}),
         (["--preset", "tiny", "--position", "rope", "--ffn", "swiglu", "--norm", "rmsnorm"], "decoder", {"causality"}),
+        (
+            ["--preset", "t5-small"],
+            "encoder-decoder",
+            {
+                "causality",
+                "future weights exactly zero",
+                "cross-attention is T x S, unmasked",
+                "encoder is bidirectional",
+            },
+        ),
     ],
 )
 def test_checks_pass(argv, arch, names, capsys):

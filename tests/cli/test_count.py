@@ -20,6 +20,8 @@ PUBLISHED = {
     "bart-base": 139_420_416,
     "minilm": 22_713_216,
     "smollm2-135m": 134_515_008,
+    "t5-small": 60_506_624,  # as transformers counts T5ForConditionalGeneration
+    "t5-v1_1-small": 76_961_152,
 }
 
 
@@ -80,7 +82,7 @@ def test_flags_change_the_count(capsys):
     assert data["attention"] == 4 * 64 * 64 and data["feedforward"] == 2 * 64 * 256
 
 
-@pytest.mark.parametrize("preset", ["lesson", "gpt2", "bart-base", "smollm2-135m", "bert-base"])
+@pytest.mark.parametrize("preset", ["lesson", "gpt2", "bart-base", "smollm2-135m", "bert-base", "t5-small"])
 def test_verify_against_numel(preset, capsys):
     data = count_json(capsys, "--preset", preset, "--verify")
     assert data["measured"] == data["total"] == PUBLISHED[preset] and data["verified"] is True
@@ -122,3 +124,10 @@ def test_encoder_decoder_labels_keep_their_stack(capsys):
     assert main(["count", "--preset", "bart-base"]) == 0
     out = capsys.readouterr().out
     assert "139,420,416" in out and "decoder cross-attention (+ its norm)" in out and "one decoder block" in out
+
+
+def test_t5_relative_bias_tables_are_counted_per_stack(capsys):
+    data = count_json(capsys, "--preset", "t5-small")
+    assert data["breakdown"]["encoder.relative_position_bias"] == 32 * 8
+    assert data["breakdown"]["decoder.relative_position_bias"] == 32 * 8
+    assert "encoder.position_embedding" not in data["breakdown"]

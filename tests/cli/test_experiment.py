@@ -112,3 +112,23 @@ def test_missing_matplotlib_and_bad_names_are_one_line(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'oneblock[plot]'" in err
     assert not list(tmp_path.iterdir())  # failed before any work
+
+
+def test_warmup_quick(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    assert main(["experiment", "warmup", "--quick", "--quiet", "--json", "--out", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    _check_files(report, tmp_path, "warmup")
+    setup = report["setup"]
+    n_cells = len(setup["depths"]) * len(setup["lrs"]) * 4
+    assert len(report["cells"]) == n_cells and len(report["runs"]) == n_cells * len(setup["seeds"])
+    for cell in report["cells"]:
+        losses = cell["losses"]
+        assert len(losses) == len(setup["seeds"]) and all(math.isfinite(x) and x > 0 for x in losses)
+        assert math.isclose(cell["mean"], sum(losses) / len(losses), rel_tol=1e-12)
+    assert report["verdict"]["outcome"] in ("SUPPORTED", "NOT SUPPORTED", "INCONCLUSIVE")
+    assert len(report["verdict"]["lines"]) == len(setup["depths"]) * len(setup["lrs"])
+    text = (tmp_path / "warmup.md").read_text()
+    assert f"**Verdict: {report['verdict']['outcome']}**" in text and "| depth | placement |" in text
+    experiment._show("warmup", report)
+    assert "verdict:" in capsys.readouterr().out

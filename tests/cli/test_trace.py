@@ -82,3 +82,13 @@ def test_errors(capsys):
         assert main(["trace", *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and text in err, err
+
+
+def test_t5_small_trace_shows_the_bias_tables(capsys):
+    data = trace_json(capsys, "--preset", "t5-small", "--batch", "2", "--seq-len", "5")
+    rows = rows_by_name(data)
+    assert rows["model"]["parameters"] == 60_506_624
+    assert rows["encoder.relative_bias"]["outputs"] == [[1, 8, 5, 5]]  # (1, H, T, S), one table per stack
+    assert rows["decoder.relative_bias"]["parameters"] == 32 * 8
+    assert rows["decoder.blocks.0.ffn.w1"]["outputs"] == [[2, 5, 2048]]
+    assert "encoder.embed.pos" not in rows

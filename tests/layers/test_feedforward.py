@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,7 +31,45 @@ def test_swiglu_formula():
     assert sum(p.numel() for p in ffn.parameters()) == 3 * 36 * 37
 
 
-@pytest.mark.parametrize("kind", ["mlp", "swiglu"])
+@pytest.mark.parametrize("activation", ["gelu_tanh", "relu"])
+def test_gated_formula(activation):
+    """T5 v1.1's gated GELU, wo(gelu_tanh(wi_0 x) * wi_1 x), written out in float64 with the tanh formula."""
+    ffn = FeedForward(36, 37, kind="gated", activation=activation, bias=False).double()
+    x = torch.randn(3, 7, 36, dtype=torch.float64)
+    h0 = x @ ffn.w1.weight.T
+    act = (
+        0.5 * h0 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h0 + 0.044715 * h0**3)))
+        if activation != "relu"
+        else h0.clamp(min=0)
+    )
+    expected = (act * (x @ ffn.w3.weight.T)) @ ffn.w2.weight.T
+    torch.testing.assert_close(ffn(x), expected, atol=1e-10, rtol=0)
+    assert sum(p.numel() for p in ffn.parameters()) == 3 * 36 * 37
+
+
+@pytest.mark.parametrize(
+    ("proj", "kind", "activation"), [("gated-gelu", "gated", "gelu_tanh"), ("relu", "mlp", "relu")]
+)
+def test_matches_transformers_t5_feedforward(proj, kind, activation):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5DenseActDense, T5DenseGatedActDense
+
+    config = transformers.T5Config(d_model=36, d_ff=37, feed_forward_proj=proj, dropout_rate=0.0)
+    torch.manual_seed(0)
+    theirs = (T5DenseGatedActDense if kind == "gated" else T5DenseActDense)(config).eval()
+    ours = FeedForward(36, 37, kind=kind, activation=activation, bias=False)
+    with torch.no_grad():
+        if kind == "gated":
+            ours.w1.weight.copy_(theirs.wi_0.weight)
+            ours.w3.weight.copy_(theirs.wi_1.weight)
+        else:
+            ours.w1.weight.copy_(theirs.wi.weight)
+        ours.w2.weight.copy_(theirs.wo.weight)
+        x = torch.randn(3, 7, 36)
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-6, rtol=1.3e-6)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "swiglu", "gated"])
 def test_position_wise(kind):
     result = check_position_wise(FeedForward(36, 37, kind=kind), 36)
     assert result.passed, result.detail
@@ -37,5 +77,5 @@ def test_position_wise(kind):
 
 
 def test_unknown_kind_is_refused():
-    with pytest.raises(ConfigError, match="ffn must be 'mlp' or 'swiglu'; got 'moe'"):
+    with pytest.raises(ConfigError, match="ffn must be 'mlp', 'swiglu' or 'gated'; got 'moe'"):
         FeedForward(8, 16, kind="moe")

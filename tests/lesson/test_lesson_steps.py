@@ -139,3 +139,12 @@ def test_seed_and_global_state():
 def test_unknown_step():
     with pytest.raises(InputError, match=r"unknown lesson step\(s\) \['ffn'\]"):
         run_lesson(steps=["ffn"])
+
+
+def test_family_table_names_presets_that_exist():
+    from oneblock.lesson.families import USES
+    from oneblock.presets import PRESETS
+
+    named = [part.split(": ")[1] for example, _ in USES.values() for part in example.split("; ")]
+    assert named == ["bert-base", "gpt2", "t5-small", "bart-base"]
+    assert all(name in PRESETS for name in named)

@@ -50,3 +50,11 @@ def test_fit_model_config_takes_family_and_vocabulary_from_the_task(task, arch, 
     assert not fitted.pooler and fitted.pad_token_id is None
     small = fit_model_config(ModelConfig(max_seq_len=8), cfg, make_objective(cfg))
     assert small.max_seq_len == make_objective(cfg).max_seq_len
+
+
+@pytest.mark.parametrize(("task", "scaled"), [("mlm", False), ("lm", True), ("reverse", True)])
+def test_fit_model_config_keeps_the_t5_block(task, scaled):
+    cfg = TrainConfig(task=task, seq_len=16)
+    fitted = fit_model_config(get_preset("t5-small"), cfg, make_objective(cfg))
+    assert (fitted.position, fitted.attn_scale, fitted.norm, fitted.d_head) == ("relative", 1.0, "rmsnorm", 64)
+    assert fitted.scale_tied_logits is scaled  # an encoder has no LM head to rescale

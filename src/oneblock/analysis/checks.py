@@ -119,6 +119,16 @@ def check_cross_attention(weights: list[Tensor], t: int, s: int) -> CheckResult:
                        {"shape": list(shapes[0]), "weight_above_diagonal": upper})
 
 
+def check_bidirectional(weights: list[Tensor]) -> CheckResult:
+    """An encoder is not causal: in every block, queries give weight to keys after their own position."""
+    t = weights[0].shape[-1]
+    future = ~causal_mask(t, t)
+    upper = [float(w[..., future].sum()) for w in weights] if t > 1 else [1.0]
+    return CheckResult("encoder is bidirectional", min(upper) > 0.0,
+                       f"smallest weight above the diagonal in a block {min(upper):.3g} > 0",
+                       {"min_weight_above_diagonal": min(upper)})  # fmt: skip
+
+
 def mask_after_softmax_leak(scores: Tensor) -> dict[str, Any]:
     """Compare masking the scores before the softmax (right) with zeroing the weights after it (wrong).
 
@@ -194,13 +204,13 @@ def _model_checks(model: nn.Module, cfg: Any, tokens: Tensor) -> list[CheckResul
                 check_rows_sum_to_one(w["decoder"] + w["cross"] + w["encoder"]),
                 check_upper_triangle_zero(w["decoder"]),
                 check_cross_attention(w["cross"], t, s),
+                check_bidirectional(w["encoder"]),
             ]
             decoder: Callable[[Tensor], Tensor] = lambda x: model(src[: x.shape[0]], x)  # noqa: E731
         else:
             _, w = model(tokens, return_attention=True)
             results += [check_attention_shapes(w, (b, h, t, t)), check_rows_sum_to_one(w)]
-            if cfg.arch == "decoder":
-                results.append(check_upper_triangle_zero(w))
+            results.append(check_upper_triangle_zero(w) if cfg.arch == "decoder" else check_bidirectional(w))
             decoder = model
     if cfg.arch != "encoder":
         results.append(check_causality(decoder, tokens, cfg.vocab_size))

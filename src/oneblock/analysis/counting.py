@@ -24,9 +24,9 @@ def attention_parameters(cfg: ModelConfig) -> int:
 
 
 def feedforward_parameters(cfg: ModelConfig) -> int:
-    """``W1`` (C x d_ff), ``W2`` (d_ff x C), and ``W3`` for SwiGLU, with their biases."""
+    """``W1`` (C x d_ff), ``W2`` (d_ff x C), and ``W3`` for the gated kinds, with their biases."""
     c, f = cfg.d_model, cfg.d_ff
-    if cfg.ffn == "swiglu":
+    if cfg.ffn in ("swiglu", "gated"):
         return 3 * c * f + (2 * f + c if cfg.bias else 0)
     return 2 * c * f + (f + c if cfg.bias else 0)
 
@@ -40,6 +40,11 @@ def embedding_parameters(cfg: ModelConfig) -> dict[str, int]:
         "token_type": cfg.type_vocab_size * c,
         "embed_norm": norm_parameters(cfg.norm, c) if cfg.embed_norm else 0,
     }
+
+
+def relative_bias_parameters(cfg: ModelConfig) -> int:
+    """One stack's T5 relative position bias table, (buckets, H); none without ``position="relative"``."""
+    return cfg.relative_buckets * cfg.n_heads if cfg.position == "relative" else 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
         breakdown[f"{prefix}position_embedding"] = emb["position"]
         breakdown[f"{prefix}token_type_embedding"] = emb["token_type"]
         breakdown[f"{prefix}embedding_norm"] = emb["embed_norm"]
+        # T5's bias table, one per stack (kept by the stack; transformers keeps it in the first block)
+        breakdown[f"{prefix}relative_position_bias"] = relative_bias_parameters(cfg)
         breakdown[f"{prefix}attention"] = layers * attn
         if crossing:
             breakdown[f"{prefix}cross_attention"] = layers * (attn + norm)

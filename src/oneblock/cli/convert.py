@@ -15,8 +15,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "convert",
         help="convert a Hugging Face model directory to a oneblock checkpoint, or back",
         description=(
-            "SRC, a Hugging Face directory (config.json and model.safetensors) of a GPT-2, BERT, BART or "
-            "Llama model, becomes DST, one oneblock .safetensors checkpoint. With --to-hf, SRC is a oneblock "
+            "SRC, a Hugging Face directory (config.json and model.safetensors) of a GPT-2, BERT, BART, Llama "
+            "or T5 model, becomes DST, one oneblock .safetensors checkpoint. With --to-hf, SRC is a oneblock "
             "checkpoint and DST a directory that transformers' from_pretrained loads. Every tensor is copied "
             "exactly or the conversion fails naming it."
         ),

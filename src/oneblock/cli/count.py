@@ -10,6 +10,7 @@ from oneblock.cli import options
 BREAKDOWN_LABELS = {
     "token_embedding": "token embedding",
     "position_embedding": "position embedding",
+    "relative_position_bias": "relative position bias (T5)",
     "token_type_embedding": "segment (token type) embedding",
     "embedding_norm": "embedding norm",
     "attention": "self-attention",

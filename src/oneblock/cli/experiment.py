@@ -4,6 +4,9 @@
   without the skip connections (the lesson's "0.5^12 = 0.000244 without skips" argument, measured).
 - ``norm-placement``: pre-LN against post-LN at depths 2, 6, 12 and 24: per-layer gradient norms at
   initialization and training curves with and without warmup at two learning rates, with a verdict per setting.
+- ``warmup``: does pre-LN need less warmup? Pre-LN vs post-LN, with and without linear warmup, over a range of
+  learning rates at depths 6 and 12 and three seeds; a heat map of the final held-out losses and a verdict by the
+  rule stated in docs/experiments.md.
 
 Each writes a PNG and a markdown report to ``--out``. ``--quick`` runs a reduced version in well under a minute.
 """
@@ -15,7 +18,7 @@ from typing import Any
 
 from oneblock.cli import options
 
-EXPERIMENTS = ("residuals", "norm-placement")
+EXPERIMENTS = ("residuals", "norm-placement", "warmup")
 SHOWN_DEPTHS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48)  # rows of the residuals table on screen (all are in the .md)
 
 
@@ -27,7 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "residuals: first-block gradient norm of stacks of 1..48 blocks at initialization, with and without "
             "skip connections. norm-placement: pre-LN vs post-LN at depths 2, 6, 12, 24: gradient norm per block "
             "at initialization, and byte-level decoder training with and without warmup at two learning rates, "
-            "flagging diverged and stalled runs. Writes <name>.png and <name>.md to --out; needs matplotlib."
+            "flagging diverged and stalled runs. warmup: pre-LN vs post-LN with and without warmup over five "
+            "learning rates, depths 6 and 12, three seeds: final held-out losses as a heat map and a verdict. "
+            "Writes <name>.png and <name>.md to --out; needs matplotlib."
         ),
     )
     parser.add_argument("name", choices=EXPERIMENTS, help="which experiment to run")
@@ -57,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads <= 0:
         raise ConfigError(f"--threads must be a positive integer; got {args.threads}")
     torch.set_num_threads(args.threads)
-    report = _residuals(args) if args.name == "residuals" else _norm_placement(args)
+    runners = {"residuals": _residuals, "norm-placement": _norm_placement, "warmup": _warmup}
+    report = runners[args.name](args)
     if args.json:
         print_json(report)
     else:
@@ -97,6 +103,15 @@ def _norm_placement(args: argparse.Namespace) -> dict[str, Any]:
     return norm_placement_report.write_report(results, args.out)
 
 
+def _warmup(args: argparse.Namespace) -> dict[str, Any]:
+    from oneblock.train.experiments import warmup, warmup_report
+
+    setup = warmup.Setup.quick() if args.quick else warmup.Setup.full()
+    with _progress(setup.n_runs, "warmup", not args.quiet) as bar:
+        results = warmup.run_all(setup, progress=lambda _: bar.advance(bar.task_ids[0]))
+    return warmup_report.write_report(results, args.out)
+
+
 def _show(name: str, report: dict[str, Any]) -> None:
     from oneblock.cli.render import console, table
 
@@ -111,10 +126,15 @@ def _show(name: str, report: dict[str, Any]) -> None:
             if r["depth"] in SHOWN_DEPTHS
         ]
         out.print(table("Gradient norms at initialization", columns, rows))
+    elif name == "warmup":
+        out.print(table("Final held-out loss, mean ± sd over seeds", ("depth", "placement", "lr", "no warmup",
+                                                                      "warmup"), _warmup_rows(report)))  # fmt: skip
+        verdict = report["verdict"]
+        out.print(f"verdict: {verdict['outcome']} ({verdict['why']})", markup=False)
     else:
         columns = ("depth", "lr", "warmup", "pre-LN loss", "pre-LN", "post-LN loss", "post-LN")
         out.print(table("Final training loss (mean of the last tenth of the steps)", columns, _loss_rows(report)))
-    for line in report.get("findings", report.get("claims", [])):
+    for line in report.get("findings", report.get("claims", report.get("verdict", {}).get("lines", []))):
         out.print(f"- {line}", markup=False)
     out.print(f"wrote {report['png']} and {report['markdown']}")
 
@@ -134,3 +154,15 @@ def _loss_rows(report: dict[str, Any]) -> list[tuple]:
 
 def _final(run: dict[str, Any]) -> str:
     return "NaN/inf" if run["final"] is None else f"{run['final']:.3f}"
+
+
+def _warmup_rows(report: dict[str, Any]) -> list[tuple]:
+    """One row per (depth, placement, lr): the cell without and with warmup."""
+    cells = {(c["depth"], c["norm_position"], c["lr"], c["warmup"]): c for c in report["cells"]}
+
+    def text(cell: dict[str, Any]) -> str:
+        return "NaN/inf" if cell["mean"] is None else f"{cell['mean']:.3f} ± {cell['spread']:.3f}"
+
+    keys = sorted({(d, n, lr) for d, n, lr, _ in cells}, key=lambda k: (k[0], k[1] != "pre", k[2]))
+    return [(d, f"{n}-LN", f"{lr:g}", text(cells[(d, n, lr, False)]), text(cells[(d, n, lr, True)]))
+            for d, n, lr in keys]  # fmt: skip

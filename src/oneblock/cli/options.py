@@ -78,8 +78,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, checkpoint: bool = Tru
     )
     group.add_argument("--norm", choices=NORMS, help="layernorm (mean and variance) or rmsnorm (root mean square)")
     group.add_argument("--activation", choices=ACTIVATIONS, help="activation of the feed-forward network")
-    group.add_argument("--ffn", choices=FFNS, help="feed-forward kind: mlp, or the gated swiglu")
-    group.add_argument("--position", choices=POSITIONS, help="learned position table, rotary (rope) or none")
+    group.add_argument("--ffn", choices=FFNS, help="feed-forward kind: mlp, swiglu, or gated (T5 v1.1)")
+    group.add_argument("--position", choices=POSITIONS, help="learned table, rotary (rope), T5 relative bias or none")
     group.add_argument("--no-bias", action="store_true", default=None, help="drop the biases of the Linear layers")
     group.add_argument(
         "--untied", action="store_true", default=None, help="give the LM head its own matrix (default: tied)"

@@ -45,6 +45,7 @@ class Block(nn.Module):
             bias=cfg.bias,
             dropout=cfg.dropout,
             causal=causal,
+            scale=cfg.attn_scale,
         )
         self.cross_norm: nn.Module | None = None
         self.cross_attn: CrossAttention | None = None
@@ -57,6 +58,7 @@ class Block(nn.Module):
                 d_head=cfg.d_head,
                 bias=cfg.bias,
                 dropout=cfg.dropout,
+                scale=cfg.attn_scale,
             )
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, kind=cfg.ffn, bias=cfg.bias)

@@ -17,10 +17,10 @@ from oneblock.layers.state import AttentionRecorder, AttentionState
 from oneblock.models import build_model
 from oneblock.presets import get_preset
 
-USES = {
-    "encoder": ("BERT", "understanding: classification, tagging, embeddings"),
-    "decoder": ("GPT", "generation: predict the next token, any task as text"),
-    "encoder-decoder": ("T5, BART", "input-to-output: translation, summarization"),
+USES = {  # the famous member of each family, with the oneblock preset that describes it exactly
+    "encoder": ("BERT: bert-base", "understanding: classification, tagging, embeddings"),
+    "decoder": ("GPT: gpt2", "generation: predict the next token, any task as text"),
+    "encoder-decoder": ("T5: t5-small; BART: bart-base", "input-to-output: translation, summarization"),
 }
 
 

@@ -37,7 +37,9 @@ class Decoder(Stack):
             self.final_logits_bias = None
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """(B, T, C) -> (B, T, V)."""
+        """(B, T, C) -> (B, T, V); with ``scale_tied_logits`` the tied head reads ``hidden * d_model**-0.5`` (T5)."""
+        if self.config.scale_tied_logits:
+            hidden = hidden * self.config.d_model**-0.5
         logits = self.lm_head(hidden)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias

@@ -1,4 +1,8 @@
-"""``Stack``: embeddings, a column of blocks and (pre-LN) a closing norm; the body of every model family."""
+"""``Stack``: embeddings, a column of blocks and (pre-LN) a closing norm; the body of every model family.
+
+With ``position="relative"`` (T5) the stack also owns one relative position bias table: the (1, H, T, S) bias is
+computed once per forward pass and handed to every block's self-attention in the state (never to cross-attention).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
 from oneblock.layers.masks import check_padding_mask, padding_to_attention_mask
 from oneblock.layers.norms import make_norm
+from oneblock.layers.relative_position import RelativePositionBias
 from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.layers.state import AttentionRecorder, AttentionState
 from oneblock.models.embeddings import Embeddings
@@ -45,6 +50,16 @@ class Stack(nn.Module):
         self.embed = Embeddings(cfg, tok=tok)
         self.rope = (
             RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta) if cfg.position == "rope" else None
+        )
+        self.relative_bias = (
+            RelativePositionBias(
+                cfg.n_heads,
+                n_buckets=cfg.relative_buckets,
+                max_distance=cfg.relative_max_distance,
+                bidirectional=not causal,
+            )
+            if cfg.position == "relative"
+            else None
         )
         n = cfg.n_layers if n_layers is None else n_layers
         self.blocks = nn.ModuleList(Block(cfg, causal=causal, cross_attention=cross_attention) for _ in range(n))
@@ -112,7 +127,11 @@ class Stack(nn.Module):
 
         x = self.embed(tokens, positions, token_type_ids)  # (B, T, C)
         rope = self.rope(positions, x.dtype) if self.rope is not None else None
-        state = AttentionState(mask=mask, rope=rope, memory=memory, memory_mask=memory_mask, recorder=recorder)
+        # Relative positions: queries at their true offset past the cache, over all S = past + T keys.
+        bias = self.relative_bias(t, past + t, offset=past) if self.relative_bias is not None else None
+        state = AttentionState(
+            mask=mask, rope=rope, self_bias=bias, memory=memory, memory_mask=memory_mask, recorder=recorder
+        )
         for i, block in enumerate(self.blocks):
             x = block(x, self._layer_state(state, i, cache))
         if self.final_norm is not None:

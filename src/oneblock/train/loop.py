@@ -86,6 +86,7 @@ def fit_model_config(model_cfg: ModelConfig, train_cfg: TrainConfig, objective: 
         "eos_token_id": None,
         "pooler": False,
         "final_logits_bias": model_cfg.final_logits_bias and objective.arch != "encoder",
+        "scale_tied_logits": model_cfg.scale_tied_logits and objective.arch != "encoder",  # no LM head to rescale
     }
     if objective.arch != "encoder-decoder" or model_cfg.arch != "encoder-decoder":
         changes["n_decoder_layers"] = None

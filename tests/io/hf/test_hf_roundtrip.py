@@ -35,10 +35,15 @@ CONFIGS = {
         **SMALL, norm="rmsnorm", ffn="swiglu", position="rope", rope_theta=500.0, n_kv_heads=1, d_head=14,
         bias=False, tie_embeddings=False, norm_eps=1e-6, activation="silu",
     ),
+    "t5": ModelConfig(
+        **SMALL, arch="encoder-decoder", n_decoder_layers=3, norm="rmsnorm", norm_eps=1e-6, bias=False, d_head=10,
+        position="relative", relative_buckets=8, relative_max_distance=20, attn_scale=1.0, ffn="gated",
+        activation="gelu_tanh", scale_tied_logits=True, pad_token_id=0, bos_token_id=0, eos_token_id=1,
+    ),
 }  # fmt: skip
 AUTO = {
     "gpt2": "AutoModelForCausalLM", "bert": "AutoModel", "bart": "AutoModelForSeq2SeqLM",
-    "llama": "AutoModelForCausalLM",
+    "llama": "AutoModelForCausalLM", "t5": "AutoModelForSeq2SeqLM",
 }  # fmt: skip
 
 
@@ -69,7 +74,7 @@ def test_to_hf_then_back(model):
         assert max_diff(ours, theirs) <= ATOL
     back = from_hf(hf)
     assert back.config == model.config
-    assert back.config.extra["hf_model_type"] in ("gpt2", "bert", "bart", "llama")
+    assert back.config.extra["hf_model_type"] in ("gpt2", "bert", "bart", "llama", "t5")
     expected = model.state_dict()
     assert back.state_dict().keys() == expected.keys()
     for key, tensor in back.state_dict().items():
@@ -175,8 +180,10 @@ def test_bad_directories(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "t5"')
     with pytest.raises(ConversionError, match="is not valid JSON"):
         from_hf(tmp_path)
-    (tmp_path / "config.json").write_text('{"model_type": "t5"}')
-    with pytest.raises(ConversionError, match=r"supports model_type \['bart', 'bert', 'gpt2', 'llama'\]; got 't5'"):
+    (tmp_path / "config.json").write_text('{"model_type": "mt5"}')
+    with pytest.raises(
+        ConversionError, match=r"supports model_type \['bart', 'bert', 'gpt2', 'llama', 't5'\]; got 'mt5'"
+    ):
         from_hf(tmp_path)
     with pytest.raises(ConversionError, match="expects a transformers model or a directory"):
         from_hf(42)

@@ -1,7 +1,7 @@
 """Hugging Face transformers <-> oneblock: ``from_hf``, ``to_hf`` and ``save_hf``.
 
-Four families are understood, each in its own module: GPT-2 (``gpt2``), BERT (``bert``), BART
-(``bart``) and Llama (``llama``). Conversion is exact or it fails: every tensor of the source is copied
+Five families are understood, each in its own module: GPT-2 (``gpt2``), BERT (``bert``), BART
+(``bart``), Llama (``llama``) and T5 (``t5``). Conversion is exact or it fails: every tensor of the source is copied
 or the call raises ``ConversionError`` naming the tensor, and a config option oneblock cannot reproduce (say
 GPT-2's ``scale_attn_by_inverse_layer_idx``) is refused by name rather than dropped.
 
@@ -24,11 +24,11 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConversionError
-from oneblock.io.hf import bart, bert, gpt2, llama
+from oneblock.io.hf import bart, bert, gpt2, llama, t5
 from oneblock.io.hf.common import TensorSource, load_exact
 from oneblock.models.build import build_model
 
-FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama)}
+FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama, t5)}
 
 
 def from_hf(source: Any) -> nn.Module:
@@ -44,6 +44,7 @@ def from_hf(source: Any) -> nn.Module:
       ``qa_outputs.*``) has no oneblock equivalent and is dropped.
     - BART: ``BartModel``, ``BartForConditionalGeneration`` -> ``EncoderDecoder`` (logits (B, T, V)).
     - Llama: ``LlamaModel``, ``LlamaForCausalLM`` -> ``Decoder``.
+    - T5: ``T5ForConditionalGeneration``, ``T5Model`` -> ``EncoderDecoder``; ``T5EncoderModel`` -> ``Encoder``.
 
     A bare body (``GPT2Model``, ``BartModel``, ``LlamaModel``) has no LM head of its own; the oneblock model then
     gets a head tied to the token embeddings, whatever ``tie_word_embeddings`` says, so its hidden states are the
@@ -79,7 +80,8 @@ def to_hf(model: nn.Module) -> Any:
 
     The class is ``GPT2LMHeadModel``, ``BertModel`` (with a pooler iff ``cfg.pooler``),
     ``BartForConditionalGeneration`` (``final_logits_bias`` zeros when ``cfg.final_logits_bias`` is off) or
-    ``LlamaForCausalLM``, chosen by which family ``model.config`` fits.
+    ``LlamaForCausalLM``, ``T5ForConditionalGeneration`` or ``T5EncoderModel``, chosen by which family
+    ``model.config`` fits.
 
     Raises:
         ConversionError: the config fits no family (the message lists, per family, what differs).
@@ -97,6 +99,8 @@ def to_hf(model: nn.Module) -> Any:
     model_class = getattr(transformers, architecture)
     kwargs = {"add_pooling_layer": cfg.pooler} if architecture == "BertModel" else {}
     hf_model = model_class(hf_config, **kwargs)
+    if family is t5:
+        t5.check_untied(cfg, hf_model)
     state = model.state_dict()
     hf_model.to(dtype=_dtype_of(state), device=_device_of(state))
     load_exact(hf_model, family.weights_to_hf(cfg, state), f"transformers {architecture}")
