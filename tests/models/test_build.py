@@ -1,10 +1,13 @@
 """build_model: the right family, tied weights, trainable end to end."""
 
+import re
+
 import pytest
 import torch
 from models_testing import VARIANTS, build, tokens
 
 import oneblock as ob
+from oneblock.models import build_decoder
 
 
 def test_model_interfaces_and_config():
@@ -50,3 +53,21 @@ def test_tiny_model_overfits_one_batch(arch):
         loss.backward()
         opt.step()
     assert loss.item() < 0.05
+
+
+def test_build_decoder_is_build_model_for_a_decoder_config():
+    cfg = ob.ModelConfig(d_model=36, n_heads=3, d_ff=37, n_layers=2, vocab_size=101)
+    torch.manual_seed(0)
+    decoder = build_decoder(cfg)
+    torch.manual_seed(0)
+    reference = ob.build_model(cfg)
+    assert isinstance(decoder, ob.Decoder) and decoder.config is cfg
+    for (name, p), (_, q) in zip(decoder.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert decoder.block(1) is decoder.blocks[1]
+
+
+@pytest.mark.parametrize("arch", ["encoder", "encoder-decoder"])
+def test_build_decoder_refuses_other_families(arch):
+    with pytest.raises(ob.errors.ConfigError, match=re.escape(f"(arch='decoder'); got arch='{arch}'")):
+        build_decoder(ob.ModelConfig(arch=arch))

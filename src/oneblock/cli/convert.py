@@ -42,13 +42,14 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.analysis.counting import count_parameters
     from oneblock.errors import ConversionError
     from oneblock.io import checkpoint, hf
+    from oneblock.models.inputs import config_of
 
     src, dst = Path(args.src), Path(args.dst)
     _check_paths(src, dst, to_hf=args.to_hf, force=args.force)
     model = checkpoint.load(src) if args.to_hf else hf.from_hf(src)
     if args.dtype is not None:
         model = model.to(getattr(torch, args.dtype))
-    cfg = model.config
+    cfg = config_of(model)
     dtype = str(next(model.parameters()).dtype)
     if args.to_hf:
         try:

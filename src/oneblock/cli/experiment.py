@@ -117,8 +117,8 @@ def _show(name: str, report: dict[str, Any]) -> None:
 
     out = console()
     if name == "residuals":
-        columns = ("depth", "first block, skips", "first block, no skips", "input, skips", "input, no skips",
-                   "0.5^(depth-1)")  # fmt: skip
+        columns: tuple[str, ...] = ("depth", "first block, skips", "first block, no skips", "input, skips",
+                                    "input, no skips", "0.5^(depth-1)")  # fmt: skip
         keys = ("first_layer_skip", "first_layer_no_skip", "input_skip", "input_no_skip")
         rows = [
             (r["depth"], *(r[k] for k in keys), 0.5 ** (r["depth"] - 1))

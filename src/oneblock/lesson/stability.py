@@ -13,11 +13,11 @@ from oneblock.layers.norms import LayerNorm, RMSNorm
 
 def _scaling_stack(n_layers: int, scale: float, width: int) -> nn.ModuleList:
     """``n_layers`` linear maps, each ``scale * I``: a stand-in sublayer whose Jacobian is exactly ``scale``."""
-    layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(n_layers))
+    layers = [nn.Linear(width, width, bias=False) for _ in range(n_layers)]
     with torch.no_grad():
         for layer in layers:
             layer.weight.copy_(scale * torch.eye(width))
-    return layers.double()
+    return nn.ModuleList(layers).double()
 
 
 def input_gradient(n_layers: int, scale: float, *, skip: bool, width: int = 4) -> float:

@@ -17,11 +17,20 @@ collects weights one way: an ``AttentionRecorder`` in the ``AttentionState`` (``
 each attention layer appends its weights; the models only choose which lists to return.
 """
 
-from oneblock.models.build import build_model, init_weights
+from oneblock.models.build import build_decoder, build_model, init_weights
 from oneblock.models.decoder import Decoder
 from oneblock.models.embeddings import Embeddings
 from oneblock.models.encoder import Encoder
 from oneblock.models.encoder_decoder import EncoderDecoder
 from oneblock.models.stack import Stack
 
-__all__ = ["Decoder", "Embeddings", "Encoder", "EncoderDecoder", "Stack", "build_model", "init_weights"]
+__all__ = [
+    "Decoder",
+    "Embeddings",
+    "Encoder",
+    "EncoderDecoder",
+    "Stack",
+    "build_decoder",
+    "build_model",
+    "init_weights",
+]

@@ -56,3 +56,17 @@ def build_model(
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
     return model
+
+
+def build_decoder(
+    cfg: ModelConfig, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> Decoder:
+    """``build_model`` for a decoder-only config, typed as the ``Decoder`` it returns.
+
+    Raises:
+        ConfigError: ``cfg.arch`` is not ``"decoder"``.
+    """
+    model = build_model(cfg, dtype=dtype, device=device)
+    if not isinstance(model, Decoder):
+        raise ConfigError(f"expected a decoder-only config (arch='decoder'); got arch={cfg.arch!r}")
+    return model

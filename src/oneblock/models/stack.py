@@ -65,6 +65,10 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, causal=causal, cross_attention=cross_attention) for _ in range(n))
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.has_final_norm else None
 
+    def block(self, i: int) -> Block:
+        """Block ``i``, typed as a ``Block`` (indexing ``nn.ModuleList`` gives a bare ``nn.Module``)."""
+        return cast(Block, self.blocks[i])
+
     def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> Cache:
         """An empty key/value cache for this stack, preallocated to ``max_len`` (default ``max_seq_len``)."""
         cfg = self.config
@@ -143,7 +147,7 @@ class Stack(nn.Module):
         if cache is None:
             return state
         memory_kv = None
-        cross_attn = cast(Block, self.blocks[i]).cross_attn  # nn.ModuleList does not keep its items' type
+        cross_attn = self.block(i).cross_attn
         if cross_attn is not None and cache.cross is not None:
             if cache.cross[i] is None:  # the source is fixed: project it once per generation
                 cache.cross[i] = cross_attn.memory_kv(state.memory)

@@ -83,7 +83,7 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
         n_heads=hf.get("num_heads", 8),
         d_head=hf.get("d_kv", 64),
         n_layers=n_layers,
-        n_decoder_layers=(hf.get("num_decoder_layers") or n_layers) if arch == "encoder-decoder" else None,
+        n_decoder_layers=(hf.get("num_decoder_layers") or n_layers) if arch == "encoder-decoder" else n_layers,
         d_ff=hf.get("d_ff", 2048),
         max_seq_len=hf.get("n_positions", 512),
         norm_position="pre",

@@ -25,8 +25,10 @@ import torch
 from torch import nn
 
 from oneblock.config import ModelConfig
-from oneblock.models.build import build_model
+from oneblock.models.build import build_decoder
+from oneblock.models.decoder import Decoder
 from oneblock.train.config import TrainConfig
+from oneblock.train.experiments.residuals import grad_norm
 from oneblock.train.objectives import LanguageModeling
 from oneblock.train.optim import make_optimizer
 from oneblock.train.schedule import WarmupCosine
@@ -88,7 +90,7 @@ def model_config(setup: Setup, depth: int, norm_position: str) -> ModelConfig:
     )
 
 
-def build(setup: Setup, depth: int, norm_position: str) -> nn.Module:
+def build(setup: Setup, depth: int, norm_position: str) -> Decoder:
     """The decoder of one setting, seeded so that every setting of a depth starts from comparable weights.
 
     ``init="xavier"`` is the original Transformer's: Xavier-normal Linear weights and N(0, 1/d_model) embeddings
@@ -97,7 +99,7 @@ def build(setup: Setup, depth: int, norm_position: str) -> nn.Module:
     hides the difference between the placements at initialization.
     """
     torch.manual_seed(setup.seed)
-    model = build_model(model_config(setup, depth, norm_position))
+    model = build_decoder(model_config(setup, depth, norm_position))
     if setup.init == "xavier":
         xavier_init(model)
     return model
@@ -132,7 +134,7 @@ def layer_gradient_norms(setup: Setup, depth: int, norm_position: str) -> list[f
     tokens = data.next_batch(setup.batch_size * 4)["tokens"]
     loss, _ = data.loss(model, {"tokens": tokens})
     loss.backward()
-    return [math.sqrt(sum(float(p.grad.pow(2).sum()) for p in block.parameters())) for block in model.blocks]
+    return [grad_norm(block) for block in model.blocks]
 
 
 def train_run(setup: Setup, depth: int, norm_position: str, lr: float, warmup: bool) -> Run:
@@ -212,8 +214,8 @@ def claims(runs: list[Run], grads: dict[str, list[float]], setup: Setup, tol: fl
     """
     lines = []
     for depth in setup.depths:
-        pre, post = grads[f"pre-{depth}"], grads[f"post-{depth}"]
-        ratio_pre, ratio_post = pre[-1] / pre[0], post[-1] / post[0]
+        pre_grads, post_grads = grads[f"pre-{depth}"], grads[f"post-{depth}"]
+        ratio_pre, ratio_post = pre_grads[-1] / pre_grads[0], post_grads[-1] / post_grads[0]
         held = ratio_post > 1 and ratio_pre < ratio_post
         lines.append(
             f"depth {depth}, gradients at init: top/bottom layer gradient ratio {ratio_pre:.2f} pre-LN, "

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
+from oneblock.errors import InputError
 from oneblock.layers.block import Block
 from oneblock.layers.state import AttentionState
 from oneblock.models.build import init_weights
@@ -57,6 +58,18 @@ class BlockStack(nn.Module):
         return x
 
 
+def filled_grad(t: Tensor) -> Tensor:
+    """``t.grad``, which the backward pass just run must have filled."""
+    if t.grad is None:
+        raise InputError("this tensor has no gradient: it does not reach the loss, or backward() has not run")
+    return t.grad
+
+
+def grad_norm(module: nn.Module) -> float:
+    """L2 norm over all of ``module``'s parameter gradients."""
+    return math.sqrt(sum(float(filled_grad(p).pow(2).sum()) for p in module.parameters()))
+
+
 @dataclass(frozen=True)
 class DepthResult:
     """Gradient norms at the bottom of a stack of ``depth`` blocks (geometric means over seeds)."""
@@ -70,8 +83,17 @@ class DepthResult:
     input_no_skip_tiny_eps: float
 
 
-def measure(depth: int, *, skip: bool, d_model: int = 64, n_heads: int = 4, seq_len: int = 16, batch: int = 8,
-            seeds: int = 3, norm_eps: float = 1e-5) -> tuple[float, float]:
+def measure(
+    depth: int,
+    *,
+    skip: bool,
+    d_model: int = 64,
+    n_heads: int = 4,
+    seq_len: int = 16,
+    batch: int = 8,
+    seeds: int = 3,
+    norm_eps: float = 1e-5,
+) -> tuple[float, float]:
     """(first block's parameter-gradient norm, input-gradient norm) at init, geometric means over ``seeds``."""
     cfg = ModelConfig(arch="encoder", d_model=d_model, n_heads=n_heads, n_layers=depth, max_seq_len=seq_len,
                       norm_eps=norm_eps)  # fmt: skip
@@ -84,14 +106,15 @@ def measure(depth: int, *, skip: bool, d_model: int = 64, n_heads: int = 4, seq_
         direction = torch.randn(batch, seq_len, d_model)
         loss = (stack(x) * direction).sum() / math.sqrt(direction.numel())
         loss.backward()
-        first = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in stack.blocks[0].parameters()))
+        first = grad_norm(stack.blocks[0])
         logs_w.append(math.log(max(first, 1e-300)))
-        logs_x.append(math.log(max(float(x.grad.norm()), 1e-300)))
+        logs_x.append(math.log(max(float(filled_grad(x).norm()), 1e-300)))
     return math.exp(sum(logs_w) / seeds), math.exp(sum(logs_x) / seeds)
 
 
-def run(depths: tuple[int, ...] = FULL_DEPTHS, *, seeds: int = 3, d_model: int = 64, n_heads: int = 4,
-        progress: Any = None) -> list[DepthResult]:
+def run(
+    depths: tuple[int, ...] = FULL_DEPTHS, *, seeds: int = 3, d_model: int = 64, n_heads: int = 4, progress: Any = None
+) -> list[DepthResult]:
     """Measure every depth with skips, without, and without skips at a tiny norm epsilon."""
     results = []
     for depth in depths:
@@ -203,8 +226,20 @@ def write_report(results: list[DepthResult], out_dir: str | Path) -> dict[str, A
     out.mkdir(parents=True, exist_ok=True)
     png = plot(results, out / "residuals.png")
     lines = findings(results)
-    text = "\n".join(["# Residual connections at initialization", "", markdown_table(results), "",
-                      *[f"- {line}" for line in lines], ""])
+    text = "\n".join(
+        [
+            "# Residual connections at initialization",
+            "",
+            markdown_table(results),
+            "",
+            *[f"- {line}" for line in lines],
+            "",
+        ]
+    )
     (out / "residuals.md").write_text(text)
-    return {"png": str(png), "markdown": str(out / "residuals.md"), "findings": lines,
-            "results": [asdict(r) for r in results]}
+    return {
+        "png": str(png),
+        "markdown": str(out / "residuals.md"),
+        "findings": lines,
+        "results": [asdict(r) for r in results],
+    }

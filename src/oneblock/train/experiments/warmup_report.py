@@ -85,7 +85,8 @@ def write_report(results: dict[str, Any], out_dir: str | Path) -> dict[str, Any]
     """``warmup.png`` and ``warmup.md`` in ``out_dir``; returns the figures as JSON-ready data."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    setup = Setup(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["setup"].items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in results["setup"].items()}
+    setup = Setup(**fields)  # JSON gave the tuples back as lists
     grid = {(c.depth, c.norm_position, c.lr, c.warmup): c for c in results["cells"]}
     png = plot(grid, setup, results["unigram_entropy"], out / "warmup.png")
     verdict = results["verdict"]
