@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from conftest import tiny
+from explore_testing import tiny
 
 from oneblock.explore import analysis as analysis_module
 from oneblock.explore.analysis import unpack

@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("oneblock: error: serving needs the explore extra: pip install 'oneblock[explore]'", file=sys.stderr)
             return 2
-    print("loading the model ...", file=sys.stderr, flush=True)
+    if sys.stderr.isatty():  # SmolLM2 takes seconds to read; say so to a person, keep logs and errors clean
+        print("loading the model ...", file=sys.stderr, flush=True)
     explorable = load_explore_model(
         model=args.model, checkpoint=args.checkpoint, hf=args.hf, preset=args.preset, seed=args.seed
     )

@@ -227,8 +227,10 @@ def generate_step(explorable: Explorable, request: Request, cap: int) -> dict[st
     """Append one token to the decoder's sequence and analyse the result.
 
     Raises:
-        InputError: the sequence already holds ``cap`` tokens.
+        InputError: the model is an encoder (no LM head), or the sequence already holds ``cap`` tokens.
     """
+    if explorable.model.config.arch == "encoder":
+        raise InputError("an encoder has no LM head, so there is no next token to generate")
     sequence = request.target if request.target is not None else request.ids
     if len(sequence) >= cap:
         raise InputError(f"the sequence already has {len(sequence)} tokens, the limit; shorten it to generate")
