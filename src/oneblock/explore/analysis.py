@@ -152,10 +152,11 @@ def _lens(explorable: Explorable, stream: list[Tensor]) -> dict[str, Any]:
         return result
     top_ids, top_probs = [], []
     for start in range(0, hidden.shape[0], LENS_CHUNK):
-        probs = torch.softmax(head(hidden[start : start + LENS_CHUNK]).float(), dim=-1)  # (chunk, T, V)
-        best = probs.max(dim=-1)
-        top_ids.append(best.indices)
-        top_probs.append(best.values)
+        logits = head(hidden[start : start + LENS_CHUNK]).float()  # (chunk, T, V)
+        best, best_id = logits.max(dim=-1)  # (chunk, T)
+        # The top probability of softmax(logits) is 1 / sum_j exp(l_j - max), computed in place: no second (T, V).
+        top_probs.append(logits.sub_(best[..., None]).exp_().sum(dim=-1).reciprocal())
+        top_ids.append(best_id)
     ids, probs = torch.cat(top_ids), torch.cat(top_probs)  # (L + 1, T)
     piece = explorable.codec.piece
     result["predictions"] = [
