@@ -25,8 +25,9 @@ def _embeddable(data: Any) -> str:
     return json.dumps(data, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\u0021--")
 
 
-def render_html(card: dict[str, Any], analysis: dict[str, Any]) -> str:
-    """The page with ``{"card", "analysis"}`` embedded as ``<script type="application/json" id="explore-data">``."""
+def render_html(card: dict[str, Any], analysis: dict[str, Any], text: str | None = None) -> str:
+    """The page with ``{"card", "analysis", "text"}`` embedded in ``<script type="application/json">``; ``text`` is
+    what the user typed (the analysis's own text is decoded from the ids and may show special tokens)."""
     html = (STATIC / "index.html").read_text(encoding="utf-8")
     css = (STATIC / "explore.css").read_text(encoding="utf-8")
     js = (STATIC / "explore.js").read_text(encoding="utf-8")
@@ -35,7 +36,7 @@ def render_html(card: dict[str, Any], analysis: dict[str, Any]) -> str:
     if STYLE_TAG not in html or SCRIPT_TAG not in html:
         raise ValueError("index.html no longer links explore.css and explore.js the way page.py expects")
     policy = f'<meta http-equiv="Content-Security-Policy" content="{FILE_POLICY}">'
-    payload = _embeddable({"card": card, "analysis": analysis})
+    payload = _embeddable({"card": card, "analysis": analysis, "text": text})
     data = f'<script type="application/json" id="explore-data">{payload}</script>'
     html = html.replace('<meta charset="utf-8">', f'<meta charset="utf-8">\n{policy}', 1)
     html = html.replace(STYLE_TAG, f"<style>\n{css}</style>", 1)
@@ -60,7 +61,7 @@ def write_html(
     if target is not None:
         body["target"] = target  # refused by parse_request unless the model is an encoder-decoder
     request = parse_request(body, explorable, limits)
-    html = render_html(model_card(explorable, limits), analyze(explorable, request))
+    html = render_html(model_card(explorable, limits), analyze(explorable, request), text)
     out = Path(path)
     out.write_text(html, encoding="utf-8")
     return out

@@ -374,7 +374,7 @@ async function start() {
   if (isStatic()) {
     const data = JSON.parse($("explore-data").textContent);
     renderCard(data.card);
-    $("text").value = data.analysis.text;
+    $("text").value = data.text || data.analysis.text;
     $("text").readOnly = true;
     $("run").hidden = true;
     renderAnalysis(data.analysis);
