@@ -30,9 +30,8 @@ CHROMIUM_ARGS = [
 
 
 def tiny(arch: str, **changes) -> Explorable:
-    cfg = ob.ModelConfig(
-        arch=arch, vocab_size=300, d_model=36, n_heads=3, d_ff=37, n_layers=2, max_seq_len=96, **changes
-    )
+    sizes = {"vocab_size": 300, "d_model": 36, "n_heads": 3, "d_ff": 37, "n_layers": 2, "max_seq_len": 96}
+    cfg = ob.ModelConfig(arch=arch, **{**sizes, **changes})
     torch.manual_seed(0)
     return Explorable(ob.build_model(cfg).eval(), codec_for(ByteTokenizer()), f"tiny {arch}", "test model")
 

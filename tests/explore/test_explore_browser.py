@@ -157,3 +157,28 @@ def _analysis_via_client(explorable) -> dict:
     from oneblock.explore.server import create_app
 
     return TestClient(create_app(explorable)).post("/api/analyze", json={"text": SENTENCE}).json()
+
+
+def test_text_that_looks_like_html_stays_text(decoder, live, page):
+    server = live(decoder)
+    dialogs = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    text = "<img src=x onerror=alert(1)><b>hi</b>"
+    open_and_type(page, server, text)
+    assert page.locator("#tokens img, #tokens b, #heatmap img, #lens img").count() == 0
+    assert "".join(
+        page.eval_on_selector_all("#tokens .piece", "nodes => nodes.map(n => n.textContent)")
+    ) == text.replace(" ", "\u00b7")  # spaces are drawn as middle dots
+    assert dialogs == []
+    only_local(page)
+
+
+def test_a_bad_request_shows_the_servers_message(decoder, live, page):
+    server = live(decoder)
+    page.goto(server.url)
+    page.wait_for_selector(READY, timeout=20_000)
+    page.fill("#text", "x" * 200)  # more tokens than the tiny model's context of 96
+    page.press("#text", "Enter")
+    page.wait_for_selector("#status[data-state=error]")
+    assert "200 tokens long; the limit is 96 tokens" in page.inner_text("#error")
+    assert page.locator("#heatmap .cell").count() == 44 * 44  # the last good analysis stays on screen

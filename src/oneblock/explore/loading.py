@@ -62,6 +62,9 @@ def codec_for(tokenizer: Any) -> Codec:
     if isinstance(tokenizer, ByteTokenizer):
         return Codec("bytes", tokenizer.encode, tokenizer.decode, byte_piece)
     name = Path(str(getattr(tokenizer, "name", "tokenizer"))).name
+    inner = getattr(tokenizer, "tokenizer", None)
+    if inner is not None and hasattr(inner, "no_padding"):
+        inner.no_padding()  # a tokenizer.json saved with padding on would pad one text with [PAD] to its length
     return Codec(name, tokenizer.encode, tokenizer.decode, lambda i: tokenizer.decode([i]))
 
 
