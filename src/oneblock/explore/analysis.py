@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from oneblock.errors import InputError
 from oneblock.explore.diagram import block_diagram
-from oneblock.explore.loading import Explorable
+from oneblock.explore.loading import Explorable, config_of
 from oneblock.explore.requests import Request
 
 LENS_CHUNK = 8  # layers per head product in the logit lens: bounds memory at LENS_CHUNK x T x V floats
@@ -45,7 +45,7 @@ def unpack(packed: dict[str, Any]) -> Tensor:
 
 
 def is_seq2seq(model: nn.Module) -> bool:
-    return model.config.arch == "encoder-decoder"
+    return config_of(model).arch == "encoder-decoder"
 
 
 def forward_with_attention(model: nn.Module, ids: Tensor, target: Tensor | None) -> tuple[Tensor, dict[str, list]]:
@@ -66,8 +66,9 @@ def forward_with_attention(model: nn.Module, ids: Tensor, target: Tensor | None)
     return out, {"self": list(weights)}
 
 
-def lens_stack(model: nn.Module) -> nn.Module:
-    """The stack whose residual stream the lens reads: the model itself, or an encoder-decoder's decoder."""
+def lens_stack(model: nn.Module) -> Any:
+    """The stack whose residual stream the lens reads (a ``Decoder`` or ``Encoder``, with ``blocks`` and
+    ``final_norm``): the model itself, or an encoder-decoder's decoder."""
     return model.decoder if is_seq2seq(model) else model
 
 
@@ -76,7 +77,7 @@ def lens_head(model: nn.Module) -> Callable[[Tensor], Tensor] | None:
 
     ``None`` for an encoder, which has no LM head.
     """
-    if model.config.arch == "encoder":
+    if config_of(model).arch == "encoder":
         return None
     decoder = lens_stack(model)
     norm = decoder.final_norm
@@ -88,7 +89,7 @@ def lens_head(model: nn.Module) -> Callable[[Tensor], Tensor] | None:
 
 
 @contextmanager
-def residual_stream(stack: nn.Module) -> Iterator[list[Tensor]]:
+def residual_stream(stack: Any) -> Iterator[list[Tensor]]:
     """Record the stream entering the first block and leaving every block, (B, T, C) each, L + 1 in all."""
     captured: list[Tensor] = []
 
@@ -195,10 +196,10 @@ def analyze(explorable: Explorable, request: Request) -> dict[str, Any]:
     result: dict[str, Any] = {
         "text": explorable.codec.decode(request.ids),
         "tokens": _tokens(explorable, request.ids),
-        "block": block_diagram(model.config, len(last), len(request.ids) if target is not None else None),
+        "block": block_diagram(explorable.config, len(last), len(request.ids) if target is not None else None),
         "attention": _attention(groups),
         "lens": _lens(explorable, stream),
-        "next_token": None if model.config.arch == "encoder" else _next_token(explorable, out[0, -1], request),
+        "next_token": None if explorable.config.arch == "encoder" else _next_token(explorable, out[0, -1], request),
     }
     if request.target is not None:
         result["target_text"] = explorable.codec.decode(request.target)
@@ -230,7 +231,7 @@ def generate_step(explorable: Explorable, request: Request, cap: int) -> dict[st
     Raises:
         InputError: the model is an encoder (no LM head), or the sequence already holds ``cap`` tokens.
     """
-    if explorable.model.config.arch == "encoder":
+    if explorable.config.arch == "encoder":
         raise InputError("an encoder has no LM head, so there is no next token to generate")
     sequence = request.target if request.target is not None else request.ids
     if len(sequence) >= cap:

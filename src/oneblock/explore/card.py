@@ -62,7 +62,7 @@ def checks_view(explorable: Explorable) -> list[dict[str, Any]]:
 def model_card(explorable: Explorable, limits: Limits) -> dict[str, Any]:
     """What the page shows before any text: the model, its config, parameters, checks and the request caps."""
     model = explorable.model
-    cfg = model.config
+    cfg = explorable.config
     actual = sum(p.numel() for p in model.parameters())  # a tied matrix is one Parameter, counted once
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return {

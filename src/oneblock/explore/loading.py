@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, InputError
 
 MINILM = "minilm"
@@ -45,6 +46,18 @@ class Explorable:
     codec: Codec
     name: str
     source: str
+
+    @property
+    def config(self) -> ModelConfig:
+        return config_of(self.model)
+
+
+def config_of(model: nn.Module) -> ModelConfig:
+    """``model.config``, checked: every oneblock model carries the ``ModelConfig`` it was built from."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"the explorer needs a oneblock model with a ModelConfig; got {type(model).__name__}")
+    return config
 
 
 def byte_piece(token_id: int) -> str:
@@ -143,7 +156,7 @@ def _checkpoint(path: str) -> Explorable:
     from oneblock.io.checkpoint import load
 
     loaded = load(path)
-    tokenizer = load_tokenizer(path, vocab_size=loaded.config.vocab_size)
+    tokenizer = load_tokenizer(path, vocab_size=config_of(loaded).vocab_size)
     return Explorable(loaded.eval(), codec_for(tokenizer), Path(path).name, f"checkpoint {path}")
 
 
@@ -157,7 +170,7 @@ def _hf(directory: str) -> Explorable:
     if find_tokenizer(root) is None:
         raise CheckpointError(f"{directory!r} has no tokenizer.json; the explorer needs the model's own tokenizer")
     loaded = from_hf(root)
-    tokenizer = load_tokenizer(root, vocab_size=loaded.config.vocab_size)
+    tokenizer = load_tokenizer(root, vocab_size=config_of(loaded).vocab_size)
     return Explorable(loaded.eval(), codec_for(tokenizer), root.name, f"Hugging Face directory {directory}")
 
 

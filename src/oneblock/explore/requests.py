@@ -51,7 +51,7 @@ class Request:
 
 def token_cap(explorable: Explorable, limits: Limits) -> int:
     """The longest sequence accepted: the limit, or the model's context if shorter."""
-    return min(limits.max_tokens, explorable.model.config.max_seq_len)
+    return min(limits.max_tokens, explorable.config.max_seq_len)
 
 
 def parse_request(body: Any, explorable: Explorable, limits: Limits) -> Request:
@@ -66,8 +66,8 @@ def parse_request(body: Any, explorable: Explorable, limits: Limits) -> Request:
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
         raise InputError(f"unknown field(s) {unknown}; known fields are {list(FIELDS)}")
-    cfg = explorable.model.config
-    ids = _sequence(body, "text", "ids", explorable, limits, required=True)
+    cfg = explorable.config
+    ids = _sequence(body, "text", "ids", explorable, limits, required=True) or []  # required: never None
     target = None
     if cfg.arch == "encoder-decoder":
         target = _sequence(body, "target", "target_ids", explorable, limits, required=False)
@@ -116,7 +116,7 @@ def _sequence(
         raise InputError(f"give {text_key} (a string) or {ids_key} (a list of token ids)")
     else:
         return None
-    vocab = explorable.model.config.vocab_size
+    vocab = explorable.config.vocab_size
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
         raise InputError(
