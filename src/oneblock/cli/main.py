@@ -26,6 +26,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "chat",
     "train",
     "experiment",
+    "explore",
 )
 
 PROG = "oneblock"
