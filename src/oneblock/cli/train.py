@@ -151,18 +151,20 @@ def run(args: argparse.Namespace) -> int:
         if args.out is None:
             raise ConfigError("--resume needs --out DIR, the run to continue")
         _refuse_flags_on_resume(args)
-        trainer = Trainer.from_run(args.out, device=args.device, quiet=args.quiet)
+        trainer = Trainer.from_run(args.out, device=args.device, quiet=args.quiet, on_note=_note)
     else:
         cfg = train_config(args)
         out = Path(args.out) if args.out else Path("runs") / f"{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if (out / "checkpoints").exists():
-            raise ConfigError(f"{str(out)!r} already holds a run; pass --resume to continue it or choose another --out")
-        trainer = Trainer(model_config(args, cfg), cfg, run_dir=out, device=args.device, quiet=args.quiet)
+        trainer = Trainer(
+            model_config(args, cfg), cfg, run_dir=out, device=args.device, quiet=args.quiet, on_note=_note
+        )
     ctx = trainer.ctx
     say = _printer(ctx.is_main and not args.json)
     plot = args.plot and _plot_available(ctx.is_main)
-    say(f"run {trainer.run_dir}: task {trainer.cfg.task}, {trainer.model_cfg.arch}, "
-        f"{sum(p.numel() for p in trainer.module.parameters()):,} parameters, {ctx.world} process(es) on {ctx.device}")
+    say(
+        f"run {trainer.run_dir}: task {trainer.cfg.task}, {trainer.model_cfg.arch}, "
+        f"{sum(p.numel() for p in trainer.module.parameters()):,} parameters, {ctx.world} process(es) on {ctx.device}"
+    )
     try:
         result = trainer.train(resume=args.resume)
     finally:
@@ -173,17 +175,29 @@ def run(args: argparse.Namespace) -> int:
         from oneblock.train.logbook import read_log
         from oneblock.train.plot import plot_training
 
-        png = plot_training(read_log(trainer.run_dir / "log.jsonl"), trainer.run_dir / "loss.png",
-                            title=f"oneblock train --task {trainer.cfg.task}")
+        png = plot_training(
+            read_log(trainer.run_dir / "log.jsonl"),
+            trainer.run_dir / "loss.png",
+            title=f"oneblock train --task {trainer.cfg.task}",
+        )
         say(f"loss curves: {png}")
     if result.interrupted:
-        print(f"oneblock train: interrupted at step {result.step}; checkpoint saved. Continue with "
-              f"oneblock train --resume --out {trainer.run_dir}", file=sys.stderr)
+        print(
+            f"oneblock train: interrupted at step {result.step}; checkpoint saved. Continue with "
+            f"oneblock train --resume --out {trainer.run_dir}",
+            file=sys.stderr,
+        )
         return 130
     samples = _samples(trainer, args.samples) if trainer.cfg.task == "lm" and args.samples > 0 else None
-    summary = {"run": str(trainer.run_dir), "step": result.step, "tokens": result.tokens,
-               "seconds": round(result.elapsed, 2), "final_train_loss": result.losses[-1] if result.losses else None,
-               "eval": result.eval, "sample": samples}
+    summary = {
+        "run": str(trainer.run_dir),
+        "step": result.step,
+        "tokens": result.tokens,
+        "seconds": round(result.elapsed, 2),
+        "final_train_loss": result.losses[-1] if result.losses else None,
+        "eval": result.eval,
+        "sample": samples,
+    }
     if args.json:
         import json
 
@@ -191,6 +205,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(summary)
     return 0
+
+
+def _note(message: str) -> None:
+    print(f"oneblock train: {message}", file=sys.stderr)
 
 
 def _printer(enabled: bool):
