@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from oneblock import ModelConfig, build_model
 from oneblock.errors import CheckpointError
 from oneblock.io import checkpoint, integrity
-from oneblock.io.checkpoint import load, read_info, save, tensor_digest
+from oneblock.io.checkpoint import load, read_info, save
 
 # Distinct odd sizes, so a transposed or mis-assigned tensor cannot keep its shape by accident.
 SMALL = dict(vocab_size=101, d_model=36, n_heads=3, d_ff=37, n_layers=2, max_seq_len=13)
@@ -298,7 +298,7 @@ def test_crash_mid_write_leaves_nothing(tmp_path, monkeypatch):
 def test_crash_mid_write_keeps_the_old_checkpoint(saved, monkeypatch):
     before = saved.read_bytes()
     _disk_fills(monkeypatch)
-    with pytest.raises(CheckpointError, match="the disk is full .*; free some space .*previous file there is intact"):
+    with pytest.raises(CheckpointError, match=r"the disk is full .*; free some space .*previous file there is intact"):
         save(_model(CONFIGS["encoder"]), saved)
     assert saved.read_bytes() == before
     assert [p.name for p in saved.parent.iterdir()] == [saved.name]

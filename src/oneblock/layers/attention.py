@@ -171,7 +171,9 @@ class MultiHeadAttention(nn.Module):
             ) from None
         return mask
 
-    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> tuple[Tensor, Tensor]:
+    def _explicit(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
+    ) -> tuple[Tensor, Tensor]:
         group = self.n_heads // self.n_kv_heads
         if group > 1:  # each key/value head serves `group` consecutive query heads
             k = k.repeat_interleave(group, dim=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)

@@ -70,7 +70,8 @@ class Cache:
         cross_attention: bool = False,
     ) -> None:
         self.layers = [
-            KVCache(batch_size, n_kv_heads, max_len, d_head, dtype=dtype, device=device) for _ in range(n_layers)
+            KVCache(batch_size, n_kv_heads, max_len, d_head, dtype=dtype, device=device)
+            for _ in range(n_layers)
         ]
         self.cross: list[tuple[Tensor, Tensor] | None] | None = [None] * n_layers if cross_attention else None
         self.batch_size = batch_size

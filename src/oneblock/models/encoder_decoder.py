@@ -55,7 +55,9 @@ class EncoderDecoder(nn.Module):
             return_attention=return_attention,
         )
 
-    def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> Cache:
+    def new_cache(
+        self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
+    ) -> Cache:
         """An empty decoder cache; the cross-attention keys and values are filled on the first step."""
         return self.decoder.new_cache(batch_size, max_len, dtype=dtype)
 
@@ -85,7 +87,9 @@ class EncoderDecoder(nn.Module):
         check_tokens(tgt, self.config, name="tgt")
         if src.shape[0] != tgt.shape[0]:
             raise InputError(f"src and tgt must have the same batch size; got {src.shape[0]} and {tgt.shape[0]}")
-        memory, enc_weights, _ = self.encoder.run(src, padding_mask=src_padding_mask, return_attention=return_attention)
+        memory, enc_weights, _ = self.encoder.run(
+            src, padding_mask=src_padding_mask, return_attention=return_attention
+        )
         hidden, dec_weights, cross_weights = self.decoder.run(
             tgt,
             padding_mask=tgt_padding_mask,
@@ -97,3 +101,4 @@ class EncoderDecoder(nn.Module):
         if return_attention:
             return logits, {"encoder": enc_weights, "decoder": dec_weights, "cross": cross_weights}
         return logits
+

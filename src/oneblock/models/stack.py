@@ -43,10 +43,14 @@ class Stack(nn.Module):
             RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta) if cfg.position == "rope" else None
         )
         n = cfg.n_layers if n_layers is None else n_layers
-        self.blocks = nn.ModuleList(Block(cfg, causal=causal, cross_attention=cross_attention) for _ in range(n))
+        self.blocks = nn.ModuleList(
+            Block(cfg, causal=causal, cross_attention=cross_attention) for _ in range(n)
+        )
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.has_final_norm else None
 
-    def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> Cache:
+    def new_cache(
+        self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
+    ) -> Cache:
         """An empty key/value cache for this stack, preallocated to ``max_len`` (default ``max_seq_len``)."""
         cfg = self.config
         max_len = cfg.max_seq_len if max_len is None else max_len

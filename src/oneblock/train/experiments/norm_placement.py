@@ -77,14 +77,8 @@ class Run:
 
 def model_config(setup: Setup, depth: int, norm_position: str) -> ModelConfig:
     return ModelConfig(
-        arch="decoder",
-        vocab_size=256,
-        d_model=setup.d_model,
-        n_heads=setup.n_heads,
-        n_layers=depth,
-        max_seq_len=setup.seq_len,
-        norm_position=norm_position,
-        scale_embeddings=setup.init == "xavier",
+        arch="decoder", vocab_size=256, d_model=setup.d_model, n_heads=setup.n_heads, n_layers=depth,
+        max_seq_len=setup.seq_len, norm_position=norm_position, scale_embeddings=setup.init == "xavier",
     )
 
 
@@ -177,13 +171,8 @@ def run_all(setup: Setup, *, progress: Any = None) -> dict[str, Any]:
                     runs.append(run)
                     if progress is not None:
                         progress(run)
-    return {
-        "setup": asdict(setup),
-        "unigram_entropy": unigram,
-        "grads": grads,
-        "runs": runs,
-        "claims": claims(runs, grads, setup),
-    }
+    return {"setup": asdict(setup), "unigram_entropy": unigram, "grads": grads, "runs": runs,
+            "claims": claims(runs, grads, setup)}
 
 
 def _find(runs: list[Run], depth: int, norm: str, lr: float, warmup: bool) -> Run:
@@ -239,7 +228,7 @@ def _compare(advantage: float, tol: float) -> str:
 
 
 def _warmup_claim(runs: list[Run], depth: int, lr: float, tol: float) -> str:
-    """ "Pre-LN needs less warmup" at one (depth, lr): skipping warmup costs pre-LN less than post-LN.
+    """"Pre-LN needs less warmup" at one (depth, lr): skipping warmup costs pre-LN less than post-LN.
 
     Untestable when one placement fails with and without warmup: warmup is then not what decides.
     """

@@ -68,17 +68,8 @@ class DepthResult:
     input_no_skip_tiny_eps: float
 
 
-def measure(
-    depth: int,
-    *,
-    skip: bool,
-    d_model: int = 64,
-    n_heads: int = 4,
-    seq_len: int = 16,
-    batch: int = 8,
-    seeds: int = 3,
-    norm_eps: float = 1e-5,
-) -> tuple[float, float]:
+def measure(depth: int, *, skip: bool, d_model: int = 64, n_heads: int = 4, seq_len: int = 16, batch: int = 8,
+            seeds: int = 3, norm_eps: float = 1e-5) -> tuple[float, float]:
     """(first block's parameter-gradient norm, input-gradient norm) at init, geometric means over ``seeds``."""
     cfg = ModelConfig(arch="encoder", d_model=d_model, n_heads=n_heads, n_layers=depth, max_seq_len=seq_len,
                       norm_eps=norm_eps)  # fmt: skip
@@ -97,9 +88,8 @@ def measure(
     return math.exp(sum(logs_w) / seeds), math.exp(sum(logs_x) / seeds)
 
 
-def run(
-    depths: tuple[int, ...] = FULL_DEPTHS, *, seeds: int = 3, d_model: int = 64, n_heads: int = 4, progress: Any = None
-) -> list[DepthResult]:
+def run(depths: tuple[int, ...] = FULL_DEPTHS, *, seeds: int = 3, d_model: int = 64, n_heads: int = 4,
+        progress: Any = None) -> list[DepthResult]:
     """Measure every depth with skips, without, and without skips at a tiny norm epsilon."""
     results = []
     for depth in depths:
@@ -211,20 +201,8 @@ def write_report(results: list[DepthResult], out_dir: str | Path) -> dict[str, A
     out.mkdir(parents=True, exist_ok=True)
     png = plot(results, out / "residuals.png")
     lines = findings(results)
-    text = "\n".join(
-        [
-            "# Residual connections at initialization",
-            "",
-            markdown_table(results),
-            "",
-            *[f"- {line}" for line in lines],
-            "",
-        ]
-    )
+    text = "\n".join(["# Residual connections at initialization", "", markdown_table(results), "",
+                      *[f"- {line}" for line in lines], ""])
     (out / "residuals.md").write_text(text)
-    return {
-        "png": str(png),
-        "markdown": str(out / "residuals.md"),
-        "findings": lines,
-        "results": [asdict(r) for r in results],
-    }
+    return {"png": str(png), "markdown": str(out / "residuals.md"), "findings": lines,
+            "results": [asdict(r) for r in results]}
