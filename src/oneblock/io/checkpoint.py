@@ -113,6 +113,7 @@ def load(
     device: torch.device | str | None = None,
     max_parameters: int | None = None,
     max_bytes: int | None = None,
+    max_layers: int | None = None,
 ) -> nn.Module:
     """Read a checkpoint written by ``save`` and rebuild the model, in eval mode.
 
@@ -123,7 +124,7 @@ def load(
         path: the ``.safetensors`` file.
         dtype: cast the parameters to this dtype after loading; the stored dtype when omitted.
         device: where to put the model; the CPU when omitted.
-        max_parameters, max_bytes: the size limits of ``oneblock.io.limits.check_model_size``.
+        max_parameters, max_bytes, max_layers: the limits of ``oneblock.io.limits.check_model_size``.
 
     Returns:
         The model ``build_model(config)`` makes, holding the stored weights; tied weights are one Parameter.
@@ -139,7 +140,12 @@ def load(
     cfg = info.config
     stored = _stored_dtype(name, info.tensors)
     limits.check_model_size(
-        cfg, what=f"checkpoint {name}", dtype=stored, max_parameters=max_parameters, max_bytes=max_bytes
+        cfg,
+        what=f"checkpoint {name}",
+        dtype=stored,
+        max_parameters=max_parameters,
+        max_bytes=max_bytes,
+        max_layers=max_layers,
     )
     try:
         with torch.device("meta"):  # names, shapes and dtypes of the model, without allocating it

@@ -34,7 +34,7 @@ _REASONS: dict[int, tuple[str, str]] = {
     errno.EISDIR: ("it is a directory", "give a file name inside it"),
     errno.ENOTDIR: ("a part of the path is a file, not a directory", "check the path"),
     errno.ENOENT: ("a directory on the path does not exist", "check the path"),
-    errno.EEXIST: ("a file is in the way", "check the path"),
+    errno.EEXIST: ("a part of the path is a file, not a directory", "check the path"),
 }
 
 
@@ -51,7 +51,11 @@ def check_target(path: str | os.PathLike[str], what: str, error: type[OneBlockEr
     if os.fspath(path) in ("", b""):
         raise error(f"the {what} path is empty; give a file name such as 'model.safetensors'")
     target = Path(path)
-    if target.is_dir():
+    try:
+        is_dir = target.is_dir()
+    except OSError:  # e.g. a name too long to look up: writing it will say so, in the same words
+        is_dir = False
+    if is_dir:
         raise error(f"cannot write the {what} to {str(target)!r}: it is a directory; give a file name inside it")
     return target
 

@@ -7,7 +7,9 @@ refuses, in microseconds, a model over the limits:
 
 - ``max_parameters``: default ``DEFAULT_MAX_PARAMETERS`` (2**32, about 4.3 billion), or ``ONEBLOCK_MAX_PARAMETERS``;
 - ``max_bytes``: the memory for the weights and the position tables; default the machine's physical memory, or
-  ``ONEBLOCK_MAX_BYTES``.
+  ``ONEBLOCK_MAX_BYTES``;
+- ``max_layers``: blocks in all stacks together, default ``DEFAULT_MAX_LAYERS`` (1024; published models have at
+  most a few hundred), or ``ONEBLOCK_MAX_LAYERS``: building modules takes time even when each is small.
 
 An argument overrides the environment, which overrides the default. Raise a limit to load a genuine large model.
 """
@@ -23,7 +25,9 @@ from oneblock.errors import CheckpointError, ConfigError, OneBlockError
 
 ENV_MAX_PARAMETERS = "ONEBLOCK_MAX_PARAMETERS"
 ENV_MAX_BYTES = "ONEBLOCK_MAX_BYTES"
+ENV_MAX_LAYERS = "ONEBLOCK_MAX_LAYERS"
 DEFAULT_MAX_PARAMETERS = 2**32
+DEFAULT_MAX_LAYERS = 1024
 
 
 def model_bytes(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> tuple[int, int]:
@@ -48,6 +52,7 @@ def check_model_size(
     dtype: torch.dtype = torch.float32,
     max_parameters: int | None = None,
     max_bytes: int | None = None,
+    max_layers: int | None = None,
     error: type[OneBlockError] = CheckpointError,
 ) -> int:
     """Refuse a config whose model is implausibly large, before it is built.
@@ -58,6 +63,7 @@ def check_model_size(
         dtype: the dtype the weights will have.
         max_parameters: the most parameters allowed (see the module docstring for the default).
         max_bytes: the most bytes allowed.
+        max_layers: the most blocks allowed, all stacks together.
         error: the error class to raise.
 
     Returns:
@@ -65,11 +71,18 @@ def check_model_size(
     """
     limit_n, source_n = _limit(max_parameters, ENV_MAX_PARAMETERS, DEFAULT_MAX_PARAMETERS, "max_parameters")
     limit_b, source_b = _limit(max_bytes, ENV_MAX_BYTES, _physical_memory(), "max_bytes")
-    n, size = model_bytes(cfg, dtype)
+    limit_l, source_l = _limit(max_layers, ENV_MAX_LAYERS, DEFAULT_MAX_LAYERS, "max_layers")
     shape = (
         f"n_layers={cfg.n_layers}, d_model={cfg.d_model}, d_ff={cfg.d_ff}, vocab_size={cfg.vocab_size}, "
         f"max_seq_len={cfg.max_seq_len}"
     )
+    layers = cfg.n_layers + (cfg.n_decoder_layers if cfg.arch == "encoder-decoder" else 0)
+    if layers > limit_l:
+        raise error(
+            f"{what} describes a model of {layers:,} blocks ({shape}), over the limit of {limit_l:,} ({source_l}); "
+            f"if it is genuine, raise the limit with max_layers= or {ENV_MAX_LAYERS}"
+        )
+    n, size = model_bytes(cfg, dtype)
     if n > limit_n:
         raise error(
             f"{what} describes a model of {n:,} parameters ({shape}), over the limit of {limit_n:,} ({source_n}); "
