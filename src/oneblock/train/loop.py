@@ -211,8 +211,8 @@ class Trainer:
         if latest is None:
             where = str(self.run_dir / "checkpoints") if self.run_dir else "memory"
             if self.run_dir is not None and (self.run_dir / CONFIG_FILE).exists():
+                self._start_afresh(announce=False)
                 self._note(f"no complete checkpoint in {where}: starting the run afresh from its config.json")
-                self._start_afresh()
                 return False
             raise CheckpointError(f"nothing to resume: no checkpoint in {where}; start the run without --resume")
         state = self.checkpoints.load(latest, self.model, head=self._head)
@@ -228,7 +228,7 @@ class Trainer:
         self.step, self.tokens, self.elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed"])
         return True
 
-    def _start_afresh(self) -> None:
+    def _start_afresh(self, *, announce: bool = True) -> None:
         """Refuse to overwrite a run with a complete checkpoint; clear what an unfinished first save left."""
         if self.checkpoints is None:
             return
@@ -240,7 +240,8 @@ class Trainer:
                 f"checkpoint is {found.name}) or choose another --out"
             )
         if self.checkpoints.root.exists():
-            self._note(f"{str(self.checkpoints.root)!r} holds no complete checkpoint: starting afresh")
+            if announce:
+                self._note(f"{str(self.checkpoints.root)!r} holds no complete checkpoint: starting afresh")
             self.checkpoints.clear()
 
     def _note(self, message: str) -> None:
