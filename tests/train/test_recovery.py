@@ -103,7 +103,10 @@ def test_a_flipped_bit_in_the_resume_state_is_never_used(tmp_path, reference):
     data[-3] ^= 0x10  # a moment of the optimizer
     state.write_bytes(bytes(data))
     trainer, notes = _resume(run)
-    assert notes == [f"{str(state.parent)!r} is damaged; skipped", "resuming from step-000002, the newest step that verifies"]
+    assert notes == [
+        f"{str(state.parent)!r} is damaged; skipped",
+        "resuming from step-000002, the newest step that verifies",
+    ]
     _assert_equal(trainer, reference)
 
 
@@ -123,7 +126,9 @@ def test_a_run_with_no_complete_step_restarts_and_resumes_afresh(tmp_path, capsy
     Trainer(model_cfg, cfg.replace(save_every=0), run_dir=run, on_step=lambda s, r: None)._write_config()
     (run / "checkpoints" / ".step-000001.tmp").mkdir(parents=True)  # killed inside the first save
     trainer, notes = _resume(run)
-    assert notes == [f"no complete checkpoint in {str(run / 'checkpoints')}: starting the run afresh from its config.json"]
+    assert notes == [
+        f"no complete checkpoint in {str(run / 'checkpoints')}: starting the run afresh from its config.json"
+    ]
     assert trainer.step == STEPS
     # From the command line, without --resume, the same stuck directory starts afresh too.
     run2 = tmp_path / "run2"

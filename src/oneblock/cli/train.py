@@ -63,20 +63,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     task.add_argument("--text", metavar="FILE", help="UTF-8 text for lm / mlm (default: the shipped corpus)")
     task.add_argument("--seq-len", type=int, metavar="T", help="text window (64), or synthetic sequence length (8)")
     task.add_argument("--n-symbols", type=int, metavar="K", help="alphabet size of the synthetic tasks (10)")
-    task.add_argument("--mask-prob", type=float, metavar="P", help="mlm: share of positions to predict (0.15)")
+    task.add_argument(
+        "--mask-prob", type=options.finite_float, metavar="P", help="mlm: share of positions to predict (0.15)"
+    )
     task.add_argument("--eval-examples", type=int, metavar="N", help="held-out windows or examples (256)")
     opt = parser.add_argument_group("optimization")
     opt.add_argument("--steps", type=int, metavar="N", help="optimizer steps in all (500)")
     opt.add_argument("--batch-size", type=int, metavar="B", help="examples per step and per process (16)")
-    opt.add_argument("--lr", type=float, help="peak learning rate (3e-3)")
-    opt.add_argument("--min-lr-ratio", type=float, metavar="R", help="cosine floor as a share of --lr (0.1)")
+    opt.add_argument("--lr", type=options.finite_float, help="peak learning rate (3e-3)")
+    opt.add_argument(
+        "--min-lr-ratio", type=options.finite_float, metavar="R", help="cosine floor as a share of --lr (0.1)"
+    )
     opt.add_argument(
         "--warmup", type=int, metavar="N", help="linear warmup steps (50, or a tenth of a shorter --steps)"
     )
-    opt.add_argument("--weight-decay", type=float, metavar="W", help="AdamW decay of weight matrices (0.1)")
-    opt.add_argument("--grad-clip", type=float, metavar="G", help="max global gradient norm, 0 = off (1.0)")
+    opt.add_argument(
+        "--weight-decay", type=options.finite_float, metavar="W", help="AdamW decay of weight matrices (0.1)"
+    )
+    opt.add_argument(
+        "--grad-clip", type=options.finite_float, metavar="G", help="max global gradient norm, 0 = off (1.0)"
+    )
     opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward pass")
-    opt.add_argument("--seed", type=int, help="seed of weights, data and dropout (0)")
+    opt.add_argument("--seed", type=options.seed, help="seed of weights, data and dropout (0)")
     run = parser.add_argument_group("run directory")
     run.add_argument("--out", metavar="DIR", help="run directory (default: runs/<task>-<date>-<time>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
