@@ -7,16 +7,16 @@ import re
 
 import pytest
 import torch
+from cli_testing import one_line_error
 
 import oneblock as ob
 from oneblock.cli import train as train_command
 from oneblock.cli.main import main
 from oneblock.io.checkpoint import save
 
-from cli_testing import one_line_error
-
-TINY_RUN = ["--steps", "2", "--batch-size", "2", "--seq-len", "8", "--d-model", "8", "--n-heads", "2", "--n-layers",
-            "1", "--max-seq-len", "8", "--eval-every", "0", "--eval-examples", "4", "--samples", "0", "--quiet"]  # fmt: skip
+TINY_RUN = ["--steps", "2", "--batch-size", "2", "--seq-len", "8", "--d-model", "8", "--n-heads", "2",
+            "--n-layers", "1", "--max-seq-len", "8", "--eval-every", "0", "--eval-examples", "4", "--samples", "0",
+            "--quiet"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
