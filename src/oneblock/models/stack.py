@@ -13,6 +13,7 @@ from oneblock.layers.masks import check_padding_mask, padding_to_attention_mask
 from oneblock.layers.norms import make_norm
 from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.models.embeddings import Embeddings
+from oneblock.models.inputs import check_positions
 
 
 class Stack(nn.Module):
@@ -97,8 +98,8 @@ class Stack(nn.Module):
         past = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(past, past + t, device=tokens.device)  # (T,)
-        elif tuple(positions.shape) not in ((t,), (b, t)):
-            raise InputError(f"positions must have shape (T,) or (B, T) = ({b}, {t}); got {tuple(positions.shape)}")
+        else:
+            check_positions(positions, self.config, b, t)
         mask = None
         if padding_mask is not None:
             check_padding_mask(padding_mask, b, past + t)
