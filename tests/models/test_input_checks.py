@@ -32,5 +32,5 @@ def test_positions_outside_the_table_are_refused(model, positions, bad):
 
 
 def test_float_positions_are_refused(model):
-    with pytest.raises(InputError, match="positions must be an int64 tensor; got torch.float32"):
+    with pytest.raises(InputError, match=r"positions must be an int64 tensor; got torch\.float32"):
         model(torch.ones(1, 3, dtype=torch.long), positions=torch.tensor([0.0, 1.0, 2.0]))
