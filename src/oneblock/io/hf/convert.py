@@ -216,12 +216,6 @@ def _read_safetensors(path: Path) -> dict[str, Tensor]:
         raise ConversionError(f"from_hf: cannot read {str(path)!r}: {error.strerror or error}") from None
     except (SafetensorError, ValueError, RuntimeError) as error:
         raise ConversionError(f"from_hf: {str(path)!r} is not a readable safetensors file: {error}") from None
-    bad = sorted(k for k, t in tensors.items() if not t.is_floating_point())
-    if bad:
-        raise ConversionError(
-            f"from_hf: {str(path)!r} stores non-floating tensors {bad[:5]}; weights must be floating point "
-            "(refusing to cast them)"
-        )
     return tensors
 
 
