@@ -91,3 +91,19 @@ def test_a_seed_too_large_for_the_generator_is_one_line(byte_checkpoint, capsys)
         r"seed must lie in \[-2\*\*63, 2\*\*64\); got 100000000000000000000",
         one_line_error(capsys, code, empty_stdout=False),
     )
+
+
+def test_a_full_disk_during_training_is_one_line_and_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)  # oneblock's atomic writer; the log goes through Python's file objects
+    code = main(["train", *TINY_RUN, "--out", str(tmp_path / "run"), "--json"])
+    line = one_line_error(capsys, code)
+    assert re.search(r"cannot write the run config '.*config\.json': the disk is full", line)
+    assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []
+    monkeypatch.undo()
+    assert main(["train", *TINY_RUN, "--out", str(tmp_path / "run"), "--json"]) == 0  # the same directory restarts
