@@ -126,9 +126,7 @@ def test_a_run_with_no_complete_step_restarts_and_resumes_afresh(tmp_path, capsy
     Trainer(model_cfg, cfg.replace(save_every=0), run_dir=run, on_step=lambda s, r: None)._write_config()
     (run / "checkpoints" / ".step-000001.tmp").mkdir(parents=True)  # killed inside the first save
     trainer, notes = _resume(run)
-    assert notes == [
-        f"no complete checkpoint in {run / 'checkpoints'!s}: starting the run afresh from its config.json"
-    ]
+    assert notes == [f"no complete checkpoint in {run / 'checkpoints'!s}: starting the run afresh from its config.json"]
     assert trainer.step == STEPS
     # From the command line, without --resume, the same stuck directory starts afresh too.
     run2 = tmp_path / "run2"
