@@ -103,3 +103,10 @@ def test_bad_settings_are_refused(settings, match):
     full = {"temperature": 1.0, "top_k": None, "top_p": None, **settings}
     with pytest.raises(InputError, match=match):
         check_sampling(full["temperature"], full["top_k"], full["top_p"])
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-30, 1e-50])
+def test_a_vanishing_temperature_is_greedy(temperature):
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 30
+    got = sample_next(logits, temperature=temperature, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(got, logits.argmax(dim=-1))

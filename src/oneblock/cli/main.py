@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from typing import NoReturn
 
 # Adding a subcommand is adding its module name here, in the order ``--help`` lists them.
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (``sys.argv[1:]`` when ``None``); returns the exit status.
 
     Errors a user can fix (any ``OneBlockError``, bad flags, a file that cannot be read or written) print one line
-    on stderr and return 2.
+    on stderr and return 2. Any other exception is a bug in oneblock: one line naming it, status 1, and the
+    traceback only when the environment sets ``ONEBLOCK_DEBUG=1``.
     """
     from oneblock.errors import OneBlockError
 
@@ -95,11 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a file that cannot be read or written: --out in a read-only place, a full disk
         print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
         return 2
+    except Exception as error:  # a bug: say so in one line; the traceback is for whoever fixes it
+        if os.environ.get("ONEBLOCK_DEBUG") == "1":
+            traceback.print_exc()
+            hint = ""
+        else:
+            hint = " (set ONEBLOCK_DEBUG=1 to see the traceback)"
+        print(f"{PROG}: internal error: {type(error).__name__}: {_one_line(error)}{hint}", file=sys.stderr)
+        return 1
 
 
 def _silence_stdout() -> None:
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -65,6 +65,8 @@ def pad_prompts(
     """
     if isinstance(prompts, Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise InputError("pad_prompts expects a non-empty list of token-id sequences")
+    if any(not isinstance(p, (Tensor, Sequence)) or isinstance(p, str) for p in prompts):
+        raise InputError(f"prompt_ids must be integer ids or a list of id lists; got {list(prompts)[:4]!r}")
     rows = [p.tolist() if isinstance(p, Tensor) else list(p) for p in prompts]
     if any(len(r) == 0 for r in rows):
         raise InputError(f"every prompt needs at least one token; got lengths {[len(r) for r in rows]}")
@@ -175,6 +177,8 @@ def generate_stream(
     check_sampling(temperature, top_k, top_p)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise InputError(f"seed must be an int or None; got {seed!r}")
+    if seed is not None and not -(2**63) <= seed < 2**64:  # what torch.Generator.manual_seed can hold
+        raise InputError(f"seed must lie in [-2**63, 2**64); got {seed}")
     run = _prepare(model, prompt_ids, max_new_tokens, crop, src, src_padding_mask, prompt_padding_mask, pad_id)
     vocab = run.decoder.config.vocab_size
     for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):

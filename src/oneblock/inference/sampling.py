@@ -75,6 +75,9 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+_TINY = torch.finfo(torch.float32).tiny
+
+
 def sample_next(
     logits: Tensor,
     *,
@@ -97,9 +100,10 @@ def sample_next(
     Returns:
         (B,) int64 token ids.
     """
-    if greedy or temperature == 0:
+    if greedy or temperature < _TINY:  # the limit of temperature -> 0; float32 cannot divide by less
         return logits.argmax(dim=-1)
-    scores = logits.float() / temperature
+    # Shifted so the best score is 0: a tiny temperature sends the others to -inf (greedy), never to inf/NaN.
+    scores = (logits.float() - logits.float().amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         scores = top_k_filter(scores, top_k)
     if top_p is not None:

@@ -26,6 +26,7 @@ from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, ConversionError
 from oneblock.io.gguf.dequant import check_supported, dequantize, tensor_shape
 from oneblock.io.gguf.file import open_gguf, read_metadata
+from oneblock.io.limits import check_model_size
 from oneblock.models.build import build_model
 from oneblock.models.decoder import Decoder
 
@@ -222,6 +223,7 @@ def read_gguf(
     metadata = read_metadata(reader)  # the vocabulary and merges stay in the file
     shapes = {t.name: tensor_shape(t) for t in reader.tensors}
     cfg = config_from_metadata(metadata, shapes)
+    check_model_size(cfg, what="the GGUF metadata", dtype=dtype, error=ConversionError)  # before any allocation
     for t in reader.tensors:  # fail before the slow part if anything is unreadable
         oneblock_name(t.name)
         check_supported(t.name, t.tensor_type)

@@ -25,7 +25,7 @@ from tokenizers.models import BPE
 
 from oneblock.errors import ConversionError, InputError
 from oneblock.inference.chat_template import render_chat
-from oneblock.io.gguf.file import field_value, open_gguf
+from oneblock.io.gguf.file import check_merges, field_value, open_gguf
 
 _CONTROL = 3
 _USER_DEFINED = 4
@@ -121,6 +121,7 @@ def build_tokenizer(
         if len(parts) != 2:
             raise ConversionError(f"BPE merge {merge!r} is not two tokens separated by one space")
         pairs.append((parts[0], parts[1]))
+    check_merges(pairs, vocab)
     tokenizer = Tokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False))
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[key]()
     tokenizer.decoder = decoders.ByteLevel()
