@@ -35,6 +35,9 @@ _WHERE: dict[str, str] = {
     "generate": "oneblock.inference.generation",
     "generate_stream": "oneblock.inference.generation",
     "pad_prompts": "oneblock.inference.generation",
+    "Loaded": "oneblock.inference.load",
+    "load_model": "oneblock.inference.load",
+    "Sampling": "oneblock.inference.sampling",
     "quantize_int8": "oneblock.inference.quantize",
     "load": "oneblock.io.checkpoint",
     "save": "oneblock.io.checkpoint",
@@ -64,10 +67,12 @@ __all__ = [
     "Encoder",
     "EncoderDecoder",
     "InputError",
+    "Loaded",
     "ModelConfig",
     "OneBlockError",
     "ParameterCount",
     "Reply",
+    "Sampling",
     "TrainConfig",
     "TrainResult",
     "Trainer",
@@ -82,6 +87,7 @@ __all__ = [
     "generate_stream",
     "get_preset",
     "load",
+    "load_model",
     "pad_prompts",
     "quantize_int8",
     "save",
@@ -97,7 +103,9 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from oneblock.inference.chat import ChatSession, Reply
     from oneblock.inference.embedding import embed, similarity
     from oneblock.inference.generation import generate, generate_stream, pad_prompts
+    from oneblock.inference.load import Loaded, load_model
     from oneblock.inference.quantize import quantize_int8
+    from oneblock.inference.sampling import Sampling
     from oneblock.io.checkpoint import load, save
     from oneblock.io.gguf.load import from_gguf
     from oneblock.io.hf.convert import from_hf, save_hf, to_hf

@@ -232,7 +232,7 @@ def test_quantized_file_matches_transformers(tmp_path, qtype):
         if name == "lm_head.weight" and tie:
             continue
         assert torch.equal(state[oneblock_name(gguf_name(name))], tensor), name  # bit-identical after un-permute
-    model = from_gguf(path)
+    model = from_gguf(path, dtype=torch.float32)  # the exact path: every tensor dequantized
     x = ids(2, 9, 211, seed=4)
     with torch.no_grad():
         assert max_diff(model(x), ref(x).logits) <= 1e-4
@@ -240,7 +240,7 @@ def test_quantized_file_matches_transformers(tmp_path, qtype):
 
 def test_bfloat16_load(tmp_path):
     path = write_gguf(tmp_path / "q8.gguf", hf_llama(QUANT, tie=False, seed=5), Q.Q8_0)
-    full, half = from_gguf(path), from_gguf(path, dtype=torch.bfloat16)
+    full, half = from_gguf(path, dtype=torch.float32), from_gguf(path, dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in half.parameters())
     x = ids(2, 9, 211, seed=6)
     with torch.no_grad():
@@ -322,7 +322,7 @@ def smollm2():
     from oneblock.io.gguf.smollm2 import load_smollm2, smollm2_gguf_path
 
     path = smollm2_gguf_path()
-    model, tokenizer = load_smollm2()
+    model, tokenizer = load_smollm2(dtype=torch.float32)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
     return model, tokenizer, ref
 
