@@ -54,8 +54,6 @@ class _Terminal(io.StringIO):
         return True
 
 
-
-
 def test_piped_stdin_prints_only_the_answer(loaded, monkeypatch, capsys):
     model, tokenizer, calls = loaded
     monkeypatch.setattr("sys.stdin", io.StringIO(QUESTION + "\n"))

@@ -106,12 +106,13 @@ class LeanDecode:
 
     Args:
         run: the validated generation (prompt, mask, number of new tokens).
-        compile: compile ``step`` with ``torch.compile`` (the first call pays the compilation;
-            ``compile_seconds`` records that first call's time).
+        compile: compile ``step`` with ``torch.compile``: ``True`` for its default backend (inductor), or a
+            backend's name (``"aot_eager"`` traces without generating code, in seconds). The first call pays the
+            compilation; ``compile_seconds`` records that first call's time.
         cache_dtype: dtype of the stored keys and values (default: the model's).
     """
 
-    def __init__(self, run: _Run, *, compile: bool = False, cache_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, run: _Run, *, compile: bool | str = False, cache_dtype: torch.dtype | None = None) -> None:
         model = run.decoder
         self.run, self.model = run, model
         b, t = run.seen.shape
@@ -139,8 +140,12 @@ class LeanDecode:
         self.sizes = (self.heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head)
         self.end = 0
         self.compile_seconds: float | None = None
-        self._step = torch.compile(self.step, dynamic=True) if compile else self.step
-        self._compiled = compile
+        if compile:
+            backend = compile if isinstance(compile, str) else "inductor"
+            self._step = torch.compile(self.step, dynamic=True, backend=backend)
+        else:
+            self._step = self.step
+        self._compiled = bool(compile)
 
     def next(self, fed: Tensor | None) -> Tensor:
         """The logits (B, V) in float32 after ``fed`` (B,) (``None`` on the first call: the prompt)."""

@@ -177,7 +177,7 @@ def generate_stream(
     src_padding_mask: Tensor | None = None,
     prompt_padding_mask: Tensor | None = None,
     return_logits: bool = False,
-    compile: bool = False,
+    compile: bool | str = False,
     stats: dict[str, float] | None = None,
     **sampling_options: Any,
 ) -> Generator[Tensor, None, Tensor | tuple[Tensor, Tensor]]:
@@ -201,7 +201,8 @@ def generate_stream(
         src_padding_mask: (B, S) bool, True = real source token.
         prompt_padding_mask: (B, T) bool, True = real token; padding must be on the left.
         return_logits: also return each step's next-token logits, before temperature and filtering.
-        compile: compile the per-token step with ``torch.compile`` (pre-LN decoders with a cache).
+        compile: compile the per-token step with ``torch.compile`` (pre-LN decoders with a cache): ``True``, or
+            a backend's name.
         stats: a dict to fill with ``prefill_seconds``, ``decode_seconds``, ``new_tokens`` and, with
             ``compile``, ``compile_seconds`` (the first compiled step, compilation included).
         **sampling_options: ``Sampling``'s fields as keywords (``temperature=0.7``), instead of ``sampling``.
@@ -223,7 +224,7 @@ def generate_stream(
     return _steps(run, sampling, eos_id, pad_id, use_cache, return_logits, compile, stats)
 
 
-def _decoder_for(run: _Run, use_cache: bool, compile: bool) -> FullDecode | LeanDecode:
+def _decoder_for(run: _Run, use_cache: bool, compile: bool | str) -> FullDecode | LeanDecode:
     if use_cache and run.src is None and lean_supported(run.model):
         return LeanDecode(run, compile=compile)
     return FullDecode(run, use_cache)
@@ -236,7 +237,7 @@ def _steps(
     pad_id: int | None,
     use_cache: bool,
     return_logits: bool,
-    compile: bool,
+    compile: bool | str,
     stats: dict[str, float] | None,
 ) -> Generator[Tensor, None, Tensor | tuple[Tensor, Tensor]]:
     """The generation loop: pick a token from each step's logits, hand it out, feed it back."""
