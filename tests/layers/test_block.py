@@ -1,3 +1,5 @@
+"""The block against torch's TransformerEncoderLayer / TransformerDecoderLayer and against its formulas."""
+
 import pytest
 import torch
 from torch import nn
@@ -5,19 +7,13 @@ from torch import nn
 from oneblock.config import ModelConfig
 from oneblock.layers.block import Block
 from oneblock.layers.masks import causal_mask
+from oneblock.layers.state import AttentionRecorder, AttentionState
 
 B, T, S, C, H, FF = 3, 7, 5, 36, 3, 37
 
 
-def copy_attention(ours, ref):
-    ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-    ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
-    ref.out_proj.weight.copy_(ours.o_proj.weight)
-    ref.out_proj.bias.copy_(ours.o_proj.bias)
-
-
-def copy_common(block, ref, ffn_norm):
-    copy_attention(block.attn, ref.self_attn)
+def copy_common(block, ref, ffn_norm, torch_attention):
+    torch_attention(block.attn, ref.self_attn)
     ref.linear1.weight.copy_(block.ffn.w1.weight)
     ref.linear1.bias.copy_(block.ffn.w1.bias)
     ref.linear2.weight.copy_(block.ffn.w2.weight)
@@ -34,7 +30,7 @@ def randomize(module):
 
 
 @pytest.mark.parametrize("position", ["pre", "post"])
-def test_encoder_block_equals_torch_transformer_encoder_layer(position):
+def test_encoder_block_equals_torch_transformer_encoder_layer(position, torch_attention):
     torch.manual_seed(0)
     cfg = ModelConfig(arch="encoder", d_model=C, n_heads=H, d_ff=FF, norm_position=position)
     block = Block(cfg, causal=False).double()
@@ -43,17 +39,17 @@ def test_encoder_block_equals_torch_transformer_encoder_layer(position):
         C, H, FF, dropout=0.0, activation="gelu", batch_first=True, norm_first=position == "pre"
     ).double()
     with torch.no_grad():
-        copy_common(block, ref, ref.norm2)
+        copy_common(block, ref, ref.norm2, torch_attention)
     x = torch.randn(B, T, C, dtype=torch.float64)
     real = torch.ones(B, T, dtype=torch.bool)
     real[1, 4:] = False
-    ours, _ = block(x, mask=real[:, None, None, :])
+    ours = block(x, AttentionState(mask=real[:, None, None, :]))
     expected = ref(x, src_key_padding_mask=~real)
     torch.testing.assert_close(ours[real], expected[real], atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("position", ["pre", "post"])
-def test_decoder_block_equals_torch_transformer_decoder_layer(position):
+def test_decoder_block_equals_torch_transformer_decoder_layer(position, torch_attention):
     torch.manual_seed(1)
     cfg = ModelConfig(arch="encoder-decoder", d_model=C, n_heads=H, d_ff=FF, norm_position=position)
     block = Block(cfg, causal=True, cross_attention=True).double()
@@ -62,18 +58,19 @@ def test_decoder_block_equals_torch_transformer_decoder_layer(position):
         C, H, FF, dropout=0.0, activation="gelu", batch_first=True, norm_first=position == "pre"
     ).double()
     with torch.no_grad():
-        copy_common(block, ref, ref.norm3)
-        copy_attention(block.cross_attn, ref.multihead_attn)
+        copy_common(block, ref, ref.norm3, torch_attention)
+        torch_attention(block.cross_attn, ref.multihead_attn)
         ref.norm2.weight.copy_(block.cross_norm.weight)
         ref.norm2.bias.copy_(block.cross_norm.bias)
     x, memory = torch.randn(B, T, C, dtype=torch.float64), torch.randn(B, S, C, dtype=torch.float64)
     real_src = torch.ones(B, S, dtype=torch.bool)
     real_src[2, 3:] = False
-    for return_attention in (False, True):
-        ours, w = block(x, memory=memory, memory_mask=real_src[:, None, None, :], return_attention=return_attention)
-        expected = ref(x, memory, tgt_mask=~causal_mask(T), memory_key_padding_mask=~real_src)
+    expected = ref(x, memory, tgt_mask=~causal_mask(T), memory_key_padding_mask=~real_src)
+    for recorder in (None, AttentionRecorder()):
+        ours = block(x, AttentionState(memory=memory, memory_mask=real_src, recorder=recorder))
         torch.testing.assert_close(ours, expected, atol=1e-10, rtol=0)
-    assert w["self"].shape == (B, H, T, T) and w["cross"].shape == (B, H, T, S)
+    assert [w.shape for w in recorder.self_weights] == [(B, H, T, T)]
+    assert [w.shape for w in recorder.cross_weights] == [(B, H, T, S)]
 
 
 def test_pre_and_post_ln_wire_the_norm_differently():
@@ -83,13 +80,13 @@ def test_pre_and_post_ln_wire_the_norm_differently():
     post = Block(cfg.replace(norm_position="post"), causal=True).double()
     post.load_state_dict(pre.state_dict())
     x = torch.randn(B, T, C, dtype=torch.float64) * 5 + 3
-    y_pre, _ = pre(x)
-    y_post, _ = post(x)
+    y_pre = pre(x)
+    y_post = post(x)
     # post-LN output is normalized per token (gamma 1, beta 0); pre-LN output is not.
     torch.testing.assert_close(y_post.mean(-1), torch.zeros(B, T, dtype=torch.float64), atol=1e-10, rtol=0)
     assert y_pre.mean(-1).abs().max() > 1.0
     # pre-LN by hand: x + attn(ln1(x)), then + ffn(ln2(.))
-    h = x + pre.attn(pre.attn_norm(x), is_causal=True)[0]
+    h = x + pre.attn(pre.attn_norm(x), is_causal=True)
     torch.testing.assert_close(y_pre, h + pre.ffn(pre.ffn_norm(h)), atol=1e-12, rtol=0)
 
 
@@ -100,7 +97,7 @@ def test_block_keeps_the_shape_and_starts_near_identity():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.02)
     x = torch.randn(2, 4, 64)
-    y, _ = block(x)
+    y = block(x)
     assert y.shape == x.shape
     assert (y - x).norm() / x.norm() < 0.2
     assert sum(p.numel() for p in block.parameters()) == 49_984

@@ -85,8 +85,9 @@ def test_encoder_padding_does_not_move_the_decoder(variant):
     src_padded = torch.cat([src, torch.tensor([[3, 3]])], 1)
     mask = torch.tensor([[True] * 5 + [False] * 2])
     with torch.no_grad():
-        torch.testing.assert_close(model(src_padded, tgt, src_padding_mask=mask), model(src, tgt),
-                                   atol=1e-5, rtol=1.3e-6)
+        torch.testing.assert_close(
+            model(src_padded, tgt, src_padding_mask=mask), model(src, tgt), atol=1e-5, rtol=1.3e-6
+        )
 
 
 @pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder-decoder"])
@@ -228,10 +229,28 @@ def test_token_type_ids_select_segment_embeddings():
     types = torch.zeros_like(ids)
     types[:, 4:] = 1
     with torch.no_grad():
-        default, explicit, second = model(ids), model(ids, token_type_ids=torch.zeros_like(ids)), model(
-            ids, token_type_ids=types)
+        default, explicit, second = (
+            model(ids),
+            model(ids, token_type_ids=torch.zeros_like(ids)),
+            model(ids, token_type_ids=types),
+        )
         assert torch.equal(default, explicit)
         assert (second - default).abs().max() > 0
         assert model.pool(default).shape == (3, 36)
     with pytest.raises(InputError, match=r"token_type_ids must lie in \[0, type_vocab_size=2\)"):
         model(ids, token_type_ids=types + 1)
+
+
+def test_memory_mask_without_memory_is_refused():
+    ed = build("encoder-decoder")
+    src, tgt = tokens(t=5), tokens(t=4, seed=1)
+    real = torch.ones(3, 5, dtype=torch.bool)
+    with torch.no_grad():
+        memory = ed.encode(src)
+        cache = ed.new_cache(3)
+        ed.decode(tgt[:, :1], memory, memory_mask=real, cache=cache)  # fills the cross-attention keys and values
+        with pytest.raises(InputError, match="memory_mask is the padding mask of memory, but memory is None"):
+            ed.decoder(tgt[:, 1:2], memory=None, memory_mask=real, cache=cache)
+        # Without a mask the filled cache is enough, and the step equals the full pass.
+        step = ed.decoder(tgt[:, 1:2], cache=cache)
+        torch.testing.assert_close(step, ed(src, tgt[:, :2])[:, 1:], atol=1e-5, rtol=1.3e-6)

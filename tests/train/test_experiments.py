@@ -20,7 +20,7 @@ def test_no_skip_block_drops_only_the_residual():
     x = torch.randn(2, 4, 8)
     block = with_skip.blocks[0]
     h = block.attn_norm(x)
-    h = block.attn(h, is_causal=False)[0]
+    h = block.attn(h, is_causal=False)
     expected = block.ffn(block.ffn_norm(h))  # f(norm(.)) twice, nothing added back
     torch.testing.assert_close(without(x), expected)
     assert not torch.allclose(with_skip(x), without(x))

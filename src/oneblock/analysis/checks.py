@@ -172,7 +172,7 @@ def run_checks(
     if isinstance(model, nn.Module):
         model.eval()
     try:
-        if cfg is None:
+        if cfg is None or not isinstance(model, nn.Module):
             return [check_causality(model, tokens, vocab_size), check_batch_independence(model, tokens)]
         return _model_checks(model, cfg, tokens)
     finally:

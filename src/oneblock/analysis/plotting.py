@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.analysis.counting import ParameterCount
-from oneblock.config import ModelConfig
 from oneblock.errors import InputError, OneBlockError
+from oneblock.models.inputs import config_of
 
 INSTALL_HINT = "pip install 'oneblock[plot]'"
 MAX_COLUMNS = 6  # heads per row of the attention figure
@@ -41,12 +41,12 @@ def mask_variants(model: nn.Module) -> dict[str, nn.Module]:
     """
     from oneblock.models import build_model
 
-    cfg: ModelConfig = model.config
+    cfg = config_of(model)
     state = model.state_dict()
     if cfg.arch == "encoder-decoder":
         state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
     base = cfg.replace(n_decoder_layers=None, pooler=False, final_logits_bias=False)
-    variants = {}
+    variants: dict[str, nn.Module] = {}
     for label, arch in (("causal decoder", "decoder"), ("bidirectional encoder", "encoder")):
         variant = build_model(base.replace(arch=arch), dtype=next(model.parameters()).dtype).eval()
         target = variant.state_dict()
@@ -58,7 +58,12 @@ def mask_variants(model: nn.Module) -> dict[str, nn.Module]:
 
 def attention_weights(model: nn.Module, tokens: Tensor, *, layer: int = 0) -> Tensor:
     """Self-attention weights (H, T, T) of block ``layer`` for one sequence ``tokens`` (T,)."""
-    n = len(model.blocks)
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise InputError(
+            f"attention_weights needs an encoder or a decoder (a model with .blocks); got {type(model).__name__}"
+        )
+    n = len(blocks)
     if not 0 <= layer < n:
         raise InputError(f"layer {layer} is out of range: the model has blocks 0..{n - 1}")
     with torch.no_grad():

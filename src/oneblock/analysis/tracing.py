@@ -17,6 +17,8 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import InputError
+from oneblock.layers.state import AttentionState
+from oneblock.models.inputs import config_of
 
 
 @dataclass(frozen=True)
@@ -58,16 +60,22 @@ class TraceRow:
         }
 
 
-def _shapes(value: Any) -> list[tuple[int, ...] | None]:
-    """Shapes of the tensors in a (nested) value, in order; ``None`` stands for a ``None`` result."""
+def _shapes(value: Any, reads: tuple[str, ...] | None = None) -> list[tuple[int, ...] | None]:
+    """Shapes of the tensors in a (nested) value, in order; ``None`` stands for a ``None`` result.
+
+    Of an ``AttentionState`` only the tensors in the fields ``reads`` count (all when ``None``): a cross-attention
+    layer shows the memory it attends to, a self-attention layer does not.
+    """
     if isinstance(value, Tensor):
         return [tuple(value.shape)]
     if value is None:
         return [None]
+    if isinstance(value, AttentionState):
+        return [tuple(t.shape) for t in value.tensors(reads)]
     if isinstance(value, (tuple, list)):
-        return [s for item in value for s in _shapes(item)]
+        return [s for item in value for s in _shapes(item, reads)]
     if isinstance(value, dict):
-        return [s for item in value.values() for s in _shapes(item)]
+        return [s for item in value.values() for s in _shapes(item, reads)]
     return []
 
 
@@ -116,7 +124,7 @@ def trace_shapes(root: nn.Module, call: Callable[[], Any], *, max_depth: int | N
                 "name": name,
                 "module": module,
                 "depth": len(stack),
-                "inputs": _shapes([args, kwargs]),
+                "inputs": _shapes([args, kwargs], getattr(module, "state_fields", None)),
                 "outputs": [],
             }
         )
@@ -163,13 +171,15 @@ def example_tokens(cfg: ModelConfig, batch: int, seq_len: int, *, seed: int = 0)
     return torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=generator)
 
 
-def forward_call(model: nn.Module, batch: int, seq_len: int, *, src_len: int | None = None, seed: int = 0):
+def forward_call(
+    model: nn.Module, batch: int, seq_len: int, *, src_len: int | None = None, seed: int = 0
+) -> Callable[[], Any]:
     """A zero-argument forward pass of ``model`` on random tokens.
 
     ``model(tokens)``, or ``model(src, tgt)`` for an encoder-decoder (source length ``src_len``, default
     ``seq_len``).
     """
-    cfg: ModelConfig = model.config
+    cfg = config_of(model)
     device = next(model.parameters()).device
     tokens = example_tokens(cfg, batch, seq_len, seed=seed).to(device)
     if cfg.arch == "encoder-decoder":

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.layers.kv_cache import Cache
-from oneblock.layers.rotary import rotate_half
+from oneblock.layers.rotary import apply_rotary
 from oneblock.models.decoder import Decoder
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class FullDecode:
         end = start + x.shape[1]
         self.end = end
         run = self.run
-        hidden, _, _ = self.decoder.run(
+        hidden = self.decoder.run(
             x,
             padding_mask=run.mask[:, :end] if run.mask is not None else None,
             positions=self.positions[:, start:end] if self.positions is not None else None,
@@ -89,7 +89,8 @@ def lean_supported(model: nn.Module) -> bool:
 
 
 def _fused_qkv(attn: nn.Module) -> nn.Module:
-    """One module computing q, k and v in one product: the model's own ``qkv_proj``, or one made for this run."""
+    """One module computing q, k and v in one product: the model's own ``qkv_proj`` (``fuse_qkv``, a GGUF file's
+    4-bit one, ``quantize_int8``'s), or one made for this generation, leaving the model as it is."""
     if getattr(attn, "qkv_proj", None) is not None:
         return attn.qkv_proj
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
@@ -165,7 +166,7 @@ class LeanDecode:
     def _prompt(self) -> Tensor:
         run, model = self.run, self.model
         t = run.seen.shape[1]
-        hidden, _, _ = model.run(
+        hidden = model.run(
             run.seen,
             padding_mask=run.mask[:, :t] if run.mask is not None else None,
             positions=self.positions[:, :t] if self.positions is not None else None,
@@ -192,15 +193,14 @@ class LeanDecode:
             k = k.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
             v = v.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)
             if cos is not None:
-                q = q * cos + rotate_half(q) * sin
-                k = k * cos + rotate_half(k) * sin
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             layer.k[:, :, position:end] = k  # the buffers hold the whole generation: no growth check
             layer.v[:, :, position:end] = v
             out = F.scaled_dot_product_attention(
-                q, layer.k[:, :, :end], layer.v[:, :, :end], attn_mask=mask,
+                q, layer.k[:, :, :end], layer.v[:, :, :end], attn_mask=mask, scale=block.attn.scale,
                 enable_gqa=self.kv_heads != self.heads,
             )  # (B, H, 1, Dh)  # fmt: skip
-            x = x + block.attn.o_proj(out.transpose(1, 2).reshape(b, 1, self.heads * self.d_head))
+            x = x + block.attn.merge(out)  # heads side by side, then the output projection
             x = x + block.ffn(block.ffn_norm(x))
         if model.final_norm is not None:
             x = model.final_norm(x)

@@ -101,11 +101,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         raise InputError(f"quantize_int8 expects an nn.Module; got {type(model).__name__}")
     for attn in [m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.cross]:
         if attn.qkv_proj is None and all(isinstance(p, nn.Linear) for p in (attn.q_proj, attn.k_proj, attn.v_proj)):
-            projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-            weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
-            bias = torch.cat([p.bias.detach() for p in projections]) if attn.q_proj.bias is not None else None
-            attn.qkv_proj = Int8Linear(weight=weight, bias=bias)
-            attn.q_proj = attn.k_proj = attn.v_proj = None
+            attn.fuse_qkv()  # an nn.Linear ((H + 2 Hkv) Dh, C), quantized with the others below
     targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")

@@ -1,16 +1,20 @@
-"""Multi-head scaled dot-product attention (Vaswani et al., 2017), self or cross, with optional grouped-query heads
-(Ainslie et al., 2023), rotary positions and a key/value cache.
+"""Multi-head scaled dot-product attention (Vaswani et al., 2017), with optional grouped-query heads (Ainslie et
+al., 2023), rotary positions, a key/value cache and an additive score bias.
 
 Shape notation: B batch, T query length, S key length, C model width, H query heads, Hkv key/value heads,
 Dh head width.
 
-Two paths compute the same thing. The explicit path writes out ``softmax(q k^T / sqrt(Dh) + mask) v`` and returns
-the weights (B, H, T, S); the fast path calls ``F.scaled_dot_product_attention`` and is used whenever the weights
-are not asked for. Tests prove the two equal.
+``MultiHeadAttention`` is self-attention: queries, keys and values all come from ``x``. ``CrossAttention`` takes
+its keys and values from ``memory``, the encoder output. Both run the same named steps: project, position
+(rotary), cache, mask, attend, merge.
+
+Two kernels compute ``softmax(q k^T * scale + bias + mask) v``. The explicit one writes it out and forms the
+weights (B, H, T, S); the fast one calls ``F.scaled_dot_product_attention`` and is used whenever no recorder asks
+for the weights. Tests prove the two equal.
 
 Masks are boolean, ``True`` = may attend, broadcastable to (B, H, T, S). A query that may attend to no key at
 all (a padding query in a fully padded row, say) gets a zero output and zero weights, with finite gradients, on
-both paths.
+both kernels.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ from torch import Tensor, nn
 
 from oneblock.errors import ConfigError, InputError
 from oneblock.layers.kv_cache import KVCache
-from oneblock.layers.masks import causal_mask
+from oneblock.layers.masks import causal_mask, check_padding_mask, padding_to_attention_mask
 from oneblock.layers.rotary import apply_rotary
+from oneblock.layers.state import EMPTY, AttentionState
 
 
 class MultiHeadAttention(nn.Module):
-    """Query, key, value and output projections around scaled dot-product attention.
+    """Self-attention: query, key, value and output projections around scaled dot-product attention.
+
+    Reads ``mask``, ``rope``, ``cache``, ``self_bias`` and ``recorder`` from the ``AttentionState``.
 
     Args:
         d_model: model width ``C``.
@@ -37,8 +44,12 @@ class MultiHeadAttention(nn.Module):
         d_head: ``Dh``; ``None`` means ``C // H``.
         bias: biases on the four projections (4 C^2 + 4 C parameters with ``Hkv == H``).
         dropout: dropout on the attention weights while training.
-        cross: keys and values come from ``context`` (an encoder's output) instead of ``x``.
+        scale: the factor on ``q k^T``; ``None`` means ``1 / sqrt(Dh)`` (T5 uses 1.0, its weights absorb it).
     """
+
+    cross = False
+    # The state's tensors this layer reads, in the order a shape trace lists them.
+    state_fields: tuple[str, ...] = ("mask", "rope", "self_bias")
 
     def __init__(
         self,
@@ -49,7 +60,7 @@ class MultiHeadAttention(nn.Module):
         d_head: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
-        cross: bool = False,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -60,106 +71,173 @@ class MultiHeadAttention(nn.Module):
         if n_heads % n_kv_heads:
             raise ConfigError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
-        self.dropout, self.cross = dropout, cross
-        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.dropout, self.scale = dropout, scale
+        self.q_proj: nn.Module | None = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.k_proj: nn.Module | None = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.v_proj: nn.Module | None = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
         self.o_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
-        # One product for q, k and v together, (B, T, C) -> (B, T, (H + 2 Hkv) Dh), when an inference-only
-        # transform (``quantize_int8``) builds one; then q_proj, k_proj and v_proj are unused.
+        # After ``fuse_qkv``: one product (B, T, C) -> (B, T, (H + 2 Hkv) Dh) in place of the three above.
         self.qkv_proj: nn.Module | None = None
 
-    def _split(self, x: Tensor, heads: int) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, heads, self.d_head).transpose(1, 2)  # (B, T, h*Dh) -> (B, h, T, Dh)
+    def extra_repr(self) -> str:
+        scale = "" if self.scale is None else f", scale={self.scale}"
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}{scale}"
 
-    def _check(self, x: Tensor, name: str) -> None:
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise InputError(f"{name} must have shape (B, T, {self.d_model}); got {tuple(x.shape)}")
-
-    def context_kv(self, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Cross-attention keys and values of an encoder output (B, S, C): two (B, Hkv, S, Dh) tensors."""
-        if context is None:
-            raise InputError("cross-attention needs `context`, the encoder output (B, S, C)")
-        self._check(context, "context")
-        k = self._split(self.k_proj(context), self.n_kv_heads)  # (B, Hkv, S, Dh)
-        v = self._split(self.v_proj(context), self.n_kv_heads)
-        return k, v
-
-    def forward(
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        is_causal: bool = False,
-        rope: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | None = None,
-        cross_kv: tuple[Tensor, Tensor] | None = None,
-        return_attention: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``x`` to itself (self) or to ``context`` (cross).
+    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool = False) -> Tensor:
+        """Attend from ``x`` to itself.
 
         Args:
-            x: queries' source, (B, T, C).
-            context: keys' and values' source for cross-attention, (B, S, C).
-            mask: bool, broadcastable to (B, H, T, S); True = may attend.
-            is_causal: also hide later keys; the mask is aligned so that with a cache of ``S - T`` earlier
-                positions query ``i`` sees keys ``0 .. S - T + i``.
-            rope: ``(cos, sin)`` for the queries' positions (self-attention only).
-            cache: self-attention keys and values of earlier positions; the new ones are appended.
-            cross_kv: precomputed cross-attention keys and values (B, Hkv, S, Dh), reused across decoding steps.
-            return_attention: take the explicit path and return the weights.
+            x: (B, T, C).
+            state: mask, rotary tables, cache, score bias and recorder (all optional).
+            is_causal: also hide later keys; aligned so that with a cache of ``S - T`` earlier positions query
+                ``i`` sees keys ``0 .. S - T + i``.
 
         Returns:
-            ``(out, weights)``: out (B, T, C); weights (B, H, T, S) or ``None``.
+            (B, T, C).
         """
-        self._check(x, "x")
-        b, t, _ = x.shape
-        if self.cross:
-            q = self._split(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
-            k, v = cross_kv if cross_kv is not None else self.context_kv(context)
-        else:
-            if self.qkv_proj is not None:
-                sizes = (self.n_heads * self.d_head, *(2 * [self.n_kv_heads * self.d_head]))
-                q, k, v = self.qkv_proj(x).split(sizes, dim=-1)  # (B, T, H*Dh), (B, T, Hkv*Dh) x 2
-            else:
-                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            q = self._split(q, self.n_heads)  # (B, H, T, Dh)
-            k = self._split(k, self.n_kv_heads)  # (B, Hkv, T, Dh)
-            v = self._split(v, self.n_kv_heads)
-            if rope is not None:
-                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, Hkv, S, Dh), S = past + T
-        s = k.shape[2]
+        state = EMPTY if state is None else state
+        self.check_input(x, "x")
+        q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
+        q, k = self.position(q, k, state.rope)
+        k, v = self.extend(k, v, state.cache)  # (B, Hkv, S, Dh), S = cached + T
+        mask, is_causal = self.self_mask(state.mask, q, k, is_causal, state.self_bias is not None)
+        recorder = state.recorder.self_weights if state.recorder is not None else None
+        return self.merge(self.attend(q, k, v, mask, state.self_bias, is_causal, recorder))
 
-        if is_causal and (mask is not None or s != t):
+    # -- the steps -------------------------------------------------------------------------------------------
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, C) -> queries (B, H, T, Dh), keys and values (B, Hkv, T, Dh)."""
+        if self.qkv_proj is not None:
+            sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
+            q, k, v = self.qkv_proj(x).split(sizes, dim=-1)  # (B, T, H*Dh), (B, T, Hkv*Dh) x 2
+        else:
+            q_proj, k_proj, v_proj = self._projections()
+            q, k, v = q_proj(x), k_proj(x), v_proj(x)
+        return (
+            self.split_heads(q, self.n_heads),
+            self.split_heads(k, self.n_kv_heads),
+            self.split_heads(v, self.n_kv_heads),
+        )
+
+    def position(self, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+        """Rotate queries and keys by their positions (RoPE), before any of them enters the cache."""
+        if rope is None:
+            return q, k
+        return apply_rotary(q, *rope), apply_rotary(k, *rope)
+
+    def extend(self, k: Tensor, v: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
+        """Append the new keys and values to ``cache``; return every key and value seen, (B, Hkv, S, Dh)."""
+        return (k, v) if cache is None else cache.append(k, v)
+
+    def self_mask(
+        self, mask: Tensor | None, q: Tensor, k: Tensor, is_causal: bool, has_bias: bool
+    ) -> tuple[Tensor | None, bool]:
+        """The user's mask checked and joined with the causal one; ``(mask, is_causal)`` for ``attend``.
+
+        ``is_causal`` stays ``True`` (the kernels' own causal path, no mask tensor) only for a square problem
+        without mask or bias; otherwise the causal part is a (T, S) tensor inside the returned mask.
+        """
+        b, _, t, _ = q.shape
+        s = k.shape[2]
+        if mask is not None:
+            self.check_mask(mask, b, t, s)
+        if is_causal and (mask is not None or s != t or has_bias):
             # Queries sit at the end of the key sequence; a single new token sees every key.
-            causal = causal_mask(t, s, device=x.device) if t > 1 else None
+            causal = causal_mask(t, s, device=q.device) if t > 1 else None
             mask = causal if mask is None else (mask if causal is None else mask & causal)
             is_causal = False
+        return mask, is_causal
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        is_causal: bool,
+        record: list[Tensor] | None = None,
+    ) -> Tensor:
+        """``softmax(q k^T * scale + bias + mask) v``: (B, H, T, Dh).
+
+        Args:
+            q: (B, H, T, Dh). k, v: (B, Hkv, S, Dh).
+            mask: bool keep-mask broadcastable to (B, H, T, S), or ``None``.
+            bias: float broadcastable to (B, H, T, S), added to the scaled scores, or ``None``.
+            is_causal: apply the square causal mask (only with ``mask is None``).
+            record: a list to append the weights (B, H, T, S) to; given, the explicit kernel runs.
+        """
         visible = None
         if mask is not None:
-            mask = self._check_mask(mask, b, t, s)
             visible = mask.any(dim=-1, keepdim=True)  # (B?, H?, T, 1)
             if bool(visible.all()):
                 visible = None
             else:  # let empty rows attend everywhere, then zero them: finite values and gradients
                 mask = mask | ~visible
-
-        if return_attention:
-            out, weights = self._explicit(q, k, v, mask, is_causal)
+        if record is not None:
+            out, weights = self._explicit(q, k, v, mask, bias, is_causal)
+            record.append(weights if visible is None else weights.masked_fill(~visible, 0.0))
         else:
-            out, weights = self._fast(q, k, v, mask, is_causal), None
-        if visible is not None:
-            out = out.masked_fill(~visible, 0.0)
-            if weights is not None:
-                weights = weights.masked_fill(~visible, 0.0)
-        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, H, T, Dh) -> (B, T, H*Dh)
-        return self.o_proj(out), weights
+            out = self._fast(q, k, v, mask, bias, is_causal)
+        return out if visible is None else out.masked_fill(~visible, 0.0)
 
-    def _check_mask(self, mask: Tensor, b: int, t: int, s: int) -> Tensor:
+    def merge(self, out: Tensor) -> Tensor:
+        """Heads back side by side, then the output projection: (B, H, T, Dh) -> (B, T, C)."""
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, H, T, Dh) -> (B, T, H*Dh)
+        return self.o_proj(out)
+
+    # -- fused projection ------------------------------------------------------------------------------------
+
+    def fuse_qkv(self) -> nn.Module:
+        """Replace ``q_proj``, ``k_proj`` and ``v_proj`` by one ``qkv_proj`` holding their stacked weights.
+
+        One matrix product per step instead of three, same numbers (up to the rounding of a wider product). The
+        state dict changes (``qkv_proj.*`` for the three), so fuse for inference, after loading weights.
+
+        Returns:
+            ``qkv_proj``, an ``nn.Linear`` (C -> (H + 2 Hkv) Dh).
+        """
+        if self.qkv_proj is not None:
+            return self.qkv_proj
+        projections = [p for p in self._projections() if isinstance(p, nn.Linear)]
+        if len(projections) != 3:
+            kinds = ", ".join(type(p).__name__ for p in self._projections())
+            raise ConfigError(f"fuse_qkv needs three nn.Linear projections; got {kinds}. Fuse before quantizing")
+        q_proj = projections[0]
+        weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
+        fused = nn.Linear(
+            weight.shape[1], weight.shape[0], bias=q_proj.bias is not None, device=weight.device, dtype=weight.dtype
+        )
+        with torch.no_grad():
+            fused.weight.copy_(weight)
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat([p.bias.detach() for p in projections]))
+        self.qkv_proj = fused
+        self.q_proj = self.k_proj = self.v_proj = None
+        return fused
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+
+    def _projections(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+        q, k, v = self.q_proj, self.k_proj, self.v_proj
+        if q is None or k is None or v is None:
+            raise ConfigError("this attention layer has neither qkv_proj nor all of q_proj, k_proj and v_proj")
+        return q, k, v
+
+    def split_heads(self, x: Tensor, heads: int) -> Tensor:
+        """(B, T, heads * Dh) -> (B, heads, T, Dh)."""
+        b, t, _ = x.shape
+        return x.view(b, t, heads, self.d_head).transpose(1, 2)  # (B, T, h*Dh) -> (B, h, T, Dh)
+
+    def check_input(self, x: Tensor, name: str, length: str = "T") -> None:
+        """Refuse anything but a (B, ``length``, C) tensor."""
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise InputError(f"{name} must have shape (B, {length}, {self.d_model}); got {got}")
+
+    def check_mask(self, mask: Tensor, b: int, t: int, s: int) -> None:
         if mask.dtype != torch.bool:
             raise InputError(f"attention masks must be bool (True = may attend); got dtype {mask.dtype}")
         try:
@@ -169,16 +247,20 @@ class MultiHeadAttention(nn.Module):
                 f"attention mask of shape {tuple(mask.shape)} does not broadcast to (B, H, T, S) = "
                 f"({b}, {self.n_heads}, {t}, {s})"
             ) from None
-        return mask
+
+    # -- the two kernels -------------------------------------------------------------------------------------
 
     def _explicit(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, is_causal: bool
     ) -> tuple[Tensor, Tensor]:
         group = self.n_heads // self.n_kv_heads
         if group > 1:  # each key/value head serves `group` consecutive query heads
             k = k.repeat_interleave(group, dim=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
             v = v.repeat_interleave(group, dim=1)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_head)  # (B, H, T, S)
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
+        scores = scores / math.sqrt(self.d_head) if self.scale is None else scores * self.scale
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
         if is_causal:
             mask = causal_mask(q.shape[2], k.shape[2], device=q.device)
         if mask is not None:
@@ -187,13 +269,71 @@ class MultiHeadAttention(nn.Module):
         dropped = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
         return dropped @ v, weights  # (B, H, T, Dh), (B, H, T, S)
 
-    def _fast(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+    def _fast(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, is_causal: bool
+    ) -> Tensor:
+        attn_mask = mask
+        if bias is not None:  # one float mask: the bias where a key is visible, -inf where it is not
+            bias = bias.to(q.dtype)
+            attn_mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
         return F.scaled_dot_product_attention(
             q,
             k,
             v,
-            attn_mask=mask,
+            attn_mask=attn_mask,
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
+            scale=self.scale,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )  # (B, H, T, Dh)
+
+
+class CrossAttention(MultiHeadAttention):
+    """Cross-attention: queries from ``x`` (the decoder), keys and values from ``memory`` (the encoder output).
+
+    Reads ``memory``, ``memory_mask``, ``memory_kv`` and ``recorder`` from the ``AttentionState``. No causal mask
+    (the whole source is visible), no rotary positions and no self-attention cache; ``is_causal=True`` is
+    refused. Same arguments as ``MultiHeadAttention``.
+    """
+
+    cross = True
+    state_fields = ("memory", "memory_mask")
+
+    def forward(self, x: Tensor, state: AttentionState | None = None, *, is_causal: bool = False) -> Tensor:
+        """Attend from ``x`` (B, T, C) to the memory; returns (B, T, C)."""
+        if is_causal:
+            raise InputError(
+                "cross-attention sees the whole source, so is_causal does not apply; the causal mask belongs to "
+                "the decoder's self-attention"
+            )
+        state = EMPTY if state is None else state
+        self.check_input(x, "x")
+        q_proj = self._projections()[0]
+        q = self.split_heads(q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        k, v = state.memory_kv if state.memory_kv is not None else self.memory_kv(state.memory)  # (B, Hkv, S, Dh)
+        mask = self.memory_attention_mask(state.memory_mask, x.shape[0], k.shape[2])
+        recorder = state.recorder.cross_weights if state.recorder is not None else None
+        return self.merge(self.attend(q, k, v, mask, None, False, recorder))
+
+    def memory_kv(self, memory: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Keys and values of an encoder output (B, S, C): two (B, Hkv, S, Dh) tensors."""
+        if memory is None:
+            raise InputError("cross-attention needs `memory`, the encoder output (B, S, C)")
+        self.check_input(memory, "memory", "S")
+        _, k_proj, v_proj = self._projections()
+        k = self.split_heads(k_proj(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
+        v = self.split_heads(v_proj(memory), self.n_kv_heads)
+        return k, v
+
+    def memory_attention_mask(self, memory_mask: Tensor | None, b: int, s: int) -> Tensor | None:
+        """The (B, S) source padding mask as an attention mask (B, 1, 1, S)."""
+        if memory_mask is None:
+            return None
+        check_padding_mask(memory_mask, b, s, "memory_mask")
+        return padding_to_attention_mask(memory_mask)
+
+    def fuse_qkv(self) -> nn.Module:
+        raise ConfigError(
+            "cross-attention projects queries from x and keys and values from memory, so q, k and v cannot share "
+            "one product; fuse_qkv applies to self-attention only"
+        )

@@ -34,6 +34,9 @@ class RotaryEmbedding(nn.Module):
     The tables are non-persistent buffers: they are derived from ``theta`` and never stored in a checkpoint.
     """
 
+    cos: Tensor  # (L, Dh)
+    sin: Tensor
+
     def __init__(self, d_head: int, max_seq_len: int, *, theta: float = 10000.0) -> None:
         super().__init__()
         self.d_head = d_head

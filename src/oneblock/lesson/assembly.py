@@ -21,7 +21,7 @@ FORMULAS = {
 
 def _by_formula(block: Block, x: Tensor) -> Tensor:
     """The block written out from its parts, as the formulas in ``FORMULAS`` read."""
-    attn = lambda h: block.attn(h, is_causal=True)[0]  # noqa: E731
+    attn = lambda h: block.attn(h, is_causal=True)  # noqa: E731
     if block.pre_norm:
         x = x + attn(block.attn_norm(x))
         return x + block.ffn(block.ffn_norm(x))
@@ -47,7 +47,7 @@ def assembly_step(seed: int) -> dict[str, Any]:
     for position in ("post", "pre"):
         block = build_model(cfg.replace(norm_position=position)).blocks[0].eval()
         with torch.no_grad():
-            out, _ = block(x)
+            out = block(x)
             written_out = _by_formula(block, x)
         placements[position] = {
             "formulas": FORMULAS[position],

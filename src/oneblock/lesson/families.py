@@ -13,6 +13,7 @@ from oneblock.analysis.counting import count_parameters
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.block import Block
 from oneblock.layers.masks import causal_mask
+from oneblock.layers.state import AttentionRecorder, AttentionState
 from oneblock.models import build_model
 from oneblock.presets import get_preset
 
@@ -76,7 +77,9 @@ def causal_softmax_example() -> dict[str, Any]:
         for proj, value in ((attn.q_proj, 0.5), (attn.k_proj, 1.0), (attn.v_proj, 1.0), (attn.o_proj, 1.0)):
             proj.weight.fill_(value)
         x = torch.tensor([1.0, 2.0]).view(1, 2, 1)  # (B, T, C) = (1, 2, 1)
-        _, weights = attn(x, is_causal=True, return_attention=True)  # (1, 1, 2, 2)
+        recorder = AttentionRecorder()
+        attn(x, AttentionState(recorder=recorder), is_causal=True)
+        weights = recorder.self_weights[0]  # (1, 1, 2, 2)
         q, k = attn.q_proj(x)[0], attn.k_proj(x)[0]  # (T, Dh)
         scores = q @ k.T / math.sqrt(attn.d_head)  # (T, T)
     leak = mask_after_softmax_leak(scores)

@@ -61,7 +61,7 @@ def feedforward_step(seed: int) -> dict[str, Any]:
     rows = trace_shapes(ffn, lambda: ffn(x))
     with torch.no_grad():
         moved = (ffn(x) - ffn(changed)).abs().amax(dim=-1)[0]  # (T,) largest change at each position
-        attn_moved = (attn(x)[0] - attn(changed)[0]).abs().amax(dim=-1)[0]
+        attn_moved = (attn(x) - attn(changed)).abs().amax(dim=-1)[0]
     return {
         "title": "The feed-forward network: expand, activate, compress, one token at a time",
         "d_model": c,

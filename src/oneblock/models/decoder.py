@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.layers.kv_cache import Cache
+from oneblock.layers.state import AttentionRecorder
 from oneblock.models.inputs import check_hidden, check_tokens
 from oneblock.models.stack import Stack
 
@@ -34,31 +35,6 @@ class Decoder(Stack):
         else:
             self.final_logits_bias = None
 
-    def hidden(
-        self,
-        tokens: Tensor,
-        *,
-        padding_mask: Tensor | None = None,
-        positions: Tensor | None = None,
-        cache: Cache | None = None,
-        memory: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        return_attention: bool = False,
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """Final hidden states (B, T, C) before the head, with the attention weights when asked."""
-        b, _ = check_tokens(tokens, self.config, past=cache.length if cache is not None else 0)
-        if self.blocks[0].cross_attn is not None and (cache is None or cache.cross[0] is None):
-            check_hidden(memory, b, self.config.d_model, "memory")
-        return self.run(
-            tokens,
-            padding_mask=padding_mask,
-            positions=positions,
-            cache=cache,
-            memory=memory,
-            memory_mask=memory_mask,
-            return_attention=return_attention,
-        )
-
     def logits(self, hidden: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, V)."""
         logits = self.lm_head(hidden)
@@ -85,21 +61,26 @@ class Decoder(Stack):
             padding_mask: (B, S) bool, True = real token, over all keys (``S = cache.length + T``).
             positions: (T,) or (B, T) positions, e.g. shifted for left-padded prompts.
             cache: from ``new_cache``; keys and values of these tokens are appended to it.
-            memory, memory_mask: encoder output (B, S_src, C) and its padding mask (cross-attention only).
+            memory, memory_mask: encoder output (B, S_src, C) and its (B, S_src) padding mask (cross-attention
+                only).
             return_attention: also return the self-attention weights, one (B, H, T, S) per block.
             last_only: compute the head on the last position only (B, 1, V), as generation needs.
 
         Returns:
             Logits (B, T, V), or ``(logits, weights)``.
         """
-        x, weights, _ = self.hidden(
+        b, _ = check_tokens(tokens, self.config, past=cache.length if cache is not None else 0)
+        if self.blocks[0].cross_attn is not None and (cache is None or cache.cross is None or cache.cross[0] is None):
+            check_hidden(memory, b, self.config.d_model, "memory")
+        recorder = AttentionRecorder() if return_attention else None
+        x = self.run(
             tokens,
             padding_mask=padding_mask,
             positions=positions,
             cache=cache,
             memory=memory,
             memory_mask=memory_mask,
-            return_attention=return_attention,
+            recorder=recorder,
         )
         logits = self.logits(x[:, -1:] if last_only else x)
-        return (logits, weights) if return_attention else logits
+        return (logits, recorder.self_weights) if recorder is not None else logits

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import InputError
+from oneblock.layers.state import AttentionRecorder
 from oneblock.models.inputs import check_tokens
 from oneblock.models.stack import Stack
 
@@ -44,10 +45,9 @@ class Encoder(Stack):
         check_tokens(tokens, self.config)
         if token_type_ids is not None:
             self._check_types(token_type_ids, tokens)
-        hidden, weights, _ = self.run(
-            tokens, padding_mask=padding_mask, token_type_ids=token_type_ids, return_attention=return_attention
-        )
-        return (hidden, weights) if return_attention else hidden
+        recorder = AttentionRecorder() if return_attention else None
+        hidden = self.run(tokens, padding_mask=padding_mask, token_type_ids=token_type_ids, recorder=recorder)
+        return (hidden, recorder.self_weights) if recorder is not None else hidden
 
     def pool(self, hidden: Tensor) -> Tensor:
         """BERT's pooled output (B, C) from the hidden states (B, T, C)."""

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from oneblock.config import ModelConfig
 from oneblock.errors import InputError
 from oneblock.layers.kv_cache import Cache
+from oneblock.layers.state import AttentionRecorder
 from oneblock.models.decoder import Decoder
 from oneblock.models.encoder import Encoder
 from oneblock.models.inputs import check_tokens
@@ -55,9 +56,7 @@ class EncoderDecoder(nn.Module):
             return_attention=return_attention,
         )
 
-    def new_cache(
-        self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
-    ) -> Cache:
+    def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> Cache:
         """An empty decoder cache; the cross-attention keys and values are filled on the first step."""
         return self.decoder.new_cache(batch_size, max_len, dtype=dtype)
 
@@ -87,18 +86,13 @@ class EncoderDecoder(nn.Module):
         check_tokens(tgt, self.config, name="tgt")
         if src.shape[0] != tgt.shape[0]:
             raise InputError(f"src and tgt must have the same batch size; got {src.shape[0]} and {tgt.shape[0]}")
-        memory, enc_weights, _ = self.encoder.run(
-            src, padding_mask=src_padding_mask, return_attention=return_attention
-        )
-        hidden, dec_weights, cross_weights = self.decoder.run(
-            tgt,
-            padding_mask=tgt_padding_mask,
-            memory=memory,
-            memory_mask=src_padding_mask,
-            return_attention=return_attention,
+        encoder, decoder = (AttentionRecorder(), AttentionRecorder()) if return_attention else (None, None)
+        memory = self.encoder.run(src, padding_mask=src_padding_mask, recorder=encoder)
+        hidden = self.decoder.run(
+            tgt, padding_mask=tgt_padding_mask, memory=memory, memory_mask=src_padding_mask, recorder=decoder
         )
         logits = self.decoder.logits(hidden)
-        if return_attention:
-            return logits, {"encoder": enc_weights, "decoder": dec_weights, "cross": cross_weights}
+        if encoder is not None and decoder is not None:
+            weights = {"encoder": encoder.self_weights, "decoder": decoder.self_weights, "cross": decoder.cross_weights}
+            return logits, weights
         return logits
-

@@ -52,3 +52,11 @@ def check_hidden(x: object, batch_size: int | None, d_model: int, name: str) -> 
     if x.dim() != 3 or x.shape[-1] != d_model or (batch_size is not None and x.shape[0] != batch_size):
         raise InputError(f"{name} must have shape ({batch_size or 'B'}, S, {d_model}); got {tuple(x.shape)}")
     return x
+
+
+def config_of(model: object) -> ModelConfig:
+    """The ``ModelConfig`` of a oneblock model; refuse any other object."""
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ModelConfig):
+        raise InputError(f"expected a oneblock model (with a ModelConfig as .config); got {type(model).__name__}")
+    return cfg

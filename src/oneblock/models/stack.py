@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -12,6 +14,7 @@ from oneblock.layers.kv_cache import Cache
 from oneblock.layers.masks import check_padding_mask, padding_to_attention_mask
 from oneblock.layers.norms import make_norm
 from oneblock.layers.rotary import RotaryEmbedding
+from oneblock.layers.state import AttentionRecorder, AttentionState
 from oneblock.models.embeddings import Embeddings
 
 
@@ -43,14 +46,10 @@ class Stack(nn.Module):
             RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta) if cfg.position == "rope" else None
         )
         n = cfg.n_layers if n_layers is None else n_layers
-        self.blocks = nn.ModuleList(
-            Block(cfg, causal=causal, cross_attention=cross_attention) for _ in range(n)
-        )
+        self.blocks = nn.ModuleList(Block(cfg, causal=causal, cross_attention=cross_attention) for _ in range(n))
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.has_final_norm else None
 
-    def new_cache(
-        self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
-    ) -> Cache:
+    def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> Cache:
         """An empty key/value cache for this stack, preallocated to ``max_len`` (default ``max_seq_len``)."""
         cfg = self.config
         max_len = cfg.max_seq_len if max_len is None else max_len
@@ -78,20 +77,21 @@ class Stack(nn.Module):
         cache: Cache | None = None,
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
-        return_attention: bool = False,
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """Embed ``tokens`` (B, T) and run every block.
+        recorder: AttentionRecorder | None = None,
+    ) -> Tensor:
+        """Embed ``tokens`` (B, T) and run every block; the one place where call inputs become the state.
 
         Args:
             padding_mask: (B, S) bool, True = real token, over every key (``S = cache.length + T``).
             positions: (B, T) or (T,) positions; ``cache.length + arange(T)`` when omitted.
+            token_type_ids: (B, T) segment ids.
             cache: per-layer caches, advanced by T.
             memory: encoder output (B, S_src, C) for cross-attention.
             memory_mask: (B, S_src) bool, True = real source token.
+            recorder: collects the attention weights, one (B, H, T, S) tensor per block and kind.
 
         Returns:
-            ``(hidden, self_weights, cross_weights)``: hidden (B, T, C) after the closing norm; the weights
-            lists hold one (B, H, T, S) tensor per block when ``return_attention``.
+            hidden (B, T, C) after the closing norm.
         """
         b, t = tokens.shape
         past = cache.length if cache is not None else 0
@@ -103,35 +103,29 @@ class Stack(nn.Module):
         if padding_mask is not None:
             check_padding_mask(padding_mask, b, past + t)
             mask = padding_to_attention_mask(padding_mask)  # (B, 1, 1, S)
-        cross_mask = None
-        if memory_mask is not None:
-            check_padding_mask(memory_mask, b, memory.shape[1], "memory_mask")
-            cross_mask = padding_to_attention_mask(memory_mask)  # (B, 1, 1, S_src)
+        if memory_mask is not None and memory is None:
+            raise InputError(
+                "memory_mask is the padding mask of memory, but memory is None; pass the encoder output as "
+                "memory with it (with a filled cache its keys and values are not projected again)"
+            )
 
         x = self.embed(tokens, positions, token_type_ids)  # (B, T, C)
         rope = self.rope(positions, x.dtype) if self.rope is not None else None
-        self_weights: list[Tensor] = []
-        cross_weights: list[Tensor] = []
+        state = AttentionState(mask=mask, rope=rope, memory=memory, memory_mask=memory_mask, recorder=recorder)
         for i, block in enumerate(self.blocks):
-            cross_kv = None
-            if block.cross_attn is not None and cache is not None and cache.cross is not None:
-                if cache.cross[i] is None:  # the source is fixed: project it once per generation
-                    cache.cross[i] = block.cross_attn.context_kv(memory)
-                cross_kv = cache.cross[i]
-            x, weights = block(
-                x,
-                mask=mask,
-                rope=rope,
-                cache=cache.layers[i] if cache is not None else None,
-                memory=memory,
-                memory_mask=cross_mask,
-                cross_kv=cross_kv,
-                return_attention=return_attention,
-            )
-            if return_attention:
-                self_weights.append(weights["self"])
-                if "cross" in weights:
-                    cross_weights.append(weights["cross"])
+            x = block(x, self._layer_state(state, i, cache))
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, self_weights, cross_weights
+        return x
+
+    def _layer_state(self, state: AttentionState, i: int, cache: Cache | None) -> AttentionState:
+        """``state`` with block ``i``'s cache; the memory's keys and values are projected once per cache."""
+        if cache is None:
+            return state
+        memory_kv = None
+        cross_attn = cast(Block, self.blocks[i]).cross_attn  # nn.ModuleList does not keep its items' type
+        if cross_attn is not None and cache.cross is not None:
+            if cache.cross[i] is None:  # the source is fixed: project it once per generation
+                cache.cross[i] = cross_attn.memory_kv(state.memory)
+            memory_kv = cache.cross[i]
+        return state.for_layer(cache.layers[i], memory_kv)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.layers.block import Block
+from oneblock.layers.state import AttentionState
 from oneblock.models.build import init_weights
 
 FULL_DEPTHS = tuple(range(1, 49))
@@ -37,8 +38,9 @@ TINY_EPS = 1e-12  # the third stack's norm epsilon (ModelConfig's default is 1e-
 class NoSkipBlock(Block):
     """A pre-LN block with its residual connections removed: ``x = f(norm(x))`` for each sublayer."""
 
-    def _sublayer(self, x: Tensor, norm: nn.Module, f: Any) -> Tensor:
-        return self.drop(f(norm(x)))
+    def forward(self, x: Tensor, state: AttentionState | None = None) -> Tensor:
+        x = self.drop(self.self_attention(self.attn_norm(x), state or AttentionState()))
+        return self.drop(self.ffn(self.ffn_norm(x)))
 
 
 class BlockStack(nn.Module):
@@ -51,7 +53,7 @@ class BlockStack(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         for block in self.blocks:
-            x, _ = block(x)
+            x = block(x)
         return x
 
 
