@@ -93,3 +93,13 @@ def test_nan_and_infinite_weights_are_refused_by_name(tmp_path):
     for dtype in (None, torch.float32):  # the 4-bit path checks the scales, the dequantized one the values
         with pytest.raises(ConversionError, match=r"'blk.0.attn_output.weight' holds \d+ NaN or infinite"):
             from_gguf(path, dtype=dtype)
+
+
+def test_fast_model_decodes_the_same_compiled_and_eager(tmp_path):
+    from oneblock.inference.generation import generate
+
+    model = from_gguf(write_gguf(tmp_path / "q4.gguf", hf_llama(QUANT, tie=True, seed=7), Q.Q4_0))
+    prompt = ids(1, 5, 211, seed=8)
+    eager = generate(model, prompt, 5, greedy=True, return_logits=True)
+    compiled = generate(model, prompt, 5, greedy=True, return_logits=True, compile="aot_eager")
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])

@@ -32,6 +32,7 @@ from oneblock.errors import ConversionError
 from oneblock.io.gguf.layout import TensorRecord
 
 _BLOCK = 32
+_CHUNK = 1 << 16  # blocks decoded at once: 2M values, 8 MB of float32
 
 _NATIVE = (
     GGMLQuantizationType.F32,
@@ -168,7 +169,9 @@ def decode_bytes(name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.T
         out = raw.view(torch.bfloat16).float()  # bfloat16 is the upper half of a float32: exact
     elif ggml_type in _BLOCK_DECODERS:
         blocks = raw.view(-1, type_size)  # (n_values / 32, type_size) uint8
-        out = _BLOCK_DECODERS[ggml_type](blocks)  # (n_values / 32, 32)
+        out = torch.empty(blocks.shape[0], _BLOCK)  # (n_values / 32, 32)
+        for start in range(0, blocks.shape[0], _CHUNK):  # vectorized per chunk: temporaries stay a few MB
+            out[start : start + _CHUNK] = _BLOCK_DECODERS[ggml_type](blocks[start : start + _CHUNK])
     else:
         from gguf.quants import dequantize as reference_dequantize
 
@@ -183,7 +186,8 @@ def check_finite(name: str, values: torch.Tensor) -> None:
     Raises:
         ConversionError: naming the tensor and how many values are not finite.
     """
-    if bool(torch.isfinite(values).all()):
+    flat = values.reshape(-1)
+    if all(bool(torch.isfinite(part).all()) for part in flat.split(_CHUNK * _BLOCK)):  # chunks: small temporaries
         return
     bad = values.numel() - int(torch.isfinite(values).sum())
     if bad:

@@ -6,8 +6,8 @@ Three things happen between the file and the model:
 2. Each tensor is renamed (``blk.3.ffn_gate.weight`` -> ``blocks.3.ffn.w1.weight``) and either dequantized to
    float (see :mod:`oneblock.io.gguf.dequant`) or, for the 4-bit matrices of the fast path, kept as stored
    (see :mod:`oneblock.inference.int4`). The file is memory-mapped and parsed once
-   (:mod:`oneblock.io.gguf.layout`); the model is built on the meta device and its tensors assigned, so nothing
-   is allocated twice.
+   (:mod:`oneblock.io.gguf.layout`); the model is built uninitialized and the file's tensors assigned to it, so
+   nothing is initialized only to be overwritten.
 3. The rows of the query and key projections are put back in Hugging Face order. llama.cpp's RoPE kernel
    rotates *adjacent* feature pairs ``(2i, 2i+1)`` of each head, while oneblock (like Hugging Face's Llama)
    rotates the pairs ``(i, i + Dh/2)``. llama.cpp's converter therefore interleaves the two halves of each
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, cast
 
 import torch
 from gguf import GGUFReader
@@ -30,7 +30,6 @@ from oneblock.errors import ConfigError, ConversionError
 from oneblock.inference.int4 import Int4Linear, int4_kernel_available
 from oneblock.io.gguf.dequant import INT4_TYPES, check_supported, dequantize, int4_parts
 from oneblock.io.gguf.layout import GGUFLayout, TensorRecord, read_layout
-from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.models.build import build_model
 from oneblock.models.decoder import Decoder
 
@@ -315,8 +314,7 @@ def from_gguf(
     cfg, layout = _checked(path)
     on_cpu = device is None or torch.device(device).type == "cpu"
     fast = dtype is None and on_cpu and int4_kernel_available()
-    with torch.device("meta"):  # shapes only: no memory, no random initialization of weights about to be replaced
-        model = build_model(cfg)
+    model = _uninitialized(cfg)
     expected = model.state_dict()
     state = {oneblock_name(t.name): t for t in layout.tensors.values()}
     if cfg.tie_embeddings and "lm_head.weight" in expected:
@@ -341,10 +339,6 @@ def from_gguf(
     model.load_state_dict(decoded, strict=False, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed.tok.weight
-    _rebuild_rotary(model, cfg)
-    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if left:
-        raise ConversionError(f"the GGUF file left model tensors unset: {left[:6]}")
     if not on_cpu:
         model = model.to(device)
     return model.eval()
@@ -367,10 +361,23 @@ def _check_names_and_shapes(cfg: ModelConfig, expected: dict[str, Tensor], state
         raise ConversionError(f"tensor shapes disagree with the file's metadata: {'; '.join(wrong[:4])}")
 
 
-def _rebuild_rotary(model: nn.Module, cfg: ModelConfig) -> None:
-    """Recompute the rotary tables, which a model built on the meta device holds as shapes only."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, RotaryEmbedding):
-            parent, _, child = name.rpartition(".")
-            fresh = RotaryEmbedding(module.d_head, cfg.max_seq_len, theta=module.theta)
-            setattr(model.get_submodule(parent) if parent else model, child, fresh)
+_INITS = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_")
+
+
+def _uninitialized(cfg: ModelConfig) -> Decoder:
+    """The model with its parameters allocated but never written.
+
+    Every matrix is about to be replaced by the file's, so the random initialization is skipped; an allocation
+    that is never written occupies no memory, so the float32 matrices that 4-bit modules replace cost nothing.
+    (The meta device would avoid even the allocation, but its initializers import torch's symbolic-shape
+    machinery, seconds of start-up.)
+    """
+    saved = {name: getattr(nn.init, name) for name in _INITS}
+    for name in _INITS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        model = build_model(cfg)
+    finally:
+        for name, init in saved.items():
+            setattr(nn.init, name, init)
+    return cast(Decoder, model)  # a "decoder" config builds a Decoder
