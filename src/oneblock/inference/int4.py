@@ -29,6 +29,11 @@ from oneblock.errors import InputError
 GROUP = 32  # GGUF's block length, the kernel's group size
 
 
+def pack_int4(codes: Tensor) -> Tensor:
+    """(N, K) codes in [0, 15] -> the (N, K / 2) uint8 layout ``torch._weight_int4pack_mm_for_cpu`` reads."""
+    return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+
+
 def int4_kernel_available() -> bool:
     """Whether this torch has the CPU int4 weight-only kernels."""
     return hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(torch, "_convert_weight_to_int4pack_for_cpu")
@@ -55,7 +60,7 @@ class Int4Linear(nn.Module):
                 f"codes {tuple(codes.shape)}, scale {tuple(scale.shape)}, zero {tuple(zero.shape)}"
             )
         self.in_features, self.out_features = k, n
-        packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+        packed = pack_int4(codes)
         scale_zero = torch.stack([scale.float().t(), zero.float().t()], dim=-1).contiguous()  # (G, N, 2)
         self.register_buffer("packed", packed)  # (N, K / 2) uint8, the kernel's layout
         self.register_buffer("scale_zero", scale_zero)  # float32: the exact values

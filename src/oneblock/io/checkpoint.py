@@ -88,9 +88,7 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[st
     path = Path(path)
     cfg = getattr(model, "config", None)
     if not isinstance(cfg, ModelConfig) or not isinstance(model, nn.Module):
-        raise CheckpointError(
-            f"save expects a oneblock model with a ModelConfig .config; got {type(model).__name__}"
-        )
+        raise CheckpointError(f"save expects a oneblock model with a ModelConfig .config; got {type(model).__name__}")
     try:
         user = json.dumps(dict(metadata or {}), sort_keys=True)
     except (TypeError, ValueError) as error:
@@ -263,9 +261,7 @@ def _check_names_and_shapes(path: Path, tensors: Mapping[str, Tensor], expected:
             parts.append(f"missing tensors {_listing(missing)}")
         if unexpected:
             parts.append(f"unexpected tensors {_listing(unexpected)}")
-        raise CheckpointError(
-            f"{str(path)!r} does not match the model its config describes: {'; '.join(parts)}"
-        )
+        raise CheckpointError(f"{str(path)!r} does not match the model its config describes: {'; '.join(parts)}")
     wrong = [
         f"{name} is {tuple(tensors[name].shape)}, expected {tuple(expected[name].shape)}"
         for name in expected

@@ -209,7 +209,7 @@ def int4_parts(name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Ten
         raw: its (nbytes,) uint8 bytes.
 
     Returns:
-        ``(codes, scale, zero)``: (N, K) int32 in [0, 15]; (N, K / 32) float32 each, with
+        ``(codes, scale, zero)``: (N, K) uint8 in [0, 15]; (N, K / 32) float32 each, with
         ``value = scale * (code - 8) + zero``.
 
     Raises:
@@ -227,10 +227,9 @@ def int4_parts(name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Ten
         packed, zero = blocks[:, 2:], torch.zeros_like(d)
     else:
         packed, zero = blocks[:, 4:], _f16(blocks[:, 2:4]) + 8.0 * d  # d q + m = d (q - 8) + (m + 8 d)
-    wide = packed.to(torch.int32)  # (N G, 16): the kernel's packer reads int32 codes
-    codes = torch.empty(wide.shape[0], _BLOCK, dtype=torch.int32)  # (N G, 32)
-    torch.bitwise_and(wide, 0x0F, out=codes[:, :16])  # low nibbles: values 0..15 of the block
-    torch.bitwise_right_shift(wide, 4, out=codes[:, 16:])  # high nibbles: values 16..31
+    codes = torch.empty(packed.shape[0], _BLOCK, dtype=torch.uint8)  # (N G, 32)
+    torch.bitwise_and(packed, 0x0F, out=codes[:, :16])  # low nibbles: values 0..15 of the block
+    torch.bitwise_right_shift(packed, 4, out=codes[:, 16:])  # high nibbles: values 16..31
     check_finite(name, d)
     check_finite(name, zero)
     return codes.reshape(n, k), d.reshape(n, k // _BLOCK), zero.reshape(n, k // _BLOCK)
