@@ -72,10 +72,23 @@ class GGUFLayout:
     version: int
     metadata: dict[str, Any]
     tensors: dict[str, TensorRecord]
+    mapped: mmap.mmap | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
         """One metadata value, or ``default`` when the key is absent."""
         return self.metadata.get(key, default)
+
+    def release(self, record: TensorRecord) -> None:
+        """Let the operating system drop the pages of a tensor that has been converted (they stay readable: a
+        later read fetches them from the file again), so that the file does not count twice in the memory of a
+        process that has copied it into a model."""
+        if self.mapped is None or not hasattr(mmap, "MADV_DONTNEED") or not record.data.numel():
+            return
+        page = mmap.PAGESIZE
+        start = -(-record.offset // page) * page  # whole pages inside the tensor only: neighbours stay
+        end = (record.offset + record.data.numel()) // page * page
+        if end > start:
+            self.mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 class _Cursor:
@@ -186,7 +199,7 @@ def read_layout(path: str | os.PathLike[str]) -> GGUFLayout:
             )
         data = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=begin) if nbytes else torch.empty(0)
         tensors[name] = TensorRecord(name, shape, ggml_type, begin, data)
-    return GGUFLayout(path=path, version=version, metadata=metadata, tensors=tensors)
+    return GGUFLayout(path=path, version=version, metadata=metadata, tensors=tensors, mapped=mapped)
 
 
 def _nbytes(name: str, shape: tuple[int, ...], ggml_type: int) -> int:

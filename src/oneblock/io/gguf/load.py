@@ -226,9 +226,11 @@ def _checked(source: Source) -> tuple[ModelConfig, GGUFLayout]:
     return cfg, layout
 
 
-def _decoded(t: TensorRecord, cfg: ModelConfig) -> Tensor:
+def _decoded(t: TensorRecord, cfg: ModelConfig, layout: GGUFLayout | None = None) -> Tensor:
     """A tensor's float32 values, query/key rows in ``rotate_half`` order."""
     weight = dequantize(t)
+    if layout is not None:
+        layout.release(t)
     if t.name.endswith(".attn_q.weight"):
         weight = unpermute_rows(weight, cfg.n_heads)
     elif t.name.endswith(".attn_k.weight"):
@@ -255,14 +257,16 @@ def read_gguf(source: Source, *, dtype: torch.dtype = torch.float32) -> tuple[Mo
     return cfg, {oneblock_name(t.name): _decoded(t, cfg).to(dtype) for t in layout.tensors.values()}
 
 
-def _int4_rows(t: TensorRecord, cfg: ModelConfig) -> tuple[Tensor, Tensor, Tensor]:
+def _int4_rows(t: TensorRecord, cfg: ModelConfig, layout: GGUFLayout) -> tuple[Tensor, Tensor, Tensor]:
     """(codes, scale, zero) of a Q4 matrix, query/key rows un-interleaved (rows hold whole blocks: bytes move)."""
     raw = t.data.view(t.shape[0], -1)  # (N, bytes per row)
     if t.name.endswith(".attn_q.weight"):
         raw = unpermute_rows(raw, cfg.n_heads)
     elif t.name.endswith(".attn_k.weight"):
         raw = unpermute_rows(raw, cfg.n_kv_heads)
-    return int4_parts(t.name, t.ggml_type, t.shape, raw.reshape(-1))
+    parts = int4_parts(t.name, t.ggml_type, t.shape, raw.reshape(-1))
+    layout.release(t)
+    return parts
 
 
 def _fast_modules(cfg: ModelConfig, layout: GGUFLayout) -> dict[str, nn.Module]:
@@ -271,14 +275,14 @@ def _fast_modules(cfg: ModelConfig, layout: GGUFLayout) -> dict[str, nn.Module]:
     for i in range(cfg.n_layers):
         qkv = [layout.tensors.get(f"blk.{i}.attn_{x}.weight") for x in "qkv"]
         if all(t is not None and t.ggml_type in INT4_TYPES for t in qkv):
-            parts = [_int4_rows(t, cfg) for t in qkv]
+            parts = [_int4_rows(t, cfg, layout) for t in qkv]
             modules[f"blocks.{i}.attn.qkv_proj"] = Int4Linear(*(torch.cat(p) for p in zip(*parts, strict=True)))
     for t in layout.tensors.values():
         module = oneblock_name(t.name).removesuffix(".weight")
         parent, _, child = module.rpartition(".")
         fused = child in ("q_proj", "k_proj", "v_proj") and f"{parent}.qkv_proj" in modules
         if t.ggml_type in INT4_TYPES and module.startswith("blocks.") and not fused:
-            modules[module] = Int4Linear(*_int4_rows(t, cfg))
+            modules[module] = Int4Linear(*_int4_rows(t, cfg, layout))
     return modules
 
 
@@ -332,7 +336,7 @@ def from_gguf(
         for proj in ("q_proj", "k_proj", "v_proj")
     }  # fmt: skip
     decoded = {
-        name: _decoded(t, cfg).to(dtype or torch.float32)
+        name: _decoded(t, cfg, layout).to(dtype or torch.float32)
         for name, t in state.items()
         if name not in covered and not (cfg.tie_embeddings and name == "lm_head.weight")
     }
