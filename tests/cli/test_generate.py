@@ -167,6 +167,7 @@ def test_missing_checkpoint_and_crop(byte_checkpoint, tmp_path, capsys):
 def test_json_reports_load_first_token_decode_rate_and_memory(byte_checkpoint, capsys):
     path, _ = byte_checkpoint
     argv = ["generate", "--checkpoint", str(path), "--prompt", "ab", "--greedy", "--max-new-tokens", "6", "--json"]
+    argv += ["--cache-dtype", "bfloat16"]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["new_ids"]) == 6

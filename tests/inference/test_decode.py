@@ -101,3 +101,15 @@ def test_compiled_step_equals_eager():
     assert torch.equal(eager[0], compiled[0])
     assert (eager[1] - compiled[1]).abs().max().item() <= 1e-5
     assert stats["compile_seconds"] > 0
+
+
+def test_bfloat16_cache_halves_the_memory_and_stays_close():
+    model = build("llama-style", seed=3)
+    prompt = torch.tensor([[9, 8, 7, 6, 5]])
+    full = generate(model, prompt, 8, greedy=True, return_logits=True)
+    narrow = generate(model, prompt, 8, greedy=True, return_logits=True, cache_dtype=torch.bfloat16)
+    spread = (full[1].amax(-1) - full[1].amin(-1)).mean().item()
+    assert (narrow[1] - full[1]).abs().max().item() <= 0.02 * spread  # keys and values rounded to bfloat16
+    post = ob.build_model(ob.ModelConfig(**SMALL, norm_position="post"))
+    with pytest.raises(ob.InputError, match="cache_dtype needs a pre-LN decoder-only model"):
+        generate(post, prompt, 2, cache_dtype=torch.bfloat16)

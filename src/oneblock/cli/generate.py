@@ -69,6 +69,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--compile", action="store_true", help="compile the per-token step with torch.compile (slow first step)"
     )
     parser.add_argument(
+        "--cache-dtype",
+        choices=DTYPES,
+        help="dtype of the key/value cache (default: the model's; bfloat16 halves a float32 model's cache)",
+    )
+    parser.add_argument(
         "--int8",
         action="store_true",
         help="weight-only int8 linear layers: faster decoding on the CPU, logits close to but not equal to float",
@@ -133,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
     stats: dict[str, float] = {}
     start = time.perf_counter()
     ids = generate(
-        model, prompt, n, sampling=sampling, eos_id=eos, crop=args.crop, stream=show, compile=args.compile, stats=stats
-    )  # (T + n,)
+        model, prompt, n, sampling=sampling, eos_id=eos, crop=args.crop, stream=show, compile=args.compile,
+        cache_dtype=_torch_dtype(args.cache_dtype), stats=stats,
+    )  # fmt: skip  # (T + n,)
     seconds = time.perf_counter() - start
     new = ids[len(prompt) :].tolist()
     decoded = max(len(new) - 1, 0)  # the first token comes from the prompt's pass; the rest from decoding steps
@@ -171,6 +177,12 @@ def run(args: argparse.Namespace) -> int:
             summary += f", first compiled step {stats['compile_seconds']:.1f} s"
         print(summary, file=sys.stderr)
     return 0
+
+
+def _torch_dtype(name: str | None) -> Any:
+    import torch
+
+    return getattr(torch, name) if name is not None else None
 
 
 def _threads() -> int:

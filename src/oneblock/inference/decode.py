@@ -166,12 +166,20 @@ class LeanDecode:
     def _prompt(self) -> Tensor:
         run, model = self.run, self.model
         t = run.seen.shape[1]
+        cache = self.cache
+        narrow = cache.layers[0].k.dtype != self.compute_dtype
+        if narrow:  # the model's layers attend in their own dtype: fill a full-width cache, then narrow it
+            cache = model.new_cache(run.seen.shape[0], max_len=t)
         hidden = model.run(
             run.seen,
             padding_mask=run.mask[:, :t] if run.mask is not None else None,
             positions=self.positions[:, :t] if self.positions is not None else None,
-            cache=self.cache,
+            cache=cache,
         )
+        if narrow:
+            for wide, layer in zip(cache.layers, self.cache.layers, strict=True):
+                layer.k[:, :, :t], layer.v[:, :, :t] = wide.k[:, :, :t], wide.v[:, :, :t]
+                layer.length = t
         self.end = t
         logits = model.lm_head(hidden[:, -1])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -196,9 +204,11 @@ class LeanDecode:
                 q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             layer.k[:, :, position:end] = k  # the buffers hold the whole generation: no growth check
             layer.v[:, :, position:end] = v
+            keys, values = layer.k[:, :, :end], layer.v[:, :, :end]  # (B, Hkv, end, Dh) views
+            if keys.dtype != q.dtype:  # a narrower cache (bfloat16 for a float32 model): widened as read
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
             out = F.scaled_dot_product_attention(
-                q, layer.k[:, :, :end], layer.v[:, :, :end], attn_mask=mask, scale=block.attn.scale,
-                enable_gqa=self.kv_heads != self.heads,
+                q, keys, values, attn_mask=mask, scale=block.attn.scale, enable_gqa=self.kv_heads != self.heads,
             )  # (B, H, 1, Dh)  # fmt: skip
             x = x + block.attn.merge(out)  # heads side by side, then the output projection
             x = x + block.ffn(block.ffn_norm(x))

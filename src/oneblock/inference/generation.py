@@ -143,7 +143,7 @@ def generate(
         **options: every keyword of ``generate_stream``: ``sampling=Sampling(...)`` or its fields
             (``temperature``, ``top_k``, ``top_p``, ``greedy``, ``seed``), ``eos_id``, ``pad_id``, ``use_cache``,
             ``crop``, ``src``, ``src_padding_mask``, ``prompt_padding_mask``, ``return_logits``, ``compile``,
-            ``stats``.
+            ``cache_dtype``, ``stats``.
 
     Returns:
         (B, T + n) ids, the prompt followed by the ``n <= max_new_tokens`` new tokens ((T + n,) for a 1-D prompt).
@@ -178,6 +178,7 @@ def generate_stream(
     prompt_padding_mask: Tensor | None = None,
     return_logits: bool = False,
     compile: bool | str = False,
+    cache_dtype: torch.dtype | None = None,
     stats: dict[str, float] | None = None,
     **sampling_options: Any,
 ) -> Generator[Tensor, None, Tensor | tuple[Tensor, Tensor]]:
@@ -203,6 +204,8 @@ def generate_stream(
         return_logits: also return each step's next-token logits, before temperature and filtering.
         compile: compile the per-token step with ``torch.compile`` (pre-LN decoders with a cache): ``True``, or
             a backend's name.
+        cache_dtype: dtype of the stored keys and values (default the model's; ``torch.bfloat16`` halves a float32
+            model's cache); pre-LN decoders with a cache only.
         stats: a dict to fill with ``prefill_seconds``, ``decode_seconds``, ``new_tokens`` and, with
             ``compile``, ``compile_seconds`` (the first compiled step, compilation included).
         **sampling_options: ``Sampling``'s fields as keywords (``temperature=0.7``), instead of ``sampling``.
@@ -221,12 +224,15 @@ def generate_stream(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
             raise InputError(f"{name} must be an id in [0, {vocab}) or None; got {value!r}")
     pad_id = eos_id if pad_id is None else pad_id
-    return _steps(run, sampling, eos_id, pad_id, use_cache, return_logits, compile, stats)
+    if cache_dtype is not None and not (use_cache and src is None and lean_supported(model)):
+        raise InputError("cache_dtype needs a pre-LN decoder-only model with use_cache=True (the lean decoding step)")
+    options = {"compile": compile, "cache_dtype": cache_dtype}
+    return _steps(run, sampling, eos_id, pad_id, use_cache, return_logits, options, stats)
 
 
-def _decoder_for(run: _Run, use_cache: bool, compile: bool | str) -> FullDecode | LeanDecode:
+def _decoder_for(run: _Run, use_cache: bool, options: dict[str, Any]) -> FullDecode | LeanDecode:
     if use_cache and run.src is None and lean_supported(run.model):
-        return LeanDecode(run, compile=compile)
+        return LeanDecode(run, **options)
     return FullDecode(run, use_cache)
 
 
@@ -237,7 +243,7 @@ def _steps(
     pad_id: int | None,
     use_cache: bool,
     return_logits: bool,
-    compile: bool | str,
+    options: dict[str, Any],
     stats: dict[str, float] | None,
 ) -> Generator[Tensor, None, Tensor | tuple[Tensor, Tensor]]:
     """The generation loop: pick a token from each step's logits, hand it out, feed it back."""
@@ -253,7 +259,7 @@ def _steps(
     clock = time.perf_counter()
     try:
         with torch.inference_mode():
-            decode = _decoder_for(run, use_cache, compile) if run.max_new else None
+            decode = _decoder_for(run, use_cache, options) if run.max_new else None
         while n < run.max_new:
             with torch.inference_mode():
                 logits = decode.next(new[:, n - 1] if n else None)  # (B, V) float32
