@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser demo test lint bench clean
+.PHONY: setup browser demo test lint bench bench-llamacpp clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,13 @@ lint: setup
 
 bench: setup
 	$(PY) benchmarks/bench.py
+
+# llama.cpp's Python binding, built from source for this CPU family (AVX2/AVX-512, no AMX), for bench's yardstick.
+# About 10 minutes on 2 cores; bench skips llama.cpp with a note when it is missing.
+LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF
+bench-llamacpp: setup
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(PY) -m pip install --no-deps llama-cpp-python==0.3.36
+	$(PY) -m pip install --quiet --no-deps diskcache
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -49,8 +49,12 @@ def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-def build_parser() -> Parser:
-    """The full parser, with every subcommand in ``SUBCOMMANDS`` registered."""
+def build_parser(only: str | None = None) -> Parser:
+    """The parser, with every subcommand in ``SUBCOMMANDS`` registered, or only ``only``'s module imported.
+
+    ``main`` passes the subcommand named on the command line as ``only``: running one command then imports that
+    command's module alone, and the full list is built for ``--help``, ``--version`` and mistakes.
+    """
     parser = Parser(
         prog=PROG,
         description=(
@@ -63,7 +67,7 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     subparsers.required = True
-    for name in SUBCOMMANDS:
+    for name in SUBCOMMANDS if only is None else (only,):
         module = importlib.import_module(f"oneblock.cli.{name}")
         sub = module.add_parser(subparsers)
         sub.set_defaults(_run=module.run)
@@ -79,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     from oneblock.errors import OneBlockError
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version and argparse errors

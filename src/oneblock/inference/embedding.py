@@ -294,9 +294,7 @@ def _pooling_mode(path: Path) -> str:
         }
         mode = names.get(enabled[0], enabled[0]) if len(enabled) == 1 else "+".join(enabled) or "none"
     if mode not in POOLING_MODES:
-        raise CheckpointError(
-            f"{str(path)!r} asks for pooling {mode!r}; oneblock supports one of {POOLING_MODES}"
-        )
+        raise CheckpointError(f"{str(path)!r} asks for pooling {mode!r}; oneblock supports one of {POOLING_MODES}")
     return mode
 
 
