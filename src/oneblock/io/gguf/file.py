@@ -111,6 +111,15 @@ def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
         value = field.contents()
     except Exception as error:  # a damaged field: offsets or types that do not fit
         raise CheckpointError(f"GGUF metadata {key!r} cannot be read: {type(error).__name__}: {error}") from None
+    return checked_value(key, value)
+
+
+def checked_value(key: str, value: Any) -> Any:
+    """``value`` if it has the type ``TYPED_KEYS`` gives ``key`` (any value of a key it does not know).
+
+    Raises:
+        CheckpointError: naming the key, the type it must have and the value found.
+    """
     kind = expected_type(key)
     if kind is not None and not _has_type(value, kind):
         shown = repr(value) if not isinstance(value, list) else f"a list starting {value[:3]!r}"

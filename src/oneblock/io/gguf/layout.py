@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from oneblock.errors import CheckpointError
+from oneblock.io.gguf.file import checked_value
 
 GGUF_MAGIC = b"GGUF"
 _HEADER_BYTES = 24  # magic (4) + version (4) + tensor count (8) + metadata count (8)
@@ -178,7 +179,7 @@ def read_layout(path: str | os.PathLike[str]) -> GGUFLayout:
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cursor.string()
-            metadata[key] = cursor.value(cursor.scalar("<I"))
+            metadata[key] = checked_value(key, cursor.value(cursor.scalar("<I")))
         raw = []
         for _ in range(n_tensors):
             name = cursor.string()
