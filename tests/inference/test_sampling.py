@@ -103,3 +103,33 @@ def test_bad_settings_are_refused(settings, match):
     full = {"temperature": 1.0, "top_k": None, "top_p": None, **settings}
     with pytest.raises(InputError, match=match):
         check_sampling(full["temperature"], full["top_k"], full["top_p"])
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-30, 1e-50])
+def test_a_vanishing_temperature_is_greedy(temperature):
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 30
+    got = sample_next(logits, temperature=temperature, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(got, logits.argmax(dim=-1))
+
+
+def test_sampling_settings_are_validated_once_and_reused():
+    from oneblock.inference.generation import generate
+    from oneblock.inference.sampling import Sampling
+
+    with pytest.raises(InputError, match="top_p must lie in"):
+        Sampling(top_p=0.0)
+    with pytest.raises(InputError, match="seed must be an int"):
+        Sampling(seed="1")
+    with pytest.raises(InputError, match=r"unknown keyword\(s\) \['temprature'\]"):
+        Sampling.of(temprature=0.5)
+    with pytest.raises(InputError, match="not both"):
+        Sampling.of(Sampling(), top_k=3)
+    settings = Sampling(temperature=0.8, top_k=5, seed=7)
+    assert settings.replace(seed=8).seed == 8 and Sampling(temperature=0).is_greedy
+    import oneblock as ob
+
+    torch.manual_seed(0)
+    model = ob.build_model(ob.ModelConfig(vocab_size=50, d_model=16, n_heads=2, n_layers=1, max_seq_len=20))
+    by_object = generate(model, [1, 2, 3], 8, sampling=settings)
+    by_keywords = generate(model, [1, 2, 3], 8, temperature=0.8, top_k=5, seed=7)
+    assert torch.equal(by_object, by_keywords)

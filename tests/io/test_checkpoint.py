@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import pickle
 import re
 
@@ -14,8 +16,8 @@ from safetensors.torch import save_file
 
 from oneblock import ModelConfig, build_model
 from oneblock.errors import CheckpointError
-from oneblock.io import checkpoint
-from oneblock.io.checkpoint import load, read_info, save, tensor_digest
+from oneblock.io import checkpoint, integrity
+from oneblock.io.checkpoint import load, read_info, save
 
 # Distinct odd sizes, so a transposed or mis-assigned tensor cannot keep its shape by accident.
 SMALL = dict(vocab_size=101, d_model=36, n_heads=3, d_ff=37, n_layers=2, max_seq_len=13)
@@ -61,9 +63,11 @@ def _rewrite(path, *, tensors=None, meta=None, rehash=True) -> None:
         old = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
     new = old if tensors is None else tensors(old)
     new_meta = {**old_meta, **(meta or {})}
-    if rehash:
-        new_meta["oneblock.sha256"] = tensor_digest(new)
-    save_file(new, str(path), metadata=new_meta)
+    if rehash:  # a forger who knows the format: the file's digest is recomputed over the changed bytes
+        del new_meta["oneblock.sha256"]
+        path.write_bytes(b"".join(integrity.dump_safetensors(new, new_meta)))
+    else:
+        save_file(new, str(path), metadata=new_meta)
 
 
 @pytest.fixture
@@ -178,10 +182,12 @@ def test_trailing_bytes(saved):
 def test_refuses_to_unpickle(tmp_path):
     state = _model(CONFIGS["decoder"]).state_dict()
     torch.save(state, tmp_path / "zip.pt")
-    with pytest.raises(CheckpointError, match=r"torch\.save zip archive: refusing to unpickle; oneblock checkpoints"):
+    with pytest.raises(
+        CheckpointError, match=r"torch\.save zip archive: refusing to unpickle .*safetensors files only"
+    ):
         load(tmp_path / "zip.pt")
     (tmp_path / "raw.pkl").write_bytes(pickle.dumps({"a": 1}))
-    with pytest.raises(CheckpointError, match="is a pickle: refusing to unpickle; oneblock checkpoints are"):
+    with pytest.raises(CheckpointError, match="is a pickle: refusing to unpickle"):
         load(tmp_path / "raw.pkl")
 
 
@@ -206,7 +212,7 @@ def test_header_length_that_looks_like_pickle_protocol(tmp_path):
 
 def test_newer_format_version(saved):
     _rewrite(saved, meta={"oneblock.format_version": "99"})
-    with pytest.raises(CheckpointError, match="format version '99'; this oneblock reads versions up to 1"):
+    with pytest.raises(CheckpointError, match="format version '99'; this oneblock reads version 2"):
         load(saved)
 
 
@@ -268,23 +274,31 @@ def test_errors_are_value_errors(tmp_path):
 # Atomic writes.
 
 
-def _crash(tensors, filename, metadata=None):
-    with open(filename, "wb") as f:
-        f.write(b"\x00" * 100)  # half a file, then the process "dies"
-    raise OSError("disk full")
+def _disk_fills(monkeypatch):
+    """The disk fills after 100 bytes: the first write goes through, the next fails with ENOSPC."""
+    real = os.write
+    calls = []
+
+    def write(fd, data):
+        calls.append(len(data))
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, bytes(data)[:100])
+
+    monkeypatch.setattr(os, "write", write)
 
 
 def test_crash_mid_write_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint, "save_file", _crash)
-    with pytest.raises(OSError, match="disk full"):
+    _disk_fills(monkeypatch)
+    with pytest.raises(CheckpointError, match=r"cannot write the checkpoint .*new\.safetensors': the disk is full"):
         save(_model(CONFIGS["decoder"]), tmp_path / "new.safetensors")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_crash_mid_write_keeps_the_old_checkpoint(saved, monkeypatch):
     before = saved.read_bytes()
-    monkeypatch.setattr(checkpoint, "save_file", _crash)
-    with pytest.raises(OSError, match="disk full"):
+    _disk_fills(monkeypatch)
+    with pytest.raises(CheckpointError, match=r"the disk is full .*; free some space .*previous file there is intact"):
         save(_model(CONFIGS["encoder"]), saved)
     assert saved.read_bytes() == before
     assert [p.name for p in saved.parent.iterdir()] == [saved.name]

@@ -39,7 +39,7 @@ def test_refuses_what_it_cannot_store(tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "match"),
-    [(None, "does not exist"), (b"garbage", "not a readable safetensors"), (b"pickle", "not a readable")],
+    [(None, "does not exist"), (b"garbage", "is truncated: 7 bytes"), (b"pickle", "is a pickle: refusing to unpickle")],
 )
 def test_refuses_missing_garbage_and_pickles(tmp_path, content, match):
     path = tmp_path / "s.safetensors"

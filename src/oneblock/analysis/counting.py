@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oneblock.config import ModelConfig
+from oneblock.errors import ConfigError
 from oneblock.layers.norms import norm_parameters
 
 
@@ -87,6 +88,8 @@ class ParameterCount:
 
 def count_parameters(cfg: ModelConfig) -> ParameterCount:
     """Count the parameters of ``build_model(cfg)`` without building it."""
+    if not isinstance(cfg, ModelConfig):
+        raise ConfigError(f"count_parameters expects a ModelConfig; got {type(cfg).__name__}")
     c = cfg.d_model
     norm = norm_parameters(cfg.norm, c)
     attn, ffn = attention_parameters(cfg), feedforward_parameters(cfg)

@@ -68,16 +68,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"the longest reply in tokens (default: {DEFAULT_NEW_TOKENS})",
     )
     parser.add_argument("--seed", type=int, metavar="S", help="seed the sampler, so a conversation can be repeated")
-    parser.add_argument("--bf16", action="store_true", help="run in bfloat16 (half the memory; default: float32)")
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument(
+        "--exact",
+        action="store_true",
+        help="dequantize every weight to float32: the exact reference model (default: 4-bit weights as stored)",
+    )
+    precision.add_argument("--bf16", action="store_true", help="dequantize every weight to bfloat16")
+    parser.add_argument(
+        "--compile", action="store_true", help="compile the per-token step with torch.compile (slow first reply)"
+    )
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
     from oneblock.inference.chat import ChatSession
-    from oneblock.inference.sampling import check_sampling
+    from oneblock.inference.sampling import Sampling
 
-    check_sampling(args.temperature, args.top_k, args.top_p)
+    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1; got {args.max_new_tokens}")
     prompt = args.prompt
@@ -89,16 +98,14 @@ def run(args: argparse.Namespace) -> int:
     path = model_path(args.model)
     if interactive:
         print(f"loading {path.name} ...", file=sys.stderr, flush=True)
-    model, tokenizer = load_model(path, bf16=args.bf16)
+    model, tokenizer = load_chat_model(path, dtype=_dtype(args))
     session = ChatSession(
         model,
         tokenizer,
         system=args.system,
         max_new_tokens=min(args.max_new_tokens, model.config.max_seq_len - 1),
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
+        sampling=sampling,
+        compile=args.compile,
     )
     if interactive:
         return converse(session, path.name)
@@ -128,29 +135,34 @@ def model_path(given: str | None) -> Path:
     return path
 
 
-def load_model(path: Path, *, bf16: bool = False) -> tuple[Any, Any]:
-    """The ``Decoder`` and the ``GGUFTokenizer`` of a GGUF file, read once.
+def _dtype(args: argparse.Namespace) -> Any:
+    import torch
+
+    return torch.float32 if args.exact else torch.bfloat16 if args.bf16 else None
+
+
+def load_chat_model(path: Path, *, dtype: Any = None) -> tuple[Any, Any]:
+    """The ``Decoder`` and the tokenizer of a GGUF chat model, through ``oneblock.inference.load.load_model``.
 
     Raises:
         CheckpointError: the file is not GGUF or is corrupt.
         ConversionError: its architecture or tokenizer is not supported, or it has no chat template.
     """
-    import torch
+    from oneblock.errors import CheckpointError, ConversionError
+    from oneblock.inference.load import load_model
 
-    from oneblock.errors import ConversionError
-    from oneblock.io.gguf.file import open_gguf
-    from oneblock.io.gguf.load import from_gguf
-    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+    if path.suffix.lower() != ".gguf":
+        from oneblock.io.gguf.layout import read_layout
 
-    reader = open_gguf(path)
-    tokenizer = GGUFTokenizer.from_gguf(reader)
-    if not tokenizer.chat_template:
+        read_layout(path)  # the file's own complaint (not GGUF, truncated) before the suffix's
+        raise CheckpointError(f"{path.name} is GGUF but not named .gguf; rename it to {path.stem}.gguf")
+    loaded = load_model(path, dtype=dtype)
+    if not loaded.tokenizer.chat_template:
         raise ConversionError(
             f"{path.name} has no tokenizer.chat_template, so it is not a chat model; "
             "use 'oneblock generate --checkpoint FILE --prompt TEXT' to continue text with it"
         )
-    model = from_gguf(reader, dtype=torch.bfloat16 if bf16 else torch.float32)
-    return model.eval(), tokenizer
+    return loaded.model, loaded.tokenizer
 
 
 def converse(session: ChatSession, name: str) -> int:

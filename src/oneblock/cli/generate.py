@@ -59,7 +59,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--ignore-eos", action="store_true", help="keep going after the end-of-text token (default: stop there)"
     )
-    parser.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: as stored)")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="cast the weights (default: as stored; for a GGUF file 4-bit matrices stay 4-bit, the fast path, "
+        "and --dtype float32 is the exact dequantized model)",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="compile the per-token step with torch.compile (slow first step)"
+    )
+    parser.add_argument(
+        "--cache-dtype",
+        choices=DTYPES,
+        help="dtype of the key/value cache (default: the model's; bfloat16 halves a float32 model's cache)",
+    )
     parser.add_argument(
         "--int8",
         action="store_true",
@@ -68,63 +81,70 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--no-echo", action="store_true", help="print the continuation only, not the prompt")
     parser.add_argument("--stats", action="store_true", help="print tokens and tokens/s on stderr at the end")
     parser.add_argument(
-        "--json", action="store_true", help="print one JSON object (prompt, completion, ids, timing), no streaming"
+        "--json",
+        action="store_true",
+        help="print one JSON object (prompt, completion, ids, load_seconds, first_token_seconds from process "
+        "start, decode_tokens_per_second, peak_rss_bytes), no streaming",
     )
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
-    from oneblock.inference.generation import generate
+    from oneblock.inference.generation import fit_new_tokens, generate
+    from oneblock.inference.process import peak_rss_bytes, process_seconds
+    from oneblock.inference.sampling import Sampling
     from oneblock.inference.tokenizer import TextStream
 
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
-    model, tokenizer = _load(args)
+    sampling = Sampling(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed
+    )
+    loaded = _load(args)
+    model, tokenizer = loaded.model, loaded.tokenizer
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise InputError("the prompt is empty after tokenization; give at least one character")
     context = model.config.max_seq_len
-    n = args.max_new_tokens
-    if n is None:
-        room = context - 1 if args.crop else context - len(prompt)
-        n = min(DEFAULT_NEW_TOKENS, max(room, 0))
-    if n >= context:
-        raise InputError(f"--max-new-tokens ({n}) must be below the model's context of {context} tokens")
-    if len(prompt) + n > context and not args.crop:
+    if args.max_new_tokens is not None and args.max_new_tokens >= context:
         raise InputError(
-            f"the prompt ({len(prompt)} tokens) plus {n} new tokens exceeds the model's context of {context} "
-            f"tokens; pass --crop to keep the prompt's last {context - max(n, 1)} tokens, or ask for fewer new tokens"
+            f"--max-new-tokens ({args.max_new_tokens}) must be below the model's context of {context} tokens"
         )
+    try:
+        n = fit_new_tokens(len(prompt), context, args.max_new_tokens, crop=args.crop, default=DEFAULT_NEW_TOKENS)
+    except InputError:
+        raise InputError(
+            f"the prompt ({len(prompt)} tokens) plus {args.max_new_tokens} new tokens exceeds the model's context "
+            f"of {context} tokens; pass --crop to keep the prompt's last {context - max(args.max_new_tokens, 1)} "
+            "tokens, or ask for fewer new tokens"
+        ) from None
     eos = None if args.ignore_eos else (tokenizer.eos_id if tokenizer.eos_id is not None else model.config.eos_token_id)
     stream = TextStream(tokenizer)
     out = sys.stdout
     if not args.json and not args.no_echo:
         out.write(args.prompt)
         out.flush()
+    first_token: list[float] = []
 
     def show(ids: Any) -> None:
+        if not first_token:
+            first_token.append(process_seconds())
         text = stream.push(ids.tolist())
         if text and not args.json:
             out.write(text)
             out.flush()
 
+    stats: dict[str, float] = {}
     start = time.perf_counter()
     ids = generate(
-        model,
-        prompt,
-        n,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        greedy=args.greedy,
-        seed=args.seed,
-        eos_id=eos,
-        crop=args.crop,
-        stream=show,
-    )  # (T + n,)
+        model, prompt, n, sampling=sampling, eos_id=eos, crop=args.crop, stream=show, compile=args.compile,
+        cache_dtype=_torch_dtype(args.cache_dtype), stats=stats,
+    )  # fmt: skip  # (T + n,)
     seconds = time.perf_counter() - start
     new = ids[len(prompt) :].tolist()
+    decoded = max(len(new) - 1, 0)  # the first token comes from the prompt's pass; the rest from decoding steps
+    rate = decoded / stats["decode_seconds"] if decoded and stats.get("decode_seconds") else None
     if args.json:
         from oneblock.cli.render import print_json
 
@@ -136,74 +156,63 @@ def run(args: argparse.Namespace) -> int:
                 "new_ids": new,
                 "tokenizer": tokenizer.name,
                 "seconds": seconds,
+                "load_seconds": loaded.seconds,
+                "first_token_seconds": first_token[0] if first_token else None,
+                "prefill_seconds": stats.get("prefill_seconds"),
+                "decode_tokens_per_second": rate,
+                "compile_seconds": stats.get("compile_seconds"),
+                "peak_rss_bytes": peak_rss_bytes(),
+                "threads": _threads(),
             }
         )
         return 0
     out.write(stream.flush() + "\n")
     out.flush()
     if args.stats:
-        rate = len(new) / seconds if seconds > 0 else float("inf")
-        summary = f"{len(new)} tokens in {seconds:.2f} s ({rate:.1f} tokens/s), tokenizer {tokenizer.name}"
+        overall = len(new) / seconds if seconds > 0 else float("inf")
+        summary = f"{len(new)} tokens in {seconds:.2f} s ({overall:.1f} tokens/s), tokenizer {tokenizer.name}"
+        if rate is not None:
+            summary += f"; decoding {rate:.1f} tokens/s, load {loaded.seconds:.2f} s"
+        if "compile_seconds" in stats:
+            summary += f", first compiled step {stats['compile_seconds']:.1f} s"
         print(summary, file=sys.stderr)
     return 0
 
 
-def _load(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The decoder and its tokenizer, from a checkpoint file, a Hugging Face directory or a GGUF file."""
+def _torch_dtype(name: str | None) -> Any:
+    import torch
+
+    return getattr(torch, name) if name is not None else None
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _load(args: argparse.Namespace) -> Any:
+    """The decoder and its tokenizer, through ``oneblock.inference.load.load_model``."""
     from pathlib import Path
 
     import torch
 
     from oneblock.errors import CheckpointError, InputError
-    from oneblock.inference.tokenizer import load_tokenizer
+    from oneblock.inference.load import load_model
     from oneblock.models import Decoder
 
-    path = Path(args.checkpoint)
-    if not path.exists():
-        raise CheckpointError(f"--checkpoint {str(path)!r} does not exist")
-    tokenizer = None
-    if path.is_dir():
-        from oneblock.io.hf.convert import from_hf
-
-        model = from_hf(path)
-    elif path.suffix == ".gguf":
-        from oneblock.io.gguf.file import open_gguf
-        from oneblock.io.gguf.load import from_gguf
-        from oneblock.io.gguf.tokenizer import GGUFTokenizer
-
-        reader = open_gguf(path)
-        model = from_gguf(reader)
-        if args.tokenizer is None:
-            tokenizer = _GGUFText(GGUFTokenizer.from_gguf(reader), str(path))
-    else:
-        from oneblock.io.checkpoint import load
-
-        model = load(path)
+    if not Path(args.checkpoint).exists():
+        raise CheckpointError(f"--checkpoint {args.checkpoint!r} does not exist")
+    dtype = getattr(torch, args.dtype) if args.dtype is not None else None
+    loaded = load_model(args.checkpoint, dtype=dtype, tokenizer=args.tokenizer)
+    model = loaded.model
     if not isinstance(model, Decoder):
         raise InputError(
-            f"{str(path)!r} holds a {model.config.arch} model; the generate command runs decoder-only models "
+            f"{args.checkpoint!r} holds a {model.config.arch} model; the generate command runs decoder-only models "
             "(use oneblock.generate(model, prompt, n, src=...) in Python for an encoder-decoder)"
         )
-    if args.dtype is not None:
-        model = model.to(getattr(torch, args.dtype))
     if args.int8:
         from oneblock.inference.quantize import quantize_int8
 
-        model = quantize_int8(model)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(path, tokenizer=args.tokenizer, vocab_size=model.config.vocab_size)
-    return model.eval(), tokenizer
-
-
-class _GGUFText:
-    """A GGUF file's tokenizer under the interface of ``oneblock.inference.tokenizer``."""
-
-    def __init__(self, tokenizer: Any, name: str) -> None:
-        self.tokenizer, self.name, self.eos_id = tokenizer, name, tokenizer.eos_id
-        self.vocab_size = tokenizer.vocab_size
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+        quantize_int8(model)
+    return loaded

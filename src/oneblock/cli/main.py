@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from typing import NoReturn
 
 # Adding a subcommand is adding its module name here, in the order ``--help`` lists them.
@@ -26,6 +28,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "chat",
     "train",
     "experiment",
+    "explore",
 )
 
 PROG = "oneblock"
@@ -46,8 +49,12 @@ def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-def build_parser() -> Parser:
-    """The full parser, with every subcommand in ``SUBCOMMANDS`` registered."""
+def build_parser(only: str | None = None) -> Parser:
+    """The parser, with every subcommand in ``SUBCOMMANDS`` registered, or only ``only``'s module imported.
+
+    ``main`` passes the subcommand named on the command line as ``only``: running one command then imports that
+    command's module alone, and the full list is built for ``--help``, ``--version`` and mistakes.
+    """
     parser = Parser(
         prog=PROG,
         description=(
@@ -60,7 +67,7 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     subparsers.required = True
-    for name in SUBCOMMANDS:
+    for name in SUBCOMMANDS if only is None else (only,):
         module = importlib.import_module(f"oneblock.cli.{name}")
         sub = module.add_parser(subparsers)
         sub.set_defaults(_run=module.run)
@@ -71,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (``sys.argv[1:]`` when ``None``); returns the exit status.
 
     Errors a user can fix (any ``OneBlockError``, bad flags, a file that cannot be read or written) print one line
-    on stderr and return 2.
+    on stderr and return 2. Any other exception is a bug in oneblock: one line naming it, status 1, and the
+    traceback only when the environment sets ``ONEBLOCK_DEBUG=1``.
     """
     from oneblock.errors import OneBlockError
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version and argparse errors
@@ -94,11 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a file that cannot be read or written: --out in a read-only place, a full disk
         print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
         return 2
+    except Exception as error:  # a bug: say so in one line; the traceback is for whoever fixes it
+        if os.environ.get("ONEBLOCK_DEBUG") == "1":
+            traceback.print_exc()
+            hint = ""
+        else:
+            hint = " (set ONEBLOCK_DEBUG=1 to see the traceback)"
+        print(f"{PROG}: internal error: {type(error).__name__}: {_one_line(error)}{hint}", file=sys.stderr)
+        return 1
 
 
 def _silence_stdout() -> None:
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -7,6 +7,7 @@ Nothing heavy is imported at module level; ``oneblock --help`` builds every pars
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING, Any
 
 from oneblock.config import ACTIVATIONS, ARCHS, FFNS, NORM_POSITIONS, NORMS, POSITIONS, ModelConfig
@@ -84,7 +85,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, checkpoint: bool = Tru
     group.add_argument(
         "--untied", action="store_true", default=None, help="give the LM head its own matrix (default: tied)"
     )
-    group.add_argument("--dropout", type=float, metavar="P", help="dropout probability in [0, 1)")
+    group.add_argument("--dropout", type=finite_float, metavar="P", help="dropout probability in [0, 1)")
     if checkpoint:
         group.add_argument(
             "--checkpoint",
@@ -93,9 +94,31 @@ def add_model_options(parser: argparse.ArgumentParser, *, checkpoint: bool = Tru
         )
 
 
+def finite_float(text: str) -> float:
+    """An argparse ``type``: a float that is neither NaN nor infinite (``--lr inf`` is refused at parse time)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number; got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """An argparse ``type``: a random seed, an integer in [0, 2**63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer; got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63); got {text}")
+    return value
+
+
 def add_seed_option(parser: argparse.ArgumentParser, default: int = 0) -> None:
     parser.add_argument(
-        "--seed", type=int, default=default, help=f"random seed for weights and inputs (default: {default})"
+        "--seed", type=seed, default=default, help=f"random seed for weights and inputs (default: {default})"
     )
 
 

@@ -63,20 +63,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     task.add_argument("--text", metavar="FILE", help="UTF-8 text for lm / mlm (default: the shipped corpus)")
     task.add_argument("--seq-len", type=int, metavar="T", help="text window (64), or synthetic sequence length (8)")
     task.add_argument("--n-symbols", type=int, metavar="K", help="alphabet size of the synthetic tasks (10)")
-    task.add_argument("--mask-prob", type=float, metavar="P", help="mlm: share of positions to predict (0.15)")
+    task.add_argument(
+        "--mask-prob", type=options.finite_float, metavar="P", help="mlm: share of positions to predict (0.15)"
+    )
     task.add_argument("--eval-examples", type=int, metavar="N", help="held-out windows or examples (256)")
     opt = parser.add_argument_group("optimization")
     opt.add_argument("--steps", type=int, metavar="N", help="optimizer steps in all (500)")
     opt.add_argument("--batch-size", type=int, metavar="B", help="examples per step and per process (16)")
-    opt.add_argument("--lr", type=float, help="peak learning rate (3e-3)")
-    opt.add_argument("--min-lr-ratio", type=float, metavar="R", help="cosine floor as a share of --lr (0.1)")
+    opt.add_argument("--lr", type=options.finite_float, help="peak learning rate (3e-3)")
+    opt.add_argument(
+        "--min-lr-ratio", type=options.finite_float, metavar="R", help="cosine floor as a share of --lr (0.1)"
+    )
     opt.add_argument(
         "--warmup", type=int, metavar="N", help="linear warmup steps (50, or a tenth of a shorter --steps)"
     )
-    opt.add_argument("--weight-decay", type=float, metavar="W", help="AdamW decay of weight matrices (0.1)")
-    opt.add_argument("--grad-clip", type=float, metavar="G", help="max global gradient norm, 0 = off (1.0)")
+    opt.add_argument(
+        "--weight-decay", type=options.finite_float, metavar="W", help="AdamW decay of weight matrices (0.1)"
+    )
+    opt.add_argument(
+        "--grad-clip", type=options.finite_float, metavar="G", help="max global gradient norm, 0 = off (1.0)"
+    )
     opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward pass")
-    opt.add_argument("--seed", type=int, help="seed of weights, data and dropout (0)")
+    opt.add_argument("--seed", type=options.seed, help="seed of weights, data and dropout (0)")
     run = parser.add_argument_group("run directory")
     run.add_argument("--out", metavar="DIR", help="run directory (default: runs/<task>-<date>-<time>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -151,18 +159,20 @@ def run(args: argparse.Namespace) -> int:
         if args.out is None:
             raise ConfigError("--resume needs --out DIR, the run to continue")
         _refuse_flags_on_resume(args)
-        trainer = Trainer.from_run(args.out, device=args.device, quiet=args.quiet)
+        trainer = Trainer.from_run(args.out, device=args.device, quiet=args.quiet, on_note=_note)
     else:
         cfg = train_config(args)
         out = Path(args.out) if args.out else Path("runs") / f"{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if (out / "checkpoints").exists():
-            raise ConfigError(f"{str(out)!r} already holds a run; pass --resume to continue it or choose another --out")
-        trainer = Trainer(model_config(args, cfg), cfg, run_dir=out, device=args.device, quiet=args.quiet)
+        trainer = Trainer(
+            model_config(args, cfg), cfg, run_dir=out, device=args.device, quiet=args.quiet, on_note=_note
+        )
     ctx = trainer.ctx
     say = _printer(ctx.is_main and not args.json)
     plot = args.plot and _plot_available(ctx.is_main)
-    say(f"run {trainer.run_dir}: task {trainer.cfg.task}, {trainer.model_cfg.arch}, "
-        f"{sum(p.numel() for p in trainer.module.parameters()):,} parameters, {ctx.world} process(es) on {ctx.device}")
+    say(
+        f"run {trainer.run_dir}: task {trainer.cfg.task}, {trainer.model_cfg.arch}, "
+        f"{sum(p.numel() for p in trainer.module.parameters()):,} parameters, {ctx.world} process(es) on {ctx.device}"
+    )
     try:
         result = trainer.train(resume=args.resume)
     finally:
@@ -173,17 +183,29 @@ def run(args: argparse.Namespace) -> int:
         from oneblock.train.logbook import read_log
         from oneblock.train.plot import plot_training
 
-        png = plot_training(read_log(trainer.run_dir / "log.jsonl"), trainer.run_dir / "loss.png",
-                            title=f"oneblock train --task {trainer.cfg.task}")
+        png = plot_training(
+            read_log(trainer.run_dir / "log.jsonl"),
+            trainer.run_dir / "loss.png",
+            title=f"oneblock train --task {trainer.cfg.task}",
+        )
         say(f"loss curves: {png}")
     if result.interrupted:
-        print(f"oneblock train: interrupted at step {result.step}; checkpoint saved. Continue with "
-              f"oneblock train --resume --out {trainer.run_dir}", file=sys.stderr)
+        print(
+            f"oneblock train: interrupted at step {result.step}; checkpoint saved. Continue with "
+            f"oneblock train --resume --out {trainer.run_dir}",
+            file=sys.stderr,
+        )
         return 130
     samples = _samples(trainer, args.samples) if trainer.cfg.task == "lm" and args.samples > 0 else None
-    summary = {"run": str(trainer.run_dir), "step": result.step, "tokens": result.tokens,
-               "seconds": round(result.elapsed, 2), "final_train_loss": result.losses[-1] if result.losses else None,
-               "eval": result.eval, "sample": samples}
+    summary = {
+        "run": str(trainer.run_dir),
+        "step": result.step,
+        "tokens": result.tokens,
+        "seconds": round(result.elapsed, 2),
+        "final_train_loss": result.losses[-1] if result.losses else None,
+        "eval": result.eval,
+        "sample": samples,
+    }
     if args.json:
         import json
 
@@ -191,6 +213,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(summary)
     return 0
+
+
+def _note(message: str) -> None:
+    print(f"oneblock train: {message}", file=sys.stderr)
 
 
 def _printer(enabled: bool):

@@ -21,32 +21,20 @@ The capital of France is Paris.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from torch import Tensor
 
 from oneblock.errors import InputError
 from oneblock.inference.generation import generate_stream
-from oneblock.inference.sampling import check_sampling
-from oneblock.inference.tokenizer import TextStream
+from oneblock.inference.sampling import Sampling
+from oneblock.inference.tokenizer import TextStream, Tokenizer
 from oneblock.models.decoder import Decoder
 
 Message = dict[str, str]
 DEFAULT_NEW_TOKENS = 256
-
-
-class ChatTokenizer(Protocol):
-    """What a chat needs from a tokenizer (``oneblock.io.gguf.tokenizer.GGUFTokenizer`` has it)."""
-
-    eos_id: int | None
-
-    def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tokenize: bool = False
-    ) -> str | list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -75,14 +63,15 @@ class ChatSession:
 
     Args:
         model: the ``Decoder``.
-        tokenizer: its tokenizer, with the chat template (see ``ChatTokenizer``).
+        tokenizer: its tokenizer (a ``Tokenizer`` with a ``chat_template``).
         system: the system prompt, kept in every prompt; ``None`` leaves the template's default (if any).
         max_new_tokens: the longest reply, in tokens (default: 256, or half the context when that is less).
-        temperature: 0 picks the most likely token (greedy); above 0 samples from the softened distribution.
-        top_k: sample among the ``top_k`` most likely tokens only.
-        top_p: sample among the most likely tokens holding probability ``top_p``.
-        seed: makes sampling repeatable; reply ``i`` of the session draws with seed ``seed + i``.
+        sampling: how tokens are chosen (default: greedy, ``Sampling(temperature=0)``); with a seed, reply ``i``
+            of the session draws with seed ``seed + i``.
         context: the window in tokens (default and maximum: ``model.config.max_seq_len``).
+        compile: compile the per-token step with ``torch.compile`` (see ``generate_stream``).
+        **sampling_options: ``Sampling``'s fields as keywords (``temperature=0.2, top_p=0.9, seed=0``), instead
+            of ``sampling``.
 
     Raises:
         InputError: a model that is not a ``Decoder``, ``max_new_tokens`` outside ``[1, context)``, a context
@@ -92,19 +81,20 @@ class ChatSession:
     def __init__(
         self,
         model: Decoder,
-        tokenizer: ChatTokenizer,
+        tokenizer: Tokenizer,
         *,
         system: str | None = None,
         max_new_tokens: int | None = None,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
+        sampling: Sampling | None = None,
         context: int | None = None,
+        compile: bool = False,
+        **sampling_options: Any,
     ) -> None:
         if not isinstance(model, Decoder):
             raise InputError(f"a chat needs a decoder-only model (a Decoder); got {type(model).__name__}")
-        check_sampling(temperature, top_k, top_p)
+        if sampling is None:
+            sampling_options.setdefault("temperature", 0.0)
+        sampling = Sampling.of(sampling, **sampling_options)
         limit = model.config.max_seq_len
         context = limit if context is None else context
         if isinstance(context, bool) or not isinstance(context, int) or not 1 < context <= limit:
@@ -121,10 +111,8 @@ class ChatSession:
         self.model, self.tokenizer = model, tokenizer
         self.system = system
         self.max_new_tokens, self.context = max_new_tokens, context
-        self.sampling: dict[str, Any] = {
-            "temperature": temperature, "top_k": top_k, "top_p": top_p, "greedy": temperature == 0,
-        }  # fmt: skip
-        self.seed = seed
+        self.sampling = sampling
+        self.compile = compile
         self.history: list[Message] = []  # user, assistant, user, assistant, ...: the exchanges still in context
         self.replies = 0  # replies given since the session began (seeds the sampler)
         self.last: Reply | None = None
@@ -182,9 +170,11 @@ class ChatSession:
         """
         prompt, dropped = self.prompt_ids(text)
         eos = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else self.model.config.eos_token_id
-        seed = None if self.seed is None else self.seed + self.replies
+        sampling = self.sampling
+        if sampling.seed is not None:  # a different, repeatable draw for every reply
+            sampling = sampling.replace(seed=sampling.seed + self.replies)
         steps = generate_stream(
-            self.model, prompt, self.max_new_tokens, seed=seed, eos_id=eos, use_cache=True, **self.sampling
+            self.model, prompt, self.max_new_tokens, sampling=sampling, eos_id=eos, compile=self.compile
         )
         return self._reply(text, steps, eos, len(prompt), dropped)
 

@@ -11,23 +11,29 @@ appends one column for all rows. Padding positions are masked as keys everywhere
 only (``cumsum(mask) - 1``), so a padded row computes what it computes alone. ``pad_prompts`` builds the padded
 ids and the mask; ``generate`` also accepts the list of prompts directly.
 
-Context rule: the prompt plus ``max_new_tokens`` must fit in ``max_seq_len``. Otherwise ``generate`` raises
-``InputError``, unless ``crop=True``, in which case the model sees only the last ``max_seq_len - max_new_tokens``
-prompt tokens (the returned sequences still start with the whole prompt). There is no sliding window: the
-context is never exceeded, so ``max_new_tokens`` itself must be below ``max_seq_len``.
+Context rule (``fit_new_tokens``, which the CLI calls too): the prompt plus ``max_new_tokens`` must fit in
+``max_seq_len``. Otherwise ``generate`` raises ``InputError``, unless ``crop=True``, in which case the model sees
+only the last ``max_seq_len - max_new_tokens`` prompt tokens (the returned sequences still start with the whole
+prompt). There is no sliding window: the context is never exceeded, so ``max_new_tokens`` itself must be below
+``max_seq_len``.
+
+The forward passes themselves live in ``oneblock.inference.decode``: a lean per-token step for pre-LN decoders,
+the model's full forward for everything else.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
-from oneblock.inference.sampling import check_sampling, sample_next
-from oneblock.layers.kv_cache import Cache
+from oneblock.inference.decode import FullDecode, LeanDecode, lean_supported
+from oneblock.inference.sampling import Sampling
 from oneblock.models.decoder import Decoder
 from oneblock.models.encoder_decoder import EncoderDecoder
 from oneblock.models.inputs import check_tokens
@@ -65,6 +71,8 @@ def pad_prompts(
     """
     if isinstance(prompts, Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise InputError("pad_prompts expects a non-empty list of token-id sequences")
+    if any(not isinstance(p, (Tensor, Sequence)) or isinstance(p, str) for p in prompts):
+        raise InputError(f"prompt_ids must be integer ids or a list of id lists; got {list(prompts)[:4]!r}")
     rows = [p.tolist() if isinstance(p, Tensor) else list(p) for p in prompts]
     if any(len(r) == 0 for r in rows):
         raise InputError(f"every prompt needs at least one token; got lengths {[len(r) for r in rows]}")
@@ -77,50 +85,67 @@ def pad_prompts(
     return ids, mask  # (B, T) each
 
 
+def fit_new_tokens(
+    prompt_tokens: int, max_seq_len: int, max_new_tokens: int | None, *, crop: bool, default: int
+) -> int:
+    """The context rule: how many new tokens a prompt may ask for, or why it may not.
+
+    ``max_new_tokens=None`` asks for ``default`` tokens, or fewer when the context leaves less room (with ``crop``,
+    up to ``max_seq_len - 1``: the prompt is cropped instead).
+
+    Args:
+        prompt_tokens: T, the prompt's length.
+        max_seq_len: the model's context.
+        max_new_tokens: the request, or ``None``.
+        crop: the prompt may be cropped to its last tokens.
+        default: the request when ``max_new_tokens`` is ``None``.
+
+    Returns:
+        N, with ``T + N <= max_seq_len`` unless ``crop`` (then the model reads the prompt's last
+        ``max_seq_len - N`` tokens).
+
+    Raises:
+        InputError: a request that is not an int >= 0, that leaves no room for any prompt token, or that does
+            not fit beside the prompt without ``crop``.
+    """
+    if max_new_tokens is None:
+        room = max_seq_len - 1 if crop else max_seq_len - prompt_tokens
+        return min(default, max(room, 0))
+    n = max_new_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InputError(f"max_new_tokens must be an int >= 0; got {n!r}")
+    if prompt_tokens + n > max_seq_len:
+        if not crop:
+            raise InputError(
+                f"the prompt ({prompt_tokens} tokens) plus max_new_tokens ({n}) is {prompt_tokens + n}, more than "
+                f"max_seq_len ({max_seq_len}); shorten the prompt, ask for fewer tokens, or pass crop=True to keep "
+                f"the last {max(max_seq_len - n, 0)} prompt tokens"
+            )
+        if n >= max_seq_len:
+            raise InputError(
+                f"max_new_tokens ({n}) leaves no room for the prompt in max_seq_len ({max_seq_len}); ask for at "
+                f"most {max_seq_len - 1} new tokens"
+            )
+    return n
+
+
 def generate(
     model: nn.Module,
     prompt_ids: Prompt,
     max_new_tokens: int,
     *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    greedy: bool = False,
-    seed: int | None = None,
-    eos_id: int | None = None,
-    pad_id: int | None = None,
-    use_cache: bool = True,
-    crop: bool = False,
-    src: Tensor | None = None,
-    src_padding_mask: Tensor | None = None,
-    prompt_padding_mask: Tensor | None = None,
     stream: Callable[[Tensor], object] | None = None,
-    return_logits: bool = False,
+    **options: Any,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens.
 
     Args:
-        model: a ``Decoder`` or an ``EncoderDecoder`` (run in eval mode; its mode is restored afterwards).
-        prompt_ids: (B, T) or (T,) int64 ids, a list of ids (one prompt), or a list of B id lists of any
-            lengths (left-padded with ``pad_id``, or 0); for an encoder-decoder model, the decoder's first tokens.
-        max_new_tokens: tokens to add (0 returns the prompt).
-        temperature: divides the logits before sampling; 0 means greedy.
-        top_k: sample among the ``top_k`` most likely tokens only.
-        top_p: nucleus sampling: among the most likely tokens holding probability ``top_p``.
-        greedy: always take the most likely token.
-        seed: seeds a private random generator, so the same call draws the same tokens; ``None`` draws from
-            torch's global generator.
-        eos_id: a row stops after producing this id; generation stops when every row has.
-        pad_id: fills a stopped row's remaining columns (and the left padding of a list of prompts); defaults
-            to ``eos_id``.
-        use_cache: reuse keys and values (fast); ``False`` recomputes the whole sequence at every step.
-        crop: when the prompt plus ``max_new_tokens`` exceeds ``max_seq_len``, keep the last
-            ``max_seq_len - max_new_tokens`` prompt tokens instead of raising.
-        src: (B, S) source ids; required for an encoder-decoder model, refused for a decoder.
-        src_padding_mask: (B, S) bool, True = real source token.
-        prompt_padding_mask: (B, T) bool, True = real token; padding must be on the left.
+        model, prompt_ids, max_new_tokens: see ``generate_stream``.
         stream: called with the (B,) new ids after every step, as soon as they are chosen.
-        return_logits: also return each step's next-token logits, before temperature and filtering.
+        **options: every keyword of ``generate_stream``: ``sampling=Sampling(...)`` or its fields
+            (``temperature``, ``top_k``, ``top_p``, ``greedy``, ``seed``), ``eos_id``, ``pad_id``, ``use_cache``,
+            ``crop``, ``src``, ``src_padding_mask``, ``prompt_padding_mask``, ``return_logits``, ``compile``,
+            ``cache_dtype``, ``stats``.
 
     Returns:
         (B, T + n) ids, the prompt followed by the ``n <= max_new_tokens`` new tokens ((T + n,) for a 1-D prompt).
@@ -128,14 +153,9 @@ def generate(
         (B, n, V) logits, float32 (float64 for a float64 model), ((n, V) for a 1-D prompt).
 
     Raises:
-        InputError: a model without an LM head, bad ids or masks, right padding, a sequence that does not fit
-            the context, or sampling settings that select nothing.
+        InputError: see ``generate_stream``.
     """
-    steps = generate_stream(
-        model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
-        seed=seed, eos_id=eos_id, pad_id=pad_id, use_cache=use_cache, crop=crop, src=src,
-        src_padding_mask=src_padding_mask, prompt_padding_mask=prompt_padding_mask, return_logits=return_logits,
-    )  # fmt: skip
+    steps = generate_stream(model, prompt_ids, max_new_tokens, **options)
     while True:
         try:
             new = next(steps)
@@ -150,11 +170,7 @@ def generate_stream(
     prompt_ids: Prompt,
     max_new_tokens: int,
     *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    greedy: bool = False,
-    seed: int | None = None,
+    sampling: Sampling | None = None,
     eos_id: int | None = None,
     pad_id: int | None = None,
     use_cache: bool = True,
@@ -163,36 +179,74 @@ def generate_stream(
     src_padding_mask: Tensor | None = None,
     prompt_padding_mask: Tensor | None = None,
     return_logits: bool = False,
+    compile: bool | str = False,
+    cache_dtype: torch.dtype | None = None,
+    stats: dict[str, float] | None = None,
+    **sampling_options: Any,
 ) -> Generator[Tensor, None, Tensor | tuple[Tensor, Tensor]]:
-    """``generate`` as an iterator: yields each step's (B,) new ids; its return value is ``generate``'s.
+    """Generation as an iterator: yields each step's (B,) new ids; its return value is ``generate``'s.
 
-    Takes ``generate``'s arguments except ``stream``. The arguments are validated when it is called; the model
-    runs as it is iterated.
+    The arguments are validated when it is called; the model runs as it is iterated.
+
+    Args:
+        model: a ``Decoder`` or an ``EncoderDecoder`` (run in eval mode; its mode is restored afterwards).
+        prompt_ids: (B, T) or (T,) int64 ids, a list of ids (one prompt), or a list of B id lists of any
+            lengths (left-padded with ``pad_id``, or 0); for an encoder-decoder model, the decoder's first tokens.
+        max_new_tokens: tokens to add (0 returns the prompt).
+        sampling: how to choose each token (default ``Sampling()``: temperature 1, no filtering).
+        eos_id: a row stops after producing this id; generation stops when every row has.
+        pad_id: fills a stopped row's remaining columns (and the left padding of a list of prompts); defaults
+            to ``eos_id``.
+        use_cache: reuse keys and values (fast); ``False`` recomputes the whole sequence at every step.
+        crop: when the prompt plus ``max_new_tokens`` exceeds ``max_seq_len``, keep the last
+            ``max_seq_len - max_new_tokens`` prompt tokens instead of raising (see ``fit_new_tokens``).
+        src: (B, S) source ids; required for an encoder-decoder model, refused for a decoder.
+        src_padding_mask: (B, S) bool, True = real source token.
+        prompt_padding_mask: (B, T) bool, True = real token; padding must be on the left.
+        return_logits: also return each step's next-token logits, before temperature and filtering.
+        compile: compile the per-token step with ``torch.compile`` (pre-LN decoders with a cache): ``True``, or
+            a backend's name.
+        cache_dtype: dtype of the stored keys and values (default the model's; ``torch.bfloat16`` halves a float32
+            model's cache); pre-LN decoders with a cache only.
+        stats: a dict to fill with ``prefill_seconds``, ``decode_seconds``, ``new_tokens`` and, with
+            ``compile``, ``compile_seconds`` (the first compiled step, compilation included).
+        **sampling_options: ``Sampling``'s fields as keywords (``temperature=0.7``), instead of ``sampling``.
+
+    Raises:
+        InputError: a model without an LM head, bad ids or masks, right padding, a sequence that does not fit
+            the context, sampling settings that select nothing, or an unknown keyword.
 
     >>> for ids in generate_stream(model, prompt, 20, greedy=True):  # doctest: +SKIP
     ...     print(tokenizer.decode(ids.tolist()), end="", flush=True)
     """
-    check_sampling(temperature, top_k, top_p)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise InputError(f"seed must be an int or None; got {seed!r}")
+    sampling = Sampling.of(sampling, **sampling_options)
     run = _prepare(model, prompt_ids, max_new_tokens, crop, src, src_padding_mask, prompt_padding_mask, pad_id)
     vocab = run.decoder.config.vocab_size
     for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
             raise InputError(f"{name} must be an id in [0, {vocab}) or None; got {value!r}")
     pad_id = eos_id if pad_id is None else pad_id
-    sample = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "greedy": greedy}
-    return _steps(run, sample, seed, eos_id, pad_id, use_cache, return_logits)
+    if cache_dtype is not None and not (use_cache and src is None and lean_supported(model)):
+        raise InputError("cache_dtype needs a pre-LN decoder-only model with use_cache=True (the lean decoding step)")
+    options = {"compile": compile, "cache_dtype": cache_dtype}
+    return _steps(run, sampling, eos_id, pad_id, use_cache, return_logits, options, stats)
+
+
+def _decoder_for(run: _Run, use_cache: bool, options: dict[str, Any]) -> FullDecode | LeanDecode:
+    if use_cache and run.src is None and lean_supported(run.model):
+        return LeanDecode(run, **options)
+    return FullDecode(run, use_cache)
 
 
 def _steps(
     run: _Run,
-    sample: dict[str, object],
-    seed: int | None,
+    sampling: Sampling,
     eos_id: int | None,
     pad_id: int | None,
     use_cache: bool,
     return_logits: bool,
+    options: dict[str, Any],
+    stats: dict[str, float] | None,
 ) -> Generator[Tensor, None, Tensor | tuple[Tensor, Tensor]]:
     """The generation loop: pick a token from each step's logits, hand it out, feed it back."""
     model, prompt = run.model, run.prompt
@@ -200,29 +254,38 @@ def _steps(
     new = torch.zeros(b, run.max_new, dtype=torch.long, device=device)  # (B, N)
     kept: list[Tensor] = []  # each (B, V) when return_logits
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    generator = sampling.generator(device)
     n = 0
     was_training = model.training
     model.eval()
+    clock = time.perf_counter()
     try:
         with torch.inference_mode():
-            decode = _Decode(run, use_cache) if run.max_new else None
+            decode = _decoder_for(run, use_cache, options) if run.max_new else None
         while n < run.max_new:
             with torch.inference_mode():
                 logits = decode.next(new[:, n - 1] if n else None)  # (B, V) float32
                 if return_logits:
                     kept.append(logits)
-                ids = sample_next(logits, generator=generator, **sample)  # (B,)
+                ids = sampling.pick(logits, generator)  # (B,)
                 if eos_id is not None:
                     ids = torch.where(done, pad_id, ids)
                     done = done | (ids == eos_id)
                 new[:, n] = ids
             n += 1
+            if n == 1 and stats is not None:
+                stats["prefill_seconds"] = time.perf_counter() - clock
+                clock = time.perf_counter()
             yield ids.clone()
             if eos_id is not None and bool(done.all()):
                 break
     finally:
         model.train(was_training)
+        if stats is not None and n:
+            stats["decode_seconds"] = time.perf_counter() - clock
+            stats["new_tokens"] = n
+            if getattr(decode, "compile_seconds", None) is not None:
+                stats["compile_seconds"] = decode.compile_seconds
     out = torch.cat([prompt, new[:, :n]], dim=1)  # (B, T + n)
     if not return_logits:
         return out[0] if run.flat else out
@@ -255,7 +318,7 @@ def _prepare(
             f"generate needs a Decoder or an EncoderDecoder (a model with an LM head); got {type(model).__name__}"
         )
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
-        raise InputError(f"max_new_tokens must be an int >= 0; got {max_new!r}")
+        raise InputError(f"max_new_tokens must be an int >= 0; got {max_new!r}")  # before the prompt's checks
     device = decoder.embed.tok.weight.device
     if isinstance(prompt, Sequence) and len(prompt) and all(isinstance(i, int) for i in prompt):
         prompt = torch.tensor(prompt, dtype=torch.long)  # one prompt given as a list of ids
@@ -273,18 +336,8 @@ def _prepare(
     prompt = prompt.to(device=device, dtype=torch.long)
     mask = _check_prompt_mask(prompt_mask, b, t, device) if prompt_mask is not None else None
     seen, context = prompt, cfg.max_seq_len
+    fit_new_tokens(t, context, max_new, crop=crop, default=max_new)
     if t + max_new > context:
-        if not crop:
-            raise InputError(
-                f"the prompt ({t} tokens) plus max_new_tokens ({max_new}) is {t + max_new}, more than max_seq_len "
-                f"({context}); shorten the prompt, ask for fewer tokens, or pass crop=True to keep the last "
-                f"{max(context - max_new, 0)} prompt tokens"
-            )
-        if max_new >= context:
-            raise InputError(
-                f"max_new_tokens ({max_new}) leaves no room for the prompt in max_seq_len ({context}); ask for at "
-                f"most {context - 1} new tokens"
-            )
         keep = context - max_new
         seen = prompt[:, -keep:]  # (B, T')
         mask = mask[:, -keep:] if mask is not None else None
@@ -317,46 +370,3 @@ def _check_prompt_mask(mask: object, b: int, t: int, device: torch.device) -> Te
     if bool((mask[:, 1:] < mask[:, :-1]).any()):
         raise InputError("prompt_padding_mask has a padding token after a real one; pad on the left only")
     return None if bool(mask.all()) else mask
-
-
-class _Decode:
-    """Next-token logits (B, V) after the prompt, then after each fed token.
-
-    Everything that does not change between steps is made once here: the source encoding, the cache, the
-    positions and the padding mask. Each step then calls the stack directly, skipping ``Decoder.forward``'s checks
-    of the ids: the prompt was checked once in ``_prepare`` and sampled ids are in range by construction.
-    """
-
-    def __init__(self, run: _Run, use_cache: bool) -> None:
-        self.run, self.decoder = run, run.decoder
-        self.memory = run.model.encode(run.src, run.src_mask) if run.src is not None else None  # (B, S, C)
-        b, t = run.seen.shape
-        self.cache: Cache | None = self.decoder.new_cache(b, max_len=t + run.max_new - 1) if use_cache else None
-        self.positions: Tensor | None = None  # (B, T' + N); None: 0, 1, 2, ... in every row
-        if run.mask is not None:
-            self.positions = (run.mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # left padding shares position 0
-        self.tokens = run.seen  # (B, t) everything read so far (the uncached path rereads it)
-        self.end = 0  # columns consumed so far
-
-    def next(self, fed: Tensor | None) -> Tensor:
-        """The logits (B, V), float32 or wider, after ``fed`` (B,) (``None`` on the first call: the prompt)."""
-        if fed is None:
-            start, x = 0, self.tokens
-        elif self.cache is not None:
-            start, x = self.end, fed[:, None]  # (B, 1)
-        else:
-            self.tokens = torch.cat([self.tokens, fed[:, None]], dim=1)  # (B, end + 1)
-            start, x = 0, self.tokens
-        end = start + x.shape[1]
-        self.end = end
-        run = self.run
-        hidden = self.decoder.run(
-            x,
-            padding_mask=run.mask[:, :end] if run.mask is not None else None,
-            positions=self.positions[:, start:end] if self.positions is not None else None,
-            cache=self.cache,
-            memory=self.memory,
-            memory_mask=run.src_mask,
-        )
-        logits = self.decoder.logits(hidden[:, -1:])[:, 0]  # (B, 1, C) -> (B, V)
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays

@@ -9,10 +9,90 @@ softmax, and the survivors renormalize among themselves. They are applied in the
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from oneblock.errors import InputError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: one frozen settings object for ``generate``, ``generate_stream``,
+    ``ChatSession`` and the CLI, validated once, when it is made.
+
+    Attributes:
+        temperature: divides the logits; below 1 sharpens, above 1 flattens; 0 is greedy.
+        top_k: sample among the ``top_k`` most likely tokens only (``None``: all).
+        top_p: sample among the smallest set of tokens holding probability mass ``top_p`` (``None``: all).
+        greedy: always take the most likely token (the other settings are then ignored).
+        seed: seeds a private random generator, so the same call draws the same tokens; ``None`` draws from
+            torch's global generator.
+
+    Raises:
+        InputError: a negative or non-finite temperature, ``top_k < 1``, ``top_p`` outside ``(0, 1]`` or a seed
+            that is not an int.
+
+    >>> Sampling(temperature=0).is_greedy
+    True
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    greedy: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise InputError(f"seed must be an int or None; got {self.seed!r}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # what torch.Generator.manual_seed holds
+            raise InputError(f"seed must lie in [-2**63, 2**64); got {self.seed}")
+        if not isinstance(self.greedy, bool):
+            raise InputError(f"greedy must be True or False; got {self.greedy!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        """Whether every choice is the most likely token (no randomness at all)."""
+        return self.greedy or self.temperature == 0
+
+    @classmethod
+    def of(cls, sampling: Sampling | None = None, **options: Any) -> Sampling:
+        """``sampling``, or a ``Sampling`` made from keyword options (``temperature=0.7, top_p=0.9``), not both.
+
+        Raises:
+            InputError: both given, or an option that is not a field of ``Sampling``.
+        """
+        if sampling is not None:
+            if options:
+                raise InputError(f"pass sampling=Sampling(...) or the keywords {sorted(options)}, not both")
+            if not isinstance(sampling, Sampling):
+                raise InputError(f"sampling must be a oneblock Sampling; got {type(sampling).__name__}")
+            return sampling
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            fields = [f.name for f in dataclasses.fields(cls)]
+            raise InputError(f"unknown keyword(s) {unknown}; the sampling settings are {fields}")
+        return cls(**options)
+
+    def replace(self, **changes: Any) -> Sampling:
+        """A copy with some settings changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
+        """A generator seeded with ``seed``, or ``None`` (torch's global one) without a seed."""
+        return torch.Generator(device=device).manual_seed(self.seed) if self.seed is not None else None
+
+    def pick(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """One token per row of (B, V) logits: (B,) int64 ids."""
+        return sample_next(
+            logits, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, greedy=self.greedy,
+            generator=generator,
+        )  # fmt: skip
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -75,6 +155,9 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+_TINY = torch.finfo(torch.float32).tiny
+
+
 def sample_next(
     logits: Tensor,
     *,
@@ -97,9 +180,10 @@ def sample_next(
     Returns:
         (B,) int64 token ids.
     """
-    if greedy or temperature == 0:
+    if greedy or temperature < _TINY:  # the limit of temperature -> 0; float32 cannot divide by less
         return logits.argmax(dim=-1)
-    scores = logits.float() / temperature
+    # Shifted so the best score is 0: a tiny temperature sends the others to -inf (greedy), never to inf/NaN.
+    scores = (logits.float() - logits.float().amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         scores = top_k_filter(scores, top_k)
     if top_p is not None:

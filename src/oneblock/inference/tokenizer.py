@@ -1,6 +1,8 @@
 """Text <-> token ids for generation: a GPT-2 byte-level BPE ``tokenizer.json`` when one is found, else bytes.
 
-Two tokenizers share one small interface (``encode``, ``decode``, ``vocab_size``, ``eos_id``):
+``Tokenizer`` is the one interface every tokenizer of oneblock has (``encode``, ``decode``, ``vocab_size``,
+``eos_id``, ``name``, ``chat_template`` and ``apply_chat_template``); two of them live here, the third (a GGUF
+file's) in ``oneblock.io.gguf.tokenizer``:
 
 * ``BPETokenizer`` wraps a Hugging Face ``tokenizers`` file: ``tokenizer.json``, or the older GPT-2 pair
   ``vocab.json`` + ``merges.txt``. The ``tokenizers`` library is imported only when such a file is read.
@@ -14,7 +16,7 @@ that is printed only once complete, as generation streams tokens one at a time.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,10 +27,16 @@ VOCAB_FILES = ("vocab.json", "merges.txt")
 
 
 class Tokenizer(Protocol):
-    """What generation needs from a tokenizer."""
+    """What generation, the chat and the CLI need from a tokenizer; ``ByteTokenizer``, ``BPETokenizer`` and
+    ``oneblock.io.gguf.tokenizer.GGUFTokenizer`` all satisfy it.
+
+    ``chat_template`` is ``None`` for a tokenizer that carries none; ``apply_chat_template`` then raises
+    ``InputError``.
+    """
 
     name: str
     eos_id: int | None
+    chat_template: str | None
 
     @property
     def vocab_size(self) -> int: ...
@@ -37,8 +45,27 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tokenize: bool = False
+    ) -> str | list[int]: ...
 
-class ByteTokenizer:
+
+class _NoChatTemplate:
+    """``apply_chat_template`` for tokenizers without a template: a clear error instead of a missing method."""
+
+    chat_template: str | None = None
+    name: str
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tokenize: bool = False
+    ) -> str | list[int]:
+        raise InputError(
+            f"the tokenizer {self.name!r} has no chat template, so it cannot render a conversation; use a chat "
+            "model's GGUF file, or continue plain text with generate"
+        )
+
+
+class ByteTokenizer(_NoChatTemplate):
     """UTF-8 bytes as token ids 0..255; decoding replaces invalid byte sequences with U+FFFD."""
 
     name = "bytes"
@@ -61,7 +88,7 @@ class ByteTokenizer:
         return bytes(ids).decode("utf-8", errors="replace")
 
 
-class BPETokenizer:
+class BPETokenizer(_NoChatTemplate):
     """A ``tokenizers.Tokenizer`` (GPT-2 byte-level BPE, or anything else that library reads).
 
     Args:

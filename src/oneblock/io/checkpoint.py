@@ -1,12 +1,17 @@
-"""oneblock checkpoints: one safetensors file holding the weights, the ``ModelConfig`` and a checksum.
+"""oneblock checkpoints: one safetensors file holding the weights, the ``ModelConfig`` and a digest of the file.
 
 The file is plain safetensors (any safetensors reader opens it); oneblock's own facts live in its string
 metadata:
 
 - ``oneblock.format`` / ``oneblock.format_version``: what the file is, so a foreign file is refused by name;
 - ``oneblock.config``: ``ModelConfig.to_json()``, enough to rebuild the model with ``build_model``;
-- ``oneblock.sha256``: a digest of every tensor's name, dtype, shape and bytes, so a flipped bit is caught;
+- ``oneblock.sha256``: the SHA-256 of every byte of the file but the digest itself (``oneblock.io.integrity``), so
+  a flipped bit anywhere (tensor data, config, metadata, header) is caught;
 - ``oneblock.metadata``: the caller's own JSON (training step, source model, ...).
+
+Loading checks, in this order and before any model is built: the digest; the config's size against the limits of
+``oneblock.io.limits``; the tensors' names, shapes and dtypes against a model built on the meta device (no memory);
+then that the values are finite. Only then is the model allocated.
 
 Tied and shared weights (the LM head that *is* the token embedding, the decoder's token embedding that *is*
 the encoder's) are stored once, under the first name ``state_dict`` gives them; ``load`` builds the model from
@@ -20,43 +25,36 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError
+from oneblock.io import files, integrity, limits
 from oneblock.models.build import build_model
 
 FORMAT = "oneblock-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the digest covers the whole file; 1 covered the tensors only
 _KEY_FORMAT, _KEY_VERSION = "oneblock.format", "oneblock.format_version"
-_KEY_CONFIG, _KEY_SHA, _KEY_USER = "oneblock.config", "oneblock.sha256", "oneblock.metadata"
-
-# First bytes of formats that must not be unpickled: pickle protocol 2+ starts with PROTO (0x80, version 2-5),
-# torch.save (since 1.6) writes a zip archive. A safetensors header length can begin with the same bytes, so
-# a file whose first bytes also read as a plausible safetensors header is taken for one.
-_ZIP_MAGIC = b"PK\x03\x04"
-_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
+_KEY_CONFIG, _KEY_SHA, _KEY_USER = "oneblock.config", integrity.DIGEST_KEY, "oneblock.metadata"
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+_TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What a checkpoint's header says, read without loading the tensors.
+    """What a checkpoint's header says, read without building the model.
 
     Attributes:
         config: the model's configuration.
         metadata: the caller's metadata given to ``save`` (an empty dict if none).
         format_version: the checkpoint format version.
-        sha256: the stored digest of the tensors.
+        sha256: the file's digest (of all its bytes but the digest).
         tensors: name -> (dtype name as safetensors writes it, shape), for the tensors stored.
     """
 
@@ -71,8 +69,8 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[st
     """Write ``model`` to ``path`` atomically: a reader sees the old file or the complete new one, never half.
 
     The data goes to a temporary file in the same directory, is flushed to disk (``fsync``) and then renamed
-    over ``path`` (``os.replace``, atomic on POSIX and Windows). If anything fails on the way the temporary
-    file is removed and an existing checkpoint at ``path`` is untouched.
+    over ``path`` (``oneblock.io.files.write_atomic``). If anything fails on the way the temporary file is removed
+    and an existing checkpoint at ``path`` is untouched.
 
     Args:
         model: a oneblock model (``Encoder``, ``Decoder`` or ``EncoderDecoder``) with its ``config``.
@@ -83,16 +81,16 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[st
         The path written.
 
     Raises:
-        CheckpointError: ``model`` is not a oneblock model, has non-finite weights, or ``metadata`` is not JSON.
+        CheckpointError: ``model`` is not a oneblock model, has non-finite weights, ``metadata`` is not JSON, the
+            path is empty or a directory, or the file cannot be written (disk full, permission, read-only, a name
+            too long), naming ``path``.
     """
-    path = Path(path)
+    path = files.check_target(path, "checkpoint")
     cfg = getattr(model, "config", None)
     if not isinstance(cfg, ModelConfig) or not isinstance(model, nn.Module):
-        raise CheckpointError(
-            f"save expects a oneblock model with a ModelConfig .config; got {type(model).__name__}"
-        )
+        raise CheckpointError(f"save expects a oneblock model with a ModelConfig .config; got {type(model).__name__}")
     try:
-        user = json.dumps(dict(metadata or {}), sort_keys=True)
+        user = json.dumps(dict(metadata or {}), sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"save: metadata must be JSON-serialisable: {error}") from error
     tensors = unique_tensors(model.state_dict())
@@ -102,11 +100,9 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[st
         _KEY_FORMAT: FORMAT,
         _KEY_VERSION: str(FORMAT_VERSION),
         _KEY_CONFIG: cfg.to_json(),
-        _KEY_SHA: tensor_digest(tensors),
         _KEY_USER: user,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(tensors, header, path)
+    files.write_atomic(path, integrity.dump_safetensors(tensors, header), what="checkpoint")
     return path
 
 
@@ -115,48 +111,55 @@ def load(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    max_parameters: int | None = None,
+    max_bytes: int | None = None,
+    max_layers: int | None = None,
 ) -> nn.Module:
     """Read a checkpoint written by ``save`` and rebuild the model, in eval mode.
 
-    Every check runs before the model sees a tensor: the file's format, its checksum, that the tensors are
-    exactly those the config's model has, with the right shapes, and finite.
+    Every check runs before the model is allocated: the file's format and digest, the config's size, that the
+    tensors are exactly those the config's model has, with its shapes and dtypes, and finite.
 
     Args:
         path: the ``.safetensors`` file.
-        dtype: cast the parameters to this dtype; the stored dtype when omitted.
+        dtype: cast the parameters to this dtype after loading; the stored dtype when omitted.
         device: where to put the model; the CPU when omitted.
+        max_parameters, max_bytes, max_layers: the limits of ``oneblock.io.limits.check_model_size``.
 
     Returns:
         The model ``build_model(config)`` makes, holding the stored weights; tied weights are one Parameter.
 
     Raises:
         CheckpointError: naming the file and the problem (missing, empty, truncated, not safetensors, a pickle,
-            checksum mismatch, missing/unexpected tensors, wrong shapes, NaN/inf, a config that cannot be built).
+            digest mismatch, an implausibly large config, missing/unexpected tensors, wrong shapes or dtypes,
+            NaN/inf, a config that cannot be built).
     """
-    path = Path(path)
-    info = read_info(path)
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, RuntimeError) as error:
-        raise CheckpointError(f"{str(path)!r} is not a readable safetensors file: {error}") from error
-    actual = tensor_digest(tensors)
-    if actual != info.sha256:
-        raise CheckpointError(
-            f"{str(path)!r} is corrupt: the SHA-256 of its tensors is {actual[:16]}..., the file records "
-            f"{info.sha256[:16]}...; the file was modified or damaged after it was written"
-        )
+    path = _source(path)
+    info, blob = _read(path)
+    name = repr(str(path))
     cfg = info.config
-    stored = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
+    stored = _stored_dtype(name, info.tensors)
+    limits.check_model_size(
+        cfg,
+        what=f"checkpoint {name}",
+        dtype=stored,
+        max_parameters=max_parameters,
+        max_bytes=max_bytes,
+        max_layers=max_layers,
+    )
     try:
-        model = build_model(cfg, dtype=stored)
+        with torch.device("meta"):  # names, shapes and dtypes of the model, without allocating it
+            skeleton = build_model(cfg, dtype=stored)
     except ConfigError as error:
-        raise CheckpointError(f"{str(path)!r} holds a config that cannot be built: {error}") from error
-    expected = model.state_dict()
-    canonical = unique_tensors(expected)
-    _check_names_and_shapes(path, tensors, canonical)
-    check_finite(tensors, f"{str(path)!r} is unusable")
-    # Give every alias of a tied tensor the stored value, so load_state_dict can be strict.
-    aliases = {key: _canonical_key(key, expected, canonical) for key in expected}
+        raise CheckpointError(f"{name} holds a config that cannot be built: {error}") from error
+    expected = skeleton.state_dict()
+    aliases = _aliases(skeleton, expected)
+    _check_listing(name, info.tensors, {key: expected[key] for key in set(aliases.values())})
+    tensors = integrity.tensors_of(blob, name)
+    del blob
+    check_finite(tensors, f"{name} is unusable")
+    model = build_model(cfg, dtype=stored)
+    # Every alias of a tied tensor gets the stored value, so load_state_dict can be strict.
     model.load_state_dict({key: tensors[aliases[key]] for key in expected}, strict=True)
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
@@ -164,41 +167,75 @@ def load(
 
 
 def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
-    """The header of a checkpoint (config, metadata, checksum, tensor list) without reading the tensors.
+    """The header of a checkpoint (config, metadata, digest, tensor list), after checking the file's digest.
 
     Raises:
-        CheckpointError: as ``load``, for every problem visible in the header.
+        CheckpointError: as ``load``, for every problem visible without building the model.
     """
-    path = Path(path)
-    header = _read_header(path)
-    meta = header.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict) or meta.get(_KEY_FORMAT) != FORMAT:
-        raise CheckpointError(
-            f"{str(path)!r} is a safetensors file but not a oneblock checkpoint (no {_KEY_FORMAT}={FORMAT!r} in "
-            "its metadata); a Hugging Face model directory converts with `oneblock convert SRC DST`"
-        )
-    version = str(meta.get(_KEY_VERSION, ""))
-    if not version.isdigit() or int(version) > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{str(path)!r} has checkpoint format version {version!r}; this oneblock reads versions up to "
-            f"{FORMAT_VERSION}. Upgrade oneblock to read it"
-        )
-    for key in (_KEY_CONFIG, _KEY_SHA):
-        if key not in meta:
-            raise CheckpointError(f"{str(path)!r} lacks the {key!r} metadata entry that every checkpoint has")
+    return _read(_source(path))[0]
+
+
+def _source(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointError(f"a checkpoint path must be a string or a path; got {type(path).__name__}")
+    if os.fspath(path) in ("", b""):
+        raise CheckpointError("the checkpoint path is empty; give the .safetensors file to read")
+    return Path(path)
+
+
+def _read(path: Path) -> tuple[CheckpointInfo, bytes]:
+    entries, meta, blob = _load_verified(path)
+    name = repr(str(path))
     try:
         cfg = ModelConfig.from_json(meta[_KEY_CONFIG])
     except ConfigError as error:
-        raise CheckpointError(f"{str(path)!r} holds a config that cannot be built: {error}") from error
+        raise CheckpointError(f"{name} holds a config that cannot be built: {error}") from error
     try:
         user = json.loads(meta.get(_KEY_USER, "{}"))
     except json.JSONDecodeError as error:
-        raise CheckpointError(f"{str(path)!r} has metadata that is not valid JSON: {error}") from error
-    try:
-        listing = {name: (str(entry["dtype"]), tuple(entry["shape"])) for name, entry in header.items()}
-    except (KeyError, TypeError):
-        raise CheckpointError(f"{str(path)!r} is not a safetensors file: malformed tensor entries") from None
-    return CheckpointInfo(cfg, user, int(version), meta[_KEY_SHA], listing)
+        raise CheckpointError(f"{name} has metadata that is not valid JSON: {error}") from error
+    if not isinstance(user, dict):
+        raise CheckpointError(f"{name} has metadata that is not a JSON object")
+    listing = {key: (str(e["dtype"]), tuple(e["shape"])) for key, e in entries.items()}
+    return CheckpointInfo(cfg, user, int(meta[_KEY_VERSION]), meta[_KEY_SHA], listing), blob
+
+
+def _load_verified(path: Path) -> tuple[dict[str, Any], dict[str, str], bytes]:
+    """The verified header entries, metadata and bytes of a oneblock checkpoint."""
+    name = repr(str(path))
+    blob = files.read_bytes(path, "checkpoint")
+    _, meta, _ = integrity.parse_header(blob, name)  # a pickle or a foreign file is named before the digest
+    if meta.get(_KEY_FORMAT) != FORMAT:
+        raise CheckpointError(
+            f"{name} is a safetensors file but not a oneblock checkpoint (no {_KEY_FORMAT}={FORMAT!r} in "
+            "its metadata); a Hugging Face model directory converts with `oneblock convert SRC DST`"
+        )
+    version = meta.get(_KEY_VERSION, "")
+    if not version.isdigit() or int(version) != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{name} has checkpoint format version {version!r}; this oneblock reads version {FORMAT_VERSION} "
+            "(version 1 files, whose digest covered the tensors only, must be re-saved by the oneblock that wrote "
+            "them; a newer version needs a newer oneblock)"
+        )
+    for key in (_KEY_CONFIG, _KEY_SHA):
+        if key not in meta:
+            raise CheckpointError(f"{name} lacks the {key!r} metadata entry that every checkpoint has")
+    entries, meta = integrity.verify_sealed(blob, name)
+    return entries, meta, blob
+
+
+def _stored_dtype(name: str, listing: Mapping[str, tuple[str, tuple[int, ...]]]) -> torch.dtype:
+    """The one floating dtype of the stored tensors; integer or mixed dtypes are refused, never cast."""
+    kinds = sorted({dtype for dtype, _ in listing.values()})
+    wrong = [f"{key} ({dtype})" for key, (dtype, _) in listing.items() if dtype not in _FLOAT_DTYPES]
+    if wrong:
+        raise CheckpointError(
+            f"{name} stores non-floating tensors {_listing(wrong)}; a oneblock model's weights are floating point "
+            "(refusing to cast them)"
+        )
+    if len(kinds) > 1:
+        raise CheckpointError(f"{name} mixes tensor dtypes {kinds}; a checkpoint stores one dtype")
+    return _TORCH_DTYPES[kinds[0]] if kinds else torch.float32
 
 
 def unique_tensors(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -246,123 +283,52 @@ def _identity(tensor: Tensor) -> tuple[int, int, tuple[int, ...], tuple[int, ...
     )
 
 
-def _canonical_key(key: str, state: Mapping[str, Tensor], canonical: Mapping[str, Tensor]) -> str:
-    """The name under which the tensor ``state[key]`` is stored."""
-    if key in canonical:
-        return key
-    identity = _identity(state[key])
-    return next(k for k in canonical if _identity(state[k]) == identity)
+def _aliases(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, str]:
+    """State-dict key -> the key its tensor is stored under: the first key naming the same Parameter or buffer.
+
+    Works on the meta device, where storage addresses say nothing, by the identity of the module's tensors.
+    """
+    owner: dict[str, int] = {}
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for key, tensor in named:
+        owner[key] = id(tensor)
+    first: dict[int, str] = {}
+    out = {}
+    for key in state:
+        ident = owner.get(key, hash(key))
+        out[key] = first.setdefault(ident, key)
+    return out
 
 
-def _check_names_and_shapes(path: Path, tensors: Mapping[str, Tensor], expected: Mapping[str, Tensor]) -> None:
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
+def _check_listing(
+    name: str, listing: Mapping[str, tuple[str, tuple[int, ...]]], expected: Mapping[str, Tensor]
+) -> None:
+    """The stored tensors must be exactly the model's, with its shapes and dtypes (nothing is cast)."""
+    missing = sorted(set(expected) - set(listing))
+    unexpected = sorted(set(listing) - set(expected))
     if missing or unexpected:
         parts = []
         if missing:
             parts.append(f"missing tensors {_listing(missing)}")
         if unexpected:
             parts.append(f"unexpected tensors {_listing(unexpected)}")
-        raise CheckpointError(
-            f"{str(path)!r} does not match the model its config describes: {'; '.join(parts)}"
-        )
+        raise CheckpointError(f"{name} does not match the model its config describes: {'; '.join(parts)}")
     wrong = [
-        f"{name} is {tuple(tensors[name].shape)}, expected {tuple(expected[name].shape)}"
-        for name in expected
-        if tensors[name].shape != expected[name].shape
+        f"{key} is {listing[key][1]}, expected {tuple(expected[key].shape)}"
+        for key in sorted(expected)
+        if listing[key][1] != tuple(expected[key].shape)
     ]
     if wrong:
-        raise CheckpointError(f"{str(path)!r} has tensors of the wrong shape: {_listing(wrong)}")
+        raise CheckpointError(f"{name} has tensors of the wrong shape: {_listing(wrong)}")
+    wrong = [
+        f"{key} is {listing[key][0]}, expected {integrity.dtype_name(expected[key].dtype)}"
+        for key in sorted(expected)
+        if listing[key][0] != integrity.dtype_name(expected[key].dtype)
+    ]
+    if wrong:
+        raise CheckpointError(f"{name} has tensors of the wrong dtype (refusing to cast): {_listing(wrong)}")
 
 
 def _listing(items: list[str], limit: int = 5) -> str:
     shown = ", ".join(items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
-def _read_header(path: Path) -> dict[str, Any]:
-    """The safetensors JSON header, after checking that the file is whole and is not a pickle.
-
-    Layout: 8 bytes little-endian header length N, N bytes of JSON, then the tensor data; every tensor's
-    ``data_offsets`` lie inside the data, which ends exactly at the largest offset.
-    """
-    if not path.exists():
-        raise CheckpointError(f"no checkpoint at {str(path)!r}: the file does not exist")
-    if not path.is_file():
-        raise CheckpointError(f"{str(path)!r} is not a file; a checkpoint is one .safetensors file")
-    size = path.stat().st_size
-    if size == 0:
-        raise CheckpointError(f"{str(path)!r} is empty (0 bytes); it was never written or was truncated")
-    with path.open("rb") as f:
-        head = f.read(9)
-        n = struct.unpack("<Q", head[:8])[0] if len(head) >= 8 else 0
-        looks_safetensors = len(head) == 9 and 8 + n <= size and head[8:9] == b"{"
-        if not looks_safetensors and _is_pickle(head):
-            kind = "a torch.save zip archive" if head.startswith(_ZIP_MAGIC) else "a pickle"
-            raise CheckpointError(
-                f"{str(path)!r} is {kind}: refusing to unpickle; oneblock checkpoints are safetensors "
-                "(unpickling can run arbitrary code). Re-save the model with oneblock.io.checkpoint.save"
-            )
-        if len(head) < 8:
-            raise CheckpointError(f"{str(path)!r} is truncated: {size} bytes, shorter than a safetensors header")
-        if n > _MAX_HEADER:
-            raise CheckpointError(
-                f"{str(path)!r} is not a safetensors file: its first 8 bytes declare a {n}-byte header"
-            )
-        if 8 + n > size:
-            raise CheckpointError(
-                f"{str(path)!r} is truncated: its header declares {n} bytes but the file has {size} bytes in all"
-            )
-        f.seek(8)
-        raw = f.read(n)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{str(path)!r} is not a safetensors file: its header is not JSON ({error})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{str(path)!r} is not a safetensors file: its header is not a JSON object")
-    try:
-        end = max((int(e["data_offsets"][1]) for k, e in header.items() if k != "__metadata__"), default=0)
-    except (KeyError, TypeError, IndexError, ValueError):
-        raise CheckpointError(f"{str(path)!r} is not a safetensors file: malformed tensor entries") from None
-    data = size - 8 - n
-    if data < end:
-        raise CheckpointError(
-            f"{str(path)!r} is truncated: its tensors need {end} bytes of data, the file holds {data}"
-        )
-    if data > end:
-        raise CheckpointError(f"{str(path)!r} has {data - end} unexpected bytes after its tensor data")
-    return header
-
-
-def _is_pickle(head: bytes) -> bool:
-    return head.startswith(_ZIP_MAGIC) or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
-
-
-def _atomic_write(tensors: dict[str, Tensor], header: dict[str, str], path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    # O_EXCL: never reuse another writer's file; mode 0o666 lets the umask decide, as for a plain open().
-    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
-    try:
-        save_file(tensors, str(tmp), metadata=header)
-        with tmp.open("rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable; not possible (nor needed) on every platform."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -1,7 +1,7 @@
 """Key/value caches for incremental decoding.
 
 A decoder generating token ``t`` needs the keys and values of tokens ``0..t-1`` at every layer; recomputing them
-makes each step cost the whole prefix. ``KVCache`` keeps them in a buffer preallocated to the context length;
+makes each step cost the whole prefix. ``KVCache`` keeps them in buffers that grow in chunks as the sequence does;
 ``Cache`` holds one per layer, plus the cross-attention keys and values of an encoder-decoder model, which depend
 only on the source and are computed once.
 """
@@ -13,9 +13,23 @@ from torch import Tensor
 
 from oneblock.errors import InputError
 
+DEFAULT_CHUNK = 256
+"""Positions a cache grows by: one reallocation per 256 tokens, a negligible share of decoding them."""
+
 
 class KVCache:
-    """Keys and values of one self-attention layer, (B, Hkv, L, Dh) each, filled up to ``length``."""
+    """Keys and values of one self-attention layer, (B, Hkv, L, Dh) each, filled up to ``length``.
+
+    The buffers start at ``chunk`` positions (or ``max_len`` when smaller) and grow by ``chunk`` whenever an
+    append would overflow them, up to ``max_len``: a short generation with an 8,192-token model holds a few hundred
+    positions, not 8,192. ``chunk=max_len`` preallocates everything up front.
+
+    Args:
+        batch_size, n_kv_heads, max_len, d_head: the buffers' sizes; ``max_len`` bounds the growth.
+        dtype: the stored keys' and values' dtype (``torch.bfloat16`` halves the memory of a float32 model's).
+        device: where the buffers live.
+        chunk: positions to grow by (default ``DEFAULT_CHUNK``).
+    """
 
     def __init__(
         self,
@@ -26,12 +40,30 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        chunk: int | None = None,
     ) -> None:
-        shape = (batch_size, n_kv_heads, max_len, d_head)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        chunk = DEFAULT_CHUNK if chunk is None else chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise InputError(f"chunk must be a positive int (positions to grow by); got {chunk!r}")
+        self.chunk = chunk
         self.max_len = max_len
         self.length = 0
+        self.k = torch.zeros((batch_size, n_kv_heads, min(chunk, max_len), d_head), dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    @property
+    def capacity(self) -> int:
+        """Positions the buffers hold now (between ``length`` and ``max_len``)."""
+        return self.k.shape[2]
+
+    def _grow(self, end: int) -> None:
+        capacity = min(self.max_len, -(-end // self.chunk) * self.chunk)  # whole chunks, at most max_len
+        b, h, _, d = self.k.shape
+        k = self.k.new_zeros((b, h, capacity, d))
+        v = self.v.new_zeros((b, h, capacity, d))
+        k[:, :, : self.length] = self.k[:, :, : self.length]
+        v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys and values (B, Hkv, T, Dh); return all stored so far, (B, Hkv, length, Dh)."""
@@ -43,6 +75,8 @@ class KVCache:
             )
         if k.shape[0] != self.k.shape[0]:
             raise InputError(f"the cache was made for batch size {self.k.shape[0]}; got batch size {k.shape[0]}")
+        if end > self.capacity:
+            self._grow(end)
         self.k[:, :, self.length : end] = k
         self.v[:, :, self.length : end] = v
         self.length = end
@@ -68,9 +102,11 @@ class Cache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         cross_attention: bool = False,
+        chunk: int | None = None,
     ) -> None:
         self.layers = [
-            KVCache(batch_size, n_kv_heads, max_len, d_head, dtype=dtype, device=device) for _ in range(n_layers)
+            KVCache(batch_size, n_kv_heads, max_len, d_head, dtype=dtype, device=device, chunk=chunk)
+            for _ in range(n_layers)
         ]
         self.cross: list[tuple[Tensor, Tensor] | None] | None = [None] * n_layers if cross_attention else None
         self.batch_size = batch_size

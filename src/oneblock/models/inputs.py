@@ -26,6 +26,8 @@ def check_tokens(tokens: object, cfg: ModelConfig, *, past: int = 0, name: str =
         raise InputError(
             f"{name} must hold integer token ids; got dtype {tokens.dtype}. Use tokens.long() if they are ids"
         )
+    if tokens.dtype not in (torch.int64, torch.int32):  # what nn.Embedding indexes with; uint8 would wrap at 256
+        raise InputError(f"{name} must be int64 (or int32) token ids; got dtype {tokens.dtype}. Use tokens.long()")
     if tokens.dim() != 2:
         hint = " (add a batch axis with tokens.unsqueeze(0))" if tokens.dim() == 1 else ""
         raise InputError(f"{name} must have shape (B, T); got {tuple(tokens.shape)}{hint}")
@@ -60,3 +62,17 @@ def config_of(model: object) -> ModelConfig:
     if not isinstance(cfg, ModelConfig):
         raise InputError(f"expected a oneblock model (with a ModelConfig as .config); got {type(model).__name__}")
     return cfg
+
+
+def check_positions(positions: object, cfg: ModelConfig, b: int, t: int) -> Tensor:
+    """Refuse positions that are not (T,) or (B, T) integers in ``[0, max_seq_len)``, the tables' rows."""
+    if not isinstance(positions, Tensor) or positions.dtype not in (torch.int64, torch.int32):
+        what = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
+        raise InputError(f"positions must be an int64 tensor; got {what}")
+    if tuple(positions.shape) not in ((t,), (b, t)):
+        raise InputError(f"positions must have shape (T,) or (B, T) = ({b}, {t}); got {tuple(positions.shape)}")
+    low, high = int(positions.min()), int(positions.max())
+    if low < 0 or high >= cfg.max_seq_len:
+        bad = low if low < 0 else high
+        raise InputError(f"positions contain {bad}, outside [0, max_seq_len={cfg.max_seq_len})")
+    return positions

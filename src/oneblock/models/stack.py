@@ -21,6 +21,7 @@ from oneblock.layers.relative_position import RelativePositionBias
 from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.layers.state import AttentionRecorder, AttentionState
 from oneblock.models.embeddings import Embeddings
+from oneblock.models.inputs import check_positions
 
 
 class Stack(nn.Module):
@@ -117,8 +118,8 @@ class Stack(nn.Module):
         past = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(past, past + t, device=tokens.device)  # (T,)
-        elif tuple(positions.shape) not in ((t,), (b, t)):
-            raise InputError(f"positions must have shape (T,) or (B, T) = ({b}, {t}); got {tuple(positions.shape)}")
+        else:
+            check_positions(positions, self.config, b, t)
         mask = None
         if padding_mask is not None:
             check_padding_mask(padding_mask, b, past + t)

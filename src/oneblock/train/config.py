@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,20 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer; got {value!r}")
+        if self.seed >= 2**63:
+            raise ConfigError(f"seed must be an integer in [0, 2**63); got {self.seed}")
+        for name in ("n_symbols",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be an integer; got {value!r}")
+        for name in ("mask_prob", "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "grad_clip", "val_fraction"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number; got {value!r}")
+        if not isinstance(self.bf16, bool):
+            raise ConfigError(f"bf16 must be True or False; got {self.bf16!r}")
+        if self.text is not None and not isinstance(self.text, str):
+            raise ConfigError(f"text must be a file path (a string) or None; got {self.text!r}")
         if self.warmup_steps > self.steps:
             raise ConfigError(f"warmup_steps ({self.warmup_steps}) must not exceed steps ({self.steps})")
         if not self.lr > 0:

@@ -33,9 +33,14 @@ def read_text(path: str | Path | None) -> bytes:
     if path is None:
         return default_corpus()
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"text file {str(path)!r} does not exist; pass an existing UTF-8 file to --text")
-    data = path.read_bytes()
+    if path.is_dir():
+        raise InputError(f"text file {str(path)!r} is a directory; pass a UTF-8 file to --text")
+    try:
+        data = path.read_bytes()  # a device or a pipe (/dev/null, <(cmd)) reads like a file
+    except OSError as error:
+        raise InputError(f"cannot read the text file {str(path)!r}: {error.strerror or error}") from None
     if not data:
         raise InputError(f"text file {str(path)!r} is empty; give it some text to learn from")
     try:

@@ -42,7 +42,12 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     """``auto``: this process's GPU when there is one, else the CPU; or an explicit ``cpu`` / ``cuda[:i]``."""
     if name == "auto":
         return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:i") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {name!r} is not supported for training; use auto, cpu, cuda or cuda:i")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"device {name!r} requested but CUDA is not available; use --device cpu")

@@ -33,6 +33,7 @@ from torch import nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError
+from oneblock.io import files, integrity, limits
 from oneblock.models.build import build_model
 from oneblock.train import distributed
 from oneblock.train.checkpoints import CheckpointDir
@@ -103,6 +104,7 @@ class Trainer:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:i``.
         quiet: no progress bar.
         on_step: called after every step as ``on_step(step, record)`` (tests use it to interrupt a run).
+        on_note: called with each sentence of ``notes`` as it is found (the CLI prints them).
 
     Raises:
         ConfigError: the model does not fit the task.
@@ -117,11 +119,13 @@ class Trainer:
         device: str = "auto",
         quiet: bool = True,
         on_step: Callable[[int, dict[str, Any]], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.quiet = quiet
         self.on_step = on_step
+        self.on_note = on_note
         self.ctx = distributed.setup(device)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.objective = make_objective(cfg)
@@ -133,6 +137,7 @@ class Trainer:
                 f"{model_cfg.max_seq_len}. Adapt the config with oneblock.train.fit_model_config"
             )
         self.model_cfg = model_cfg
+        limits.check_model_size(model_cfg, what="the model to train", error=ConfigError)
         self.model = build_model(model_cfg, device=self.ctx.device)
         self.module = self.objective.wrap(self.model).to(self.ctx.device)
         self.optimizer = make_optimizer(
@@ -147,16 +152,20 @@ class Trainer:
         self._head = self.module if self.module is not self.model else None
         self.ddp: nn.Module = self.module  # wrapped in DDP by train() when distributed
         self.interrupts = InterruptGuard()
+        self.notes: list[str] = []  # what resuming found and did (a fallback to an older step, a fresh start)
 
     @classmethod
     def from_run(cls, run_dir: str | Path, **kwargs: Any) -> Trainer:
         """A trainer for an existing run directory, configured from its ``config.json``."""
         path = Path(run_dir) / CONFIG_FILE
-        if not path.is_file():
+        if not path.exists():
             raise CheckpointError(f"{str(path)!r} does not exist; is {str(run_dir)!r} a oneblock training run?")
-        saved = json.loads(path.read_text())
-        return cls(ModelConfig.from_dict(saved["model"]), TrainConfig.from_dict(saved["train"]), run_dir=run_dir,
-                   **kwargs)
+        saved = integrity.load_json(path, "run config")
+        if not isinstance(saved.get("model"), dict) or not isinstance(saved.get("train"), dict):
+            raise CheckpointError(f"the run config {str(path)!r} lacks its 'model' and 'train' sections")
+        return cls(
+            ModelConfig.from_dict(saved["model"]), TrainConfig.from_dict(saved["train"]), run_dir=run_dir, **kwargs
+        )
 
     # Saving and restoring.
     def _state(self, rngs: list[dict[str, Any]], data: dict[str, Any]) -> dict[str, Any]:
@@ -194,10 +203,18 @@ class Trainer:
         """This rank's step, generators and data position: what a resumed run needs to repeat a step."""
         return {"step": self.step, "rng": rng_state(), "data": self.objective.state_dict()}
 
-    def _resume(self) -> None:
-        latest = self.checkpoints.latest() if self.checkpoints else None
+    def _resume(self) -> bool:
+        """Restore the newest complete checkpoint; False when the run has none and starts afresh (with a note)."""
+        if self.run_dir is not None:
+            files.remove_leftovers(self.run_dir)  # a config.json write cut short
+        latest = self.checkpoints.recover() if self.checkpoints else None
+        self._take_notes()
         if latest is None:
             where = str(self.run_dir / "checkpoints") if self.run_dir else "memory"
+            if self.run_dir is not None and (self.run_dir / CONFIG_FILE).exists():
+                self._start_afresh(announce=False)
+                self._note(f"no complete checkpoint in {where}: starting the run afresh from its config.json")
+                return False
             raise CheckpointError(f"nothing to resume: no checkpoint in {where}; start the run without --resume")
         state = self.checkpoints.load(latest, self.model, head=self._head)
         if state["schedule"] != self.schedule.to_dict():
@@ -210,11 +227,38 @@ class Trainer:
         rngs = state["rng"]
         set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
         self.step, self.tokens, self.elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed"])
+        return True
+
+    def _start_afresh(self, *, announce: bool = True) -> None:
+        """Refuse to overwrite a run with a complete checkpoint; clear what an unfinished first save left."""
+        if self.checkpoints is None:
+            return
+        found = self.checkpoints.recover()
+        self._take_notes()
+        if found is not None:
+            raise CheckpointError(
+                f"{str(self.run_dir)!r} already holds a run; pass --resume to continue it (its newest complete "
+                f"checkpoint is {found.name}) or choose another --out"
+            )
+        if self.checkpoints.root.exists():
+            if announce:
+                self._note(f"{str(self.checkpoints.root)!r} holds no complete checkpoint: starting afresh")
+            self.checkpoints.clear()
+
+    def _note(self, message: str) -> None:
+        self.notes.append(message)
+        if self.on_note is not None:
+            self.on_note(message)
+
+    def _take_notes(self) -> None:
+        if self.checkpoints is not None:
+            for message in self.checkpoints.notes:
+                self._note(message)
+            self.checkpoints.notes.clear()
 
     def _write_config(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         payload = {"model": self.model_cfg.to_dict(), "train": self.cfg.to_dict(), "world": self.ctx.world}
-        (self.run_dir / CONFIG_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True))
+        files.write_atomic(self.run_dir / CONFIG_FILE, integrity.dump_json(payload), what="run config")
 
     # Training.
     def train_step(self) -> dict[str, Any]:
@@ -224,9 +268,7 @@ class Trainer:
         lr = self.schedule.apply(self.optimizer, self.step)
         batch = self.objective.next_batch(cfg.batch_size * ctx.world)
         local = {k: v.to(ctx.device) for k, v in distributed.shard(batch, ctx).items()}
-        autocast = (
-            torch.autocast(device_type=ctx.device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
-        )
+        autocast = torch.autocast(device_type=ctx.device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
         with autocast:
             loss, n_tokens = self.objective.loss(self.ddp, local)
         self.optimizer.zero_grad(set_to_none=True)
@@ -261,13 +303,14 @@ class Trainer:
             CheckpointError: ``resume`` without a checkpoint, or a checkpoint of another configuration.
         """
         cfg, ctx = self.cfg, self.ctx
-        if resume:
-            self._resume()
-        self.ddp = distributed.wrap(self.module, ctx)
+        resumed = self._resume() if resume else False
         write = self.run_dir is not None and ctx.is_main
         if write and not resume:
+            self._start_afresh()
+        self.ddp = distributed.wrap(self.module, ctx)
+        if write and not resumed:
             self._write_config()
-        log = StepLog(self.run_dir / LOG_FILE, resume_step=self.step if resume else None) if write else None
+        log = StepLog(self.run_dir / LOG_FILE, resume_step=self.step if resumed else None) if write else None
         result = TrainResult(step=self.step)
         self.module.train()
         rewind = None

@@ -9,19 +9,17 @@ together, restoring integer dict keys and tuples, so ``optimizer.load_state_dict
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from oneblock.errors import CheckpointError
+from oneblock.io import files, integrity
 
 FORMAT = "oneblock-train-state"
-VERSION = 1
+VERSION = 2  # 2: sealed with the digest of the whole file
 
 
 def _encode(obj: Any, path: str, tensors: dict[str, Tensor]) -> Any:
@@ -58,43 +56,47 @@ def _decode(obj: Any, tensors: dict[str, Tensor]) -> Any:
 
 
 def save_state(state: dict[str, Any], path: str | Path) -> None:
-    """Write ``state`` to ``path`` atomically (a temporary file, then a rename).
+    """Write ``state`` to ``path`` atomically, sealed with the digest of all its bytes (``oneblock.io.integrity``).
 
     Raises:
-        CheckpointError: the state holds something other than tensors, numbers, strings and containers.
+        CheckpointError: the state holds something other than tensors, numbers, strings and containers, or the
+            file cannot be written (naming ``path``).
     """
-    path = Path(path)
+    path = files.check_target(path, "training state")
     tensors: dict[str, Tensor] = {}
     skeleton = _encode(state, "", tensors)
-    metadata = {"format": FORMAT, "version": str(VERSION), "state": json.dumps(skeleton)}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    try:
+        text = json.dumps(skeleton, allow_nan=False)
+    except ValueError as error:
+        raise CheckpointError(f"cannot store a training state holding NaN or infinity: {error}") from None
+    metadata = {"format": FORMAT, "version": str(VERSION), "state": text}
+    files.write_atomic(path, integrity.dump_safetensors(tensors, metadata), what="training state")
 
 
 def load_state(path: str | Path) -> dict[str, Any]:
-    """Read a state written by ``save_state``.
+    """Read a state written by ``save_state``, after checking the digest of every byte of the file.
 
     Raises:
-        CheckpointError: the file is missing, not safetensors, or not a oneblock training state.
+        CheckpointError: the file is missing, not safetensors, damaged, or not a oneblock training state.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"training state {str(path)!r} does not exist")
-    try:
-        tensors = load_file(str(path))
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"training state {str(path)!r} is not a readable safetensors file: {error}") from None
+    name = repr(str(path))
+    blob = files.read_bytes(path, "training state")
+    _, metadata, _ = integrity.parse_header(blob, f"training state {name}")
     if metadata.get("format") != FORMAT:
         raise CheckpointError(
-            f"{str(path)!r} is not a oneblock training state (format {metadata.get('format')!r}, "
-            f"expected {FORMAT!r})"
+            f"{name} is not a oneblock training state (format {metadata.get('format')!r}, expected {FORMAT!r})"
         )
     if metadata.get("version") != str(VERSION):
         raise CheckpointError(f"training state version {metadata.get('version')!r} is not supported ({VERSION})")
-    return _decode(json.loads(metadata["state"]), tensors)
+    integrity.verify_sealed(blob, f"training state {name}")
+    tensors = integrity.tensors_of(blob, f"training state {name}")
+    try:
+        return _decode(json.loads(metadata["state"]), tensors)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        if isinstance(error, CheckpointError):
+            raise
+        raise CheckpointError(f"training state {name} is malformed: {error!r}") from None
 
 
 def rng_state() -> dict[str, Any]:

@@ -232,7 +232,7 @@ def test_quantized_file_matches_transformers(tmp_path, qtype):
         if name == "lm_head.weight" and tie:
             continue
         assert torch.equal(state[oneblock_name(gguf_name(name))], tensor), name  # bit-identical after un-permute
-    model = from_gguf(path)
+    model = from_gguf(path, dtype=torch.float32)  # the exact path: every tensor dequantized
     x = ids(2, 9, 211, seed=4)
     with torch.no_grad():
         assert max_diff(model(x), ref(x).logits) <= 1e-4
@@ -240,7 +240,7 @@ def test_quantized_file_matches_transformers(tmp_path, qtype):
 
 def test_bfloat16_load(tmp_path):
     path = write_gguf(tmp_path / "q8.gguf", hf_llama(QUANT, tie=False, seed=5), Q.Q8_0)
-    full, half = from_gguf(path), from_gguf(path, dtype=torch.bfloat16)
+    full, half = from_gguf(path, dtype=torch.float32), from_gguf(path, dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in half.parameters())
     x = ids(2, 9, 211, seed=6)
     with torch.no_grad():
@@ -322,7 +322,7 @@ def smollm2():
     from oneblock.io.gguf.smollm2 import load_smollm2, smollm2_gguf_path
 
     path = smollm2_gguf_path()
-    model, tokenizer = load_smollm2()
+    model, tokenizer = load_smollm2(dtype=torch.float32)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
     return model, tokenizer, ref
 
@@ -384,3 +384,34 @@ def test_smollm2_greedy_generation_matches_transformers(smollm2):
     theirs = out[0, len(prompt) :].tolist()
     assert len(ours) == 40 and tokenizer.eos_id not in ours  # a long answer, not an early stop
     assert ours == theirs, (tokenizer.decode(ours), tokenizer.decode(theirs))
+
+
+BENCH_TEXT = (
+    "The transformer block is the unit that modern language models repeat dozens of times. Each block lets every "
+    "position look at the positions before it through attention, then transforms each position on its own with a "
+    "small feed-forward network. Residual connections and normalization keep the signal stable as blocks stack up, "
+    "and a cache of keys and values makes generating one token at a time cheap."
+)  # benchmarks/bench_smollm2.py's prompt
+
+
+def test_smollm2_fast_path_matches_transformers(smollm2):
+    """The default load keeps the 4-bit matrices 4-bit (bfloat16 activations in their products): logits within
+    3% of the logit range of transformers' float32 model, and the same greedy tokens on the benchmark's prompt
+    (32 tokens) and on the README's example."""
+    from oneblock.inference.generation import generate
+    from oneblock.io.gguf.smollm2 import load_smollm2
+
+    _, tokenizer, ref = smollm2
+    fast, _ = load_smollm2()
+    prompt = torch.tensor([(tokenizer.encode(BENCH_TEXT) * 2)[:64]])
+    with torch.no_grad():
+        ours, theirs = fast(prompt), ref(prompt).logits
+        spread = (theirs.amax(-1) - theirs.amin(-1)).mean().item()
+        assert max_diff(ours, theirs) <= 0.03 * spread
+        expected = ref.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=2)
+    assert generate(fast, prompt, 32, greedy=True).tolist() == expected.tolist()
+    question = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], tokenize=True
+    )
+    answer = generate(fast, question, 12, greedy=True, eos_id=tokenizer.eos_id)[len(question) :].tolist()
+    assert tokenizer.decode(answer) == "The capital of France is Paris.<|im_end|>"

@@ -153,11 +153,13 @@ def test_wrong_shape_is_named(gpt2_dir):
         from_hf(gpt2_dir)
 
 
-def test_pytorch_bin_directory(gpt2_dir):
+def test_pytorch_bin_directory_is_refused_not_unpickled(gpt2_dir):
     tensors = load_file(gpt2_dir / "model.safetensors")
     (gpt2_dir / "model.safetensors").unlink()
     torch.save(tensors, gpt2_dir / "pytorch_model.bin")
-    assert from_hf(gpt2_dir).config.d_model == C
+    with pytest.raises(ConversionError, match=r"pytorch_model\.bin, a pickle; oneblock never unpickles") as info:
+        from_hf(gpt2_dir)
+    assert "weights_only" not in str(info.value)
 
 
 def test_sharded_directory(tmp_path):

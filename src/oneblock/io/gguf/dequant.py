@@ -29,8 +29,10 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.gguf_reader import ReaderTensor
 
 from oneblock.errors import ConversionError
+from oneblock.io.gguf.layout import TensorRecord
 
 _BLOCK = 32
+_CHUNK = 1 << 16  # blocks decoded at once: 2M values, 8 MB of float32
 
 _NATIVE = (
     GGMLQuantizationType.F32,
@@ -122,45 +124,112 @@ def check_supported(name: str, ggml_type: int) -> None:
         )
 
 
-def dequantize(tensor: ReaderTensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize(tensor: ReaderTensor | TensorRecord, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode one GGUF tensor into a dense PyTorch tensor.
 
     Args:
-        tensor: a tensor from ``gguf.GGUFReader(path).tensors``; its ``data`` is a view of the memory-mapped
-            file (float arrays for F32/F16, raw bytes of shape ``(rows, bytes_per_row)`` for block types).
+        tensor: a :class:`~oneblock.io.gguf.layout.TensorRecord` (its ``data`` is a view of the mapped file), or
+            a tensor from ``gguf.GGUFReader(path).tensors``.
         dtype: floating dtype of the result. Decoding happens in float32 and is cast at the end.
 
     Returns:
         A new tensor (not backed by the file) of shape :func:`tensor_shape`.
 
     Raises:
-        ConversionError: if the type is not in :data:`SUPPORTED_TYPES` or the byte count does not match.
+        ConversionError: if the type is not in :data:`SUPPORTED_TYPES`, the byte count does not match, or a
+            decoded value is NaN or infinite.
     """
-    check_supported(tensor.name, tensor.tensor_type)
-    ggml_type = GGMLQuantizationType(tensor.tensor_type)
-    shape = tensor_shape(tensor)
+    if isinstance(tensor, TensorRecord):
+        name, ggml_type, shape, raw = tensor.name, tensor.ggml_type, tensor.shape, tensor.data
+    else:
+        name, ggml_type, shape = tensor.name, tensor.tensor_type, tensor_shape(tensor)
+        raw = torch.from_numpy(np.array(tensor.data).reshape(-1).view(np.uint8))
+    out = decode_bytes(name, ggml_type, shape, raw)
+    check_finite(name, out)
+    return out.to(dtype)
+
+
+def decode_bytes(name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Tensor) -> torch.Tensor:
+    """Float32 values of a tensor from its (nbytes,) uint8 bytes, vectorized over all blocks at once."""
+    check_supported(name, ggml_type)
+    ggml_type = GGMLQuantizationType(ggml_type)
     block_size, type_size = GGML_QUANT_SIZES[ggml_type]
     n_values = int(np.prod(shape, dtype=np.int64))
     expected_bytes = n_values // block_size * type_size
-    if tensor.data.nbytes != expected_bytes or n_values % block_size:
+    if raw.numel() != expected_bytes or n_values % block_size:
         raise ConversionError(
-            f"tensor {tensor.name!r} ({ggml_type.name}, shape {shape}) holds {tensor.data.nbytes} bytes, expected "
+            f"tensor {name!r} ({ggml_type.name}, shape {shape}) holds {raw.numel()} bytes, expected "
             f"{expected_bytes}; the file is truncated or corrupt"
         )
-    raw = np.array(tensor.data)  # a writable copy, detached from the memory-mapped file
     if ggml_type == GGMLQuantizationType.F32:
-        out = torch.from_numpy(raw.view(np.float32))
+        out = raw.view(torch.float32).clone()  # a copy: the model must not hold a view of the mapped file
     elif ggml_type == GGMLQuantizationType.F16:
-        out = torch.from_numpy(raw.view(np.float16).astype(np.float32))
+        out = raw.view(torch.float16).float()
     elif ggml_type == GGMLQuantizationType.BF16:
-        # bfloat16 is the upper half of a float32: shift the 16 stored bits into place.
-        bits = torch.from_numpy(raw.view(np.uint16).astype(np.int32)) << 16
-        out = bits.view(torch.float32)
+        out = raw.view(torch.bfloat16).float()  # bfloat16 is the upper half of a float32: exact
     elif ggml_type in _BLOCK_DECODERS:
-        blocks = torch.from_numpy(raw.reshape(-1, type_size))  # (n_values / 32, type_size) uint8
-        out = _BLOCK_DECODERS[ggml_type](blocks)  # (n_values / 32, 32)
+        blocks = raw.view(-1, type_size)  # (n_values / 32, type_size) uint8
+        out = torch.empty(blocks.shape[0], _BLOCK)  # (n_values / 32, 32)
+        for start in range(0, blocks.shape[0], _CHUNK):  # vectorized per chunk: temporaries stay a few MB
+            out[start : start + _CHUNK] = _BLOCK_DECODERS[ggml_type](blocks[start : start + _CHUNK])
     else:
         from gguf.quants import dequantize as reference_dequantize
 
-        out = torch.from_numpy(np.ascontiguousarray(reference_dequantize(raw, ggml_type), dtype=np.float32))
-    return out.reshape(shape).to(dtype)
+        values = reference_dequantize(raw.numpy().reshape(-1, type_size), ggml_type)
+        out = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    return out.reshape(shape)
+
+
+def check_finite(name: str, values: torch.Tensor) -> None:
+    """Refuse a tensor holding NaN or infinity: a model built from it would compute garbage silently.
+
+    Raises:
+        ConversionError: naming the tensor and how many values are not finite.
+    """
+    flat = values.reshape(-1)
+    if all(bool(torch.isfinite(part).all()) for part in flat.split(_CHUNK * _BLOCK)):  # chunks: small temporaries
+        return
+    bad = values.numel() - int(torch.isfinite(values).sum())
+    if bad:
+        raise ConversionError(
+            f"tensor {name!r} holds {bad} NaN or infinite value(s) of {values.numel()}; the file is corrupt "
+            "or was written from a diverged model"
+        )
+
+
+INT4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+"""The block types whose values ``scale (q - 8) + zero`` per group of 32 reproduces exactly (see ``Int4Linear``)."""
+
+
+def int4_parts(name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The codes, scales and offsets of a Q4_0 / Q4_1 matrix, for ``Int4Linear``, without decoding the values.
+
+    Args:
+        name, ggml_type, shape: the tensor's (shape is (N, K), K a multiple of 32).
+        raw: its (nbytes,) uint8 bytes.
+
+    Returns:
+        ``(codes, scale, zero)``: (N, K) uint8 in [0, 15]; (N, K / 32) float32 each, with
+        ``value = scale * (code - 8) + zero``.
+
+    Raises:
+        ConversionError: a type other than Q4_0 / Q4_1, or a byte count that does not match the shape.
+    """
+    if ggml_type not in INT4_TYPES or len(shape) != 2 or shape[1] % _BLOCK:
+        raise ConversionError(f"tensor {name!r} is not a Q4_0 / Q4_1 matrix with rows of whole 32-value blocks")
+    n, k = shape
+    type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)][1]
+    if raw.numel() != n * k // _BLOCK * type_size:
+        raise ConversionError(f"tensor {name!r} holds {raw.numel()} bytes, expected {n * k // _BLOCK * type_size}")
+    blocks = raw.view(n * k // _BLOCK, type_size)
+    d = _f16(blocks[:, :2])  # (N G, 1)
+    if ggml_type == GGMLQuantizationType.Q4_0:
+        packed, zero = blocks[:, 2:], torch.zeros_like(d)
+    else:
+        packed, zero = blocks[:, 4:], _f16(blocks[:, 2:4]) + 8.0 * d  # d q + m = d (q - 8) + (m + 8 d)
+    codes = torch.empty(packed.shape[0], _BLOCK, dtype=torch.uint8)  # (N G, 32)
+    torch.bitwise_and(packed, 0x0F, out=codes[:, :16])  # low nibbles: values 0..15 of the block
+    torch.bitwise_right_shift(packed, 4, out=codes[:, 16:])  # high nibbles: values 16..31
+    check_finite(name, d)
+    check_finite(name, zero)
+    return codes.reshape(n, k), d.reshape(n, k // _BLOCK), zero.reshape(n, k // _BLOCK)

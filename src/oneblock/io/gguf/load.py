@@ -3,8 +3,11 @@
 Three things happen between the file and the model:
 
 1. The config comes from the ``llama.*`` metadata keys (width, depth, heads, RoPE base, RMSNorm epsilon, ...).
-2. Each tensor is dequantized to float (see :mod:`oneblock.io.gguf.dequant`) and renamed
-   (``blk.3.ffn_gate.weight`` -> ``blocks.3.ffn.w1.weight``).
+2. Each tensor is renamed (``blk.3.ffn_gate.weight`` -> ``blocks.3.ffn.w1.weight``) and either dequantized to
+   float (see :mod:`oneblock.io.gguf.dequant`) or, for the 4-bit matrices of the fast path, kept as stored
+   (see :mod:`oneblock.inference.int4`). The file is memory-mapped and parsed once
+   (:mod:`oneblock.io.gguf.layout`); the model is built uninitialized and the file's tensors assigned to it, so
+   nothing is initialized only to be overwritten.
 3. The rows of the query and key projections are put back in Hugging Face order. llama.cpp's RoPE kernel
    rotates *adjacent* feature pairs ``(2i, 2i+1)`` of each head, while oneblock (like Hugging Face's Llama)
    rotates the pairs ``(i, i + Dh/2)``. llama.cpp's converter therefore interleaves the two halves of each
@@ -16,16 +19,18 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, cast
 
 import torch
 from gguf import GGUFReader
-from torch import Tensor
+from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, ConversionError
-from oneblock.io.gguf.dequant import check_supported, dequantize, tensor_shape
-from oneblock.io.gguf.file import open_gguf, read_metadata
+from oneblock.inference.int4 import Int4Linear, int4_kernel_available
+from oneblock.io.gguf.dequant import INT4_TYPES, check_supported, dequantize, int4_parts
+from oneblock.io.gguf.layout import GGUFLayout, TensorRecord, read_layout
+from oneblock.io.limits import check_model_size
 from oneblock.models.build import build_model
 from oneblock.models.decoder import Decoder
 
@@ -200,14 +205,46 @@ def oneblock_name(gguf_name: str) -> str:
     )
 
 
-def read_gguf(
-    path: str | os.PathLike[str] | GGUFReader, *, dtype: torch.dtype = torch.float32
-) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """Read a Llama-family GGUF file into a config and a oneblock state_dict.
+Source = str | os.PathLike[str] | GGUFLayout | GGUFReader
+
+
+def open_layout(source: Source) -> GGUFLayout:
+    """The parsed file behind any of the accepted sources: a path, a parsed layout, or a ``gguf.GGUFReader``."""
+    if isinstance(source, GGUFLayout):
+        return source
+    if isinstance(source, GGUFReader):
+        return read_layout(source.data.filename)  # the reader's own views would copy on every access
+    return read_layout(source)
+
+
+def _checked(source: Source) -> tuple[ModelConfig, GGUFLayout]:
+    layout = open_layout(source)
+    shapes = {name: t.shape for name, t in layout.tensors.items()}
+    cfg = config_from_metadata(layout.metadata, shapes)
+    check_model_size(cfg, what="the GGUF metadata", error=ConversionError)  # before any allocation
+    for t in layout.tensors.values():  # fail before the slow part if anything is unreadable
+        oneblock_name(t.name)
+        check_supported(t.name, t.ggml_type)
+    return cfg, layout
+
+
+def _decoded(t: TensorRecord, cfg: ModelConfig, layout: GGUFLayout | None = None) -> Tensor:
+    """A tensor's float32 values, query/key rows in ``rotate_half`` order."""
+    weight = dequantize(t)
+    if layout is not None:
+        layout.release(t)
+    if t.name.endswith(".attn_q.weight"):
+        weight = unpermute_rows(weight, cfg.n_heads)
+    elif t.name.endswith(".attn_k.weight"):
+        weight = unpermute_rows(weight, cfg.n_kv_heads)
+    return weight
+
+
+def read_gguf(source: Source, *, dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """Read a Llama-family GGUF file into a config and a dequantized oneblock state_dict.
 
     Args:
-        path: the ``.gguf`` file, or a ``gguf.GGUFReader`` already open on it (opening parses the whole
-            vocabulary, a few seconds for a 50k-token file, so the tokenizer and the model can share one).
+        source: the ``.gguf`` file, its :func:`~oneblock.io.gguf.layout.read_layout`, or a ``gguf.GGUFReader``.
         dtype: dtype of the returned tensors (dequantization itself runs in float32).
 
     Returns:
@@ -216,54 +253,104 @@ def read_gguf(
 
     Raises:
         CheckpointError: if the file is missing, not GGUF or corrupt.
-        ConversionError: for an unsupported architecture, variant or quantization type.
+        ConversionError: for an unsupported architecture, variant or quantization type, or NaN/inf weights.
     """
-    reader = path if isinstance(path, GGUFReader) else open_gguf(path)
-    metadata = read_metadata(reader)  # the vocabulary and merges stay in the file
-    shapes = {t.name: tensor_shape(t) for t in reader.tensors}
-    cfg = config_from_metadata(metadata, shapes)
-    for t in reader.tensors:  # fail before the slow part if anything is unreadable
-        oneblock_name(t.name)
-        check_supported(t.name, t.tensor_type)
-    state: dict[str, Tensor] = {}
-    for t in reader.tensors:
-        weight = dequantize(t)  # float32
-        if t.name.endswith(".attn_q.weight"):
-            weight = unpermute_rows(weight, cfg.n_heads)
-        elif t.name.endswith(".attn_k.weight"):
-            weight = unpermute_rows(weight, cfg.n_kv_heads)
-        state[oneblock_name(t.name)] = weight.to(dtype)
-    return cfg, state
+    cfg, layout = _checked(source)
+    return cfg, {oneblock_name(t.name): _decoded(t, cfg).to(dtype) for t in layout.tensors.values()}
+
+
+def _int4_rows(t: TensorRecord, cfg: ModelConfig, layout: GGUFLayout) -> tuple[Tensor, Tensor, Tensor]:
+    """(codes, scale, zero) of a Q4 matrix, query/key rows un-interleaved (rows hold whole blocks: bytes move)."""
+    raw = t.data.view(t.shape[0], -1)  # (N, bytes per row)
+    if t.name.endswith(".attn_q.weight"):
+        raw = unpermute_rows(raw, cfg.n_heads)
+    elif t.name.endswith(".attn_k.weight"):
+        raw = unpermute_rows(raw, cfg.n_kv_heads)
+    parts = int4_parts(t.name, t.ggml_type, t.shape, raw.reshape(-1))
+    layout.release(t)
+    return parts
+
+
+def _fast_modules(cfg: ModelConfig, layout: GGUFLayout) -> dict[str, nn.Module]:
+    """Int4Linear modules for the Q4 matrices of the blocks, by oneblock module name; q, k, v fused as ``qkv_proj``."""
+    modules: dict[str, nn.Module] = {}
+    for i in range(cfg.n_layers):
+        qkv = [layout.tensors.get(f"blk.{i}.attn_{x}.weight") for x in "qkv"]
+        if all(t is not None and t.ggml_type in INT4_TYPES for t in qkv):
+            parts = [_int4_rows(t, cfg, layout) for t in qkv]
+            modules[f"blocks.{i}.attn.qkv_proj"] = Int4Linear(*(torch.cat(p) for p in zip(*parts, strict=True)))
+    for t in layout.tensors.values():
+        module = oneblock_name(t.name).removesuffix(".weight")
+        parent, _, child = module.rpartition(".")
+        fused = child in ("q_proj", "k_proj", "v_proj") and f"{parent}.qkv_proj" in modules
+        if t.ggml_type in INT4_TYPES and module.startswith("blocks.") and not fused:
+            modules[module] = Int4Linear(*_int4_rows(t, cfg, layout))
+    return modules
 
 
 def from_gguf(
-    path: str | os.PathLike[str] | GGUFReader,
+    path: Source,
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> Decoder:
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 
-    Quantized weights are dequantized once, at load time; the model computes in ``dtype``.
+    By default (``dtype=None``, on the CPU) the Q4_0 / Q4_1 matrices of the blocks stay 4-bit, as stored, and run
+    through torch's int4 kernel (:class:`~oneblock.inference.int4.Int4Linear`: bfloat16 activations, float32
+    accumulation); the query, key and value projections are fused into one; everything else (norms, the Q8_0
+    embedding and the head tied to it) is dequantized to float32. With a ``dtype`` every tensor is dequantized
+    once into that dtype: ``dtype=torch.float32`` is the exact reference model.
 
     Args:
-        path: the ``.gguf`` file (e.g. :func:`oneblock.io.gguf.smollm2.smollm2_gguf_path`) or an open reader.
-        dtype: parameter dtype, ``torch.float32`` (default) or ``torch.bfloat16`` / ``torch.float16``.
-        device: where to put the parameters.
+        path: the ``.gguf`` file (e.g. :func:`oneblock.io.gguf.smollm2.smollm2_gguf_path`), its parsed layout,
+            or a ``gguf.GGUFReader``.
+        dtype: ``None`` (4-bit weights where the file has them), or the parameter dtype of a fully dequantized
+            model: ``torch.float32``, ``torch.bfloat16`` or ``torch.float16``.
+        device: where to put the parameters; anything but the CPU dequantizes.
 
     Returns:
         The model, in eval mode; ``model.config`` is the config read from the file.
 
     Raises:
         CheckpointError: if the file is missing, not GGUF or corrupt.
-        ConversionError: for an unsupported architecture, variant or quantization type, or tensors whose
-            shapes disagree with the metadata.
+        ConversionError: for an unsupported architecture, variant or quantization type, NaN or infinite weights,
+            or tensors whose shapes disagree with the metadata.
     """
-    cfg, state = read_gguf(path, dtype=dtype)
-    model = build_model(cfg, dtype=dtype, device=device)
+    cfg, layout = _checked(path)
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    fast = dtype is None and on_cpu and int4_kernel_available()
+    model = _uninitialized(cfg)
     expected = model.state_dict()
+    state = {oneblock_name(t.name): t for t in layout.tensors.values()}
     if cfg.tie_embeddings and "lm_head.weight" in expected:
-        state["lm_head.weight"] = state["embed.tok.weight"]  # the same Parameter, listed under both names
+        state["lm_head.weight"] = state["embed.tok.weight"]
+    _check_names_and_shapes(cfg, expected, state)
+    modules = _fast_modules(cfg, layout) if fast else {}
+    for name, module in modules.items():
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, module)
+        if child == "qkv_proj":
+            attn = model.get_submodule(parent)
+            attn.q_proj = attn.k_proj = attn.v_proj = None
+    covered = {f"{name}.weight" for name in modules} | {
+        name.replace("qkv_proj", proj) + ".weight" for name in modules if name.endswith("qkv_proj")
+        for proj in ("q_proj", "k_proj", "v_proj")
+    }  # fmt: skip
+    decoded = {
+        name: _decoded(t, cfg, layout).to(dtype or torch.float32)
+        for name, t in state.items()
+        if name not in covered and not (cfg.tie_embeddings and name == "lm_head.weight")
+    }
+    model.load_state_dict(decoded, strict=False, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed.tok.weight
+    if not on_cpu:
+        model = model.to(device)
+    return model.eval()
+
+
+def _check_names_and_shapes(cfg: ModelConfig, expected: dict[str, Tensor], state: dict[str, TensorRecord]) -> None:
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -272,11 +359,31 @@ def from_gguf(
             f"unexpected {unexpected[:6]}"
         )
     wrong = [
-        f"{name}: file {tuple(state[name].shape)}, config {tuple(expected[name].shape)}"
+        f"{name}: file {state[name].shape}, config {tuple(expected[name].shape)}"
         for name in expected
-        if name in state and state[name].shape != expected[name].shape
+        if tuple(state[name].shape) != tuple(expected[name].shape)
     ]
     if wrong:
         raise ConversionError(f"tensor shapes disagree with the file's metadata: {'; '.join(wrong[:4])}")
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+
+
+_INITS = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_")
+
+
+def _uninitialized(cfg: ModelConfig) -> Decoder:
+    """The model with its parameters allocated but never written.
+
+    Every matrix is about to be replaced by the file's, so the random initialization is skipped; an allocation
+    that is never written occupies no memory, so the float32 matrices that 4-bit modules replace cost nothing.
+    (The meta device would avoid even the allocation, but its initializers import torch's symbolic-shape
+    machinery, seconds of start-up.)
+    """
+    saved = {name: getattr(nn.init, name) for name in _INITS}
+    for name in _INITS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        model = build_model(cfg)
+    finally:
+        for name, init in saved.items():
+            setattr(nn.init, name, init)
+    return cast(Decoder, model)  # a "decoder" config builds a Decoder

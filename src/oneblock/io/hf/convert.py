@@ -5,8 +5,8 @@ Five families are understood, each in its own module: GPT-2 (``gpt2``), BERT (``
 or the call raises ``ConversionError`` naming the tensor, and a config option oneblock cannot reproduce (say
 GPT-2's ``scale_attn_by_inverse_layer_idx``) is refused by name rather than dropped.
 
-transformers is optional. Reading a directory needs only ``safetensors`` (or ``torch.load`` for
-``pytorch_model.bin``), and ``save_hf`` writes files without it; only ``to_hf`` imports it.
+transformers is optional. Reading a directory needs only ``safetensors`` (pickles are refused), and ``save_hf``
+writes files without it; only ``to_hf`` imports it.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
-from oneblock.errors import ConversionError
+from oneblock.errors import ConfigError, ConversionError
+from oneblock.io import limits
 from oneblock.io.hf import bart, bert, gpt2, llama, t5
 from oneblock.io.hf.common import TensorSource, load_exact
 from oneblock.models.build import build_model
@@ -35,8 +37,9 @@ def from_hf(source: Any) -> nn.Module:
     """Copy a Hugging Face model into the oneblock model that computes the same function.
 
     Accepted sources: a transformers model object, or a directory holding ``config.json`` and the weights
-    (``model.safetensors``, a sharded ``model.safetensors.index.json``, or ``pytorch_model.bin``, which is read
-    with ``torch.load(weights_only=True)``). Per family:
+    (``model.safetensors`` or a sharded ``model.safetensors.index.json`` whose shards lie inside the directory;
+    a pickled ``pytorch_model.bin`` is refused, never unpickled). The config's size is checked
+    (``oneblock.io.limits``) before the model is built. Per family:
 
     - GPT-2: ``GPT2Model``, ``GPT2LMHeadModel`` -> ``Decoder`` (logits (B, T, V)).
     - BERT: ``BertModel`` -> ``Encoder`` (hidden states (B, T, C); ``.pool`` when the source has a pooler).
@@ -64,10 +67,15 @@ def from_hf(source: Any) -> nn.Module:
     hf_config, tensors = _read_source(source)
     family = _family(hf_config)
     src = TensorSource(family.FAMILY, tensors, prefix=family.PREFIX, ignore=family.IGNORE)
-    cfg = family.config_from_hf(hf_config, src.keys())
-    cfg = cfg.replace(
-        extra={"hf_model_type": family.MODEL_TYPE, "hf_architectures": list(hf_config.get("architectures") or [])}
-    )
+    try:
+        cfg = family.config_from_hf(hf_config, src.keys())
+        architectures = hf_config.get("architectures") or []
+        cfg = cfg.replace(extra={"hf_model_type": family.MODEL_TYPE, "hf_architectures": list(architectures)})
+    except ConversionError:
+        raise
+    except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as error:  # a string where a number goes
+        raise ConversionError(f"from_hf: the {family.FAMILY} config cannot describe a model: {error}") from None
+    limits.check_model_size(cfg, what=f"the {family.FAMILY} config", dtype=_dtype_of(tensors), error=ConversionError)
     mapped = family.weights_from_hf(cfg, src)
     src.check_all_taken()
     model = build_model(cfg, dtype=_dtype_of(tensors), device=_device_of(tensors))
@@ -147,6 +155,7 @@ def _read_source(source: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
 
 
 def _read_directory(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The config and tensors of a directory, every problem a ``ConversionError`` naming the file."""
     if not path.is_dir():
         raise ConversionError(f"from_hf: {str(path)!r} is not a directory")
     config_path = path / "config.json"
@@ -154,26 +163,64 @@ def _read_directory(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
         raise ConversionError(
             f"from_hf: {str(path)!r} has no config.json; found {sorted(p.name for p in path.iterdir())}"
         )
-    try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConversionError(f"from_hf: {str(config_path)!r} is not valid JSON: {error}") from error
+    config = _read_json(config_path)
     _family(config)  # an unsupported model type fails before its weights are read
     if (path / "model.safetensors").is_file():
-        return config, load_file(str(path / "model.safetensors"))
+        return config, _read_safetensors(path / "model.safetensors")
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ConversionError(
+                f"from_hf: {str(index)!r} has no 'weight_map' object mapping tensor names to shard files"
+            )
         tensors: dict[str, Tensor] = {}
-        for shard in shards:
-            tensors.update(load_file(str(path / shard)))
+        for shard in sorted(set(weight_map.values())):
+            tensors.update(_read_safetensors(_inside(path, shard, index)))
         return config, tensors
     if (path / "pytorch_model.bin").is_file():
-        return config, torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        raise ConversionError(
+            f"from_hf: {str(path)!r} holds its weights as pytorch_model.bin, a pickle; oneblock never unpickles "
+            "(unpickling can run arbitrary code). Convert it to model.safetensors where you trust the file, e.g. "
+            "with transformers: AutoModel.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)"
+        )
     raise ConversionError(
-        f"from_hf: {str(path)!r} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin; "
+        f"from_hf: {str(path)!r} has no model.safetensors or model.safetensors.index.json; "
         f"found {sorted(p.name for p in path.iterdir())}"
     )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConversionError(f"from_hf: {str(path)!r} is not valid JSON: {error}") from None
+    except OSError as error:
+        raise ConversionError(f"from_hf: cannot read {str(path)!r}: {error.strerror or error}") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"from_hf: {str(path)!r} must hold a JSON object; got a {type(data).__name__}")
+    return data
+
+
+def _inside(directory: Path, name: str, index: Path) -> Path:
+    """A shard named by an index, refused unless it is a file inside the model's directory."""
+    shard = (directory / name).resolve()
+    if not shard.is_relative_to(directory.resolve()):
+        raise ConversionError(f"from_hf: {str(index)!r} names the shard {name!r}, outside {str(directory)!r}")
+    if not shard.is_file():
+        raise ConversionError(f"from_hf: {str(index)!r} names the shard {name!r}, which does not exist")
+    return shard
+
+
+def _read_safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of a foreign safetensors file (safetensors checks its layout against the file's size)."""
+    try:
+        tensors = load_file(str(path))
+    except OSError as error:
+        raise ConversionError(f"from_hf: cannot read {str(path)!r}: {error.strerror or error}") from None
+    except (SafetensorError, ValueError, RuntimeError) as error:
+        raise ConversionError(f"from_hf: {str(path)!r} is not a readable safetensors file: {error}") from None
+    return tensors
 
 
 def _family(hf_config: Mapping[str, Any]) -> ModuleType:

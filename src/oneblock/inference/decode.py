@@ -1,0 +1,219 @@
+"""The forward passes of generation: the prompt once, then one token at a time.
+
+Shape notation: B batch, T prompt length, N new tokens, L = T + N - 1 cached positions, C model width,
+H query heads, Hkv key/value heads, Dh head width, V vocabulary.
+
+Two implementations compute the same logits:
+
+* ``FullDecode`` calls the model's own ``run`` for every step: any model (encoder-decoder, post-LN, the uncached
+  path), with every check and mask the layers apply.
+* ``LeanDecode``, for pre-LN decoder-only models with a cache, runs the prompt through the model's ``run`` and
+  then each new token through ``step``: the same modules (norms, feed-forward, output projection) called directly,
+  with everything that does not change between tokens made once, before the first: the key/value buffers of the
+  exact length the generation needs, the rotary tables and padding masks of every position, and one fused
+  query/key/value matrix per layer (the file's 4-bit one for a GGUF model). A step then validates nothing and
+  builds no mask: a single new query attends to every cached key, so causality needs no mask, and padding is a
+  view of the precomputed one. ``torch.compile`` can compile ``step`` (``compile=True``).
+
+Tests prove the lean step's logits equal the full forward's within 1e-5 in float32, with identical greedy tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from oneblock.layers.kv_cache import Cache
+from oneblock.layers.rotary import apply_rotary
+from oneblock.models.decoder import Decoder
+
+if TYPE_CHECKING:
+    from oneblock.inference.generation import _Run
+
+
+class FullDecode:
+    """Next-token logits (B, V) after the prompt, then after each fed token, through ``Decoder.run``.
+
+    The source encoding, the cache, the positions and the padding mask are made once; each step calls the stack
+    directly, skipping ``Decoder.forward``'s checks of the ids (the prompt was checked once, and sampled ids are in
+    range by construction).
+    """
+
+    def __init__(self, run: _Run, use_cache: bool) -> None:
+        self.run, self.decoder = run, run.decoder
+        self.memory = run.model.encode(run.src, run.src_mask) if run.src is not None else None  # (B, S, C)
+        b, t = run.seen.shape
+        self.cache: Cache | None = self.decoder.new_cache(b, max_len=t + run.max_new - 1) if use_cache else None
+        self.positions: Tensor | None = None  # (B, T' + N); None: 0, 1, 2, ... in every row
+        if run.mask is not None:
+            self.positions = (run.mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # left padding shares position 0
+        self.tokens = run.seen  # (B, t) everything read so far (the uncached path rereads it)
+        self.end = 0  # columns consumed so far
+
+    def next(self, fed: Tensor | None) -> Tensor:
+        """The logits (B, V), float32 or wider, after ``fed`` (B,) (``None`` on the first call: the prompt)."""
+        if fed is None:
+            start, x = 0, self.tokens
+        elif self.cache is not None:
+            start, x = self.end, fed[:, None]  # (B, 1)
+        else:
+            self.tokens = torch.cat([self.tokens, fed[:, None]], dim=1)  # (B, end + 1)
+            start, x = 0, self.tokens
+        end = start + x.shape[1]
+        self.end = end
+        run = self.run
+        hidden = self.decoder.run(
+            x,
+            padding_mask=run.mask[:, :end] if run.mask is not None else None,
+            positions=self.positions[:, start:end] if self.positions is not None else None,
+            cache=self.cache,
+            memory=self.memory,
+            memory_mask=run.src_mask,
+        )
+        logits = self.decoder.logits(hidden[:, -1:])[:, 0]  # (B, 1, C) -> (B, V)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
+
+
+def lean_supported(model: nn.Module) -> bool:
+    """Whether ``LeanDecode`` reproduces ``model``: a pre-LN, decoder-only ``Decoder`` with standard attention
+    (no relative position bias: the lean step adds no score bias)."""
+    if type(model) is not Decoder or model.final_logits_bias is not None or model.config.position == "relative":
+        return False
+    return all(
+        block.pre_norm and block.cross_attn is None and hasattr(block.attn, "o_proj") and block.attn.n_heads
+        for block in model.blocks
+    )
+
+
+def _fused_qkv(attn: nn.Module) -> nn.Module:
+    """One module computing q, k and v in one product: the model's own ``qkv_proj`` (``fuse_qkv``, a GGUF file's
+    4-bit one, ``quantize_int8``'s), or one made for this generation, leaving the model as it is."""
+    if getattr(attn, "qkv_proj", None) is not None:
+        return attn.qkv_proj
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=attn.q_proj.bias is not None, device="meta")
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if attn.q_proj.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in projections]), requires_grad=False)
+    return fused
+
+
+class LeanDecode:
+    """Prompt through ``Decoder.run``; each new token through ``step``, with nothing rebuilt per token.
+
+    Args:
+        run: the validated generation (prompt, mask, number of new tokens).
+        compile: compile ``step`` with ``torch.compile``: ``True`` for its default backend (inductor), or a
+            backend's name (``"aot_eager"`` traces without generating code, in seconds). The first call pays the
+            compilation; ``compile_seconds`` records that first call's time.
+        cache_dtype: dtype of the stored keys and values (default: the model's).
+    """
+
+    def __init__(self, run: _Run, *, compile: bool | str = False, cache_dtype: torch.dtype | None = None) -> None:
+        model = run.decoder
+        self.run, self.model = run, model
+        b, t = run.seen.shape
+        total = t + max(run.max_new - 1, 0)  # the last new token is sampled, never fed back
+        dtype = model.embed.tok.weight.dtype
+        self.compute_dtype = dtype
+        self.cache = model.new_cache(b, max_len=max(total, 1), dtype=cache_dtype)
+        for layer in self.cache.layers:  # grow once, to the exact length, instead of in chunks
+            layer.chunk = layer.max_len
+        self.arange = torch.arange(total, device=run.seen.device)  # positions of a batch without padding
+        self.positions: Tensor | None = None  # (B, total)
+        self.mask: Tensor | None = None  # (B, 1, 1, total) True = real key
+        if run.mask is not None:
+            self.positions = (run.mask.long().cumsum(dim=-1) - 1).clamp(min=0)[:, :total]
+            self.mask = run.mask[:, None, None, :total]
+        rope = model.rope
+        self.cos = self.sin = None  # (B or 1, 1, total, Dh): every position's table, sliced per step
+        if rope is not None:
+            where = self.positions if self.positions is not None else torch.arange(total)
+            cos, sin = rope(where.to(rope.cos.device), dtype)
+            self.cos, self.sin = cos, sin
+        self.qkv = [_fused_qkv(block.attn) for block in model.blocks]
+        attn = model.blocks[0].attn
+        self.heads, self.kv_heads, self.d_head = attn.n_heads, attn.n_kv_heads, attn.d_head
+        self.sizes = (self.heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head)
+        self.end = 0
+        self.compile_seconds: float | None = None
+        if compile:
+            backend = compile if isinstance(compile, str) else "inductor"
+            self._step = torch.compile(self.step, dynamic=True, backend=backend)
+        else:
+            self._step = self.step
+        self._compiled = bool(compile)
+
+    def next(self, fed: Tensor | None) -> Tensor:
+        """The logits (B, V) in float32 after ``fed`` (B,) (``None`` on the first call: the prompt)."""
+        if fed is None:
+            return self._prompt()
+        position = self.end
+        self.end += 1
+        for layer in self.cache.layers:  # bookkeeping outside the step, which only computes
+            layer.length = self.end
+        if self._compiled and self.compile_seconds is None:
+            start = time.perf_counter()
+            logits = self._step(fed, position)
+            self.compile_seconds = time.perf_counter() - start
+            return logits
+        return self._step(fed, position)
+
+    def _prompt(self) -> Tensor:
+        run, model = self.run, self.model
+        t = run.seen.shape[1]
+        cache = self.cache
+        narrow = cache.layers[0].k.dtype != self.compute_dtype
+        if narrow:  # the model's layers attend in their own dtype: fill a full-width cache, then narrow it
+            cache = model.new_cache(run.seen.shape[0], max_len=t)
+        hidden = model.run(
+            run.seen,
+            padding_mask=run.mask[:, :t] if run.mask is not None else None,
+            positions=self.positions[:, :t] if self.positions is not None else None,
+            cache=cache,
+        )
+        if narrow:
+            for wide, layer in zip(cache.layers, self.cache.layers, strict=True):
+                layer.k[:, :, :t], layer.v[:, :, :t] = wide.k[:, :, :t], wide.v[:, :, :t]
+                layer.length = t
+        self.end = t
+        logits = model.logits(hidden[:, -1])  # (B, V)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def step(self, fed: Tensor, position: int) -> Tensor:
+        """Logits (B, V) of the token after ``fed`` (B,), which sits at ``position`` (the cache holds the ones
+        before). Trusted inputs: no checks, no masks built, nothing the size of the model allocated."""
+        model, end = self.model, position + 1
+        b = fed.shape[0]
+        where = self.positions if self.positions is not None else self.arange
+        x = model.embed(fed[:, None], where[..., position:end])  # (B, 1, C)
+        mask = self.mask[..., :end] if self.mask is not None else None  # (B, 1, 1, end) view
+        cos = self.cos[:, :, position : position + 1] if self.cos is not None else None  # (B or 1, 1, 1, Dh)
+        sin = self.sin[:, :, position : position + 1] if self.sin is not None else None
+        for block, qkv, layer in zip(model.blocks, self.qkv, self.cache.layers, strict=True):
+            h = block.attn_norm(x)
+            q, k, v = qkv(h).split(self.sizes, dim=-1)  # (B, 1, H Dh), (B, 1, Hkv Dh) x 2
+            q = q.view(b, 1, self.heads, self.d_head).transpose(1, 2)  # (B, H, 1, Dh)
+            k = k.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
+            v = v.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)
+            if cos is not None:
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            layer.k[:, :, position:end] = k  # the buffers hold the whole generation: no growth check
+            layer.v[:, :, position:end] = v
+            keys, values = layer.k[:, :, :end], layer.v[:, :, :end]  # (B, Hkv, end, Dh) views
+            if keys.dtype != q.dtype:  # a narrower cache (bfloat16 for a float32 model): widened as read
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=block.attn.scale, enable_gqa=self.kv_heads != self.heads,
+            )  # (B, H, 1, Dh)  # fmt: skip
+            x = x + block.attn.merge(out)  # heads side by side, then the output projection
+            x = x + block.ffn(block.ffn_norm(x))
+        if model.final_norm is not None:
+            x = model.final_norm(x)
+        logits = model.logits(x[:, 0])  # (B, V)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -1,0 +1,131 @@
+"""One way in: whatever a user holds, as a model and its tokenizer.
+
+``load_model`` accepts
+
+* a GGUF file (``*.gguf``): the model (4-bit matrices kept 4-bit unless a ``dtype`` is given, see
+  ``oneblock.io.gguf.load.from_gguf``) and the tokenizer stored in the file, from one parse of it;
+* a Hugging Face model directory: ``from_hf``, and its ``tokenizer.json`` (or ``vocab.json`` + ``merges.txt``);
+* a oneblock checkpoint file: ``oneblock.load``, and a tokenizer found beside it;
+* a preset name (``"gpt2"``, ``"lesson"``, ...): a freshly initialized model (seeded), with UTF-8 bytes as tokens.
+
+Without a vocabulary file, text is UTF-8 bytes (ids 0..255). Every command of the CLI loads through here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from oneblock.errors import CheckpointError
+from oneblock.inference.tokenizer import Tokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from torch import nn
+
+KINDS = ("gguf", "hf", "checkpoint", "preset")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model and its tokenizer, and where they came from.
+
+    Attributes:
+        model: the oneblock model, in eval mode.
+        tokenizer: its tokenizer.
+        source: what was loaded (the path, or the preset's name).
+        kind: ``"gguf"``, ``"hf"``, ``"checkpoint"`` or ``"preset"``.
+        seconds: wall time of the load, model and tokenizer together.
+    """
+
+    model: nn.Module
+    tokenizer: Tokenizer
+    source: str
+    kind: str
+    seconds: float
+
+
+def load_model(
+    source: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+) -> Loaded:
+    """Turn a GGUF file, a Hugging Face directory, a oneblock checkpoint or a preset name into a model and its
+    tokenizer.
+
+    Args:
+        source: the path, or a preset name (see ``oneblock.PRESETS``).
+        dtype: the parameters' dtype; ``None`` keeps the source's (for a GGUF file: 4-bit matrices as stored,
+            the rest float32; ``torch.float32`` there is the exact dequantized model).
+        device: where to put the parameters.
+        tokenizer: a ``tokenizer.json`` or ``vocab.json`` to use instead of the one found with the model.
+        seed: seeds the random initialization of a preset.
+
+    Returns:
+        ``Loaded(model, tokenizer, source, kind, seconds)``.
+
+    Raises:
+        CheckpointError: a path that does not exist and is no preset name, or a file that cannot be read.
+        ConversionError: a file whose model oneblock cannot represent.
+        InputError: a tokenizer with more ids than the model has.
+    """
+    start = time.perf_counter()
+    path = Path(source)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        model, tok, kind = *_gguf(path, dtype, device, tokenizer), "gguf"
+    elif path.is_dir():
+        from oneblock.io.hf.convert import from_hf
+
+        model, kind = _cast(from_hf(path), dtype, device), "hf"
+        tok = load_tokenizer(path, tokenizer=tokenizer, vocab_size=model.config.vocab_size)
+    elif path.is_file():
+        from oneblock.io.checkpoint import load
+
+        model, kind = _cast(load(path), dtype, device), "checkpoint"
+        tok = load_tokenizer(path, tokenizer=tokenizer, vocab_size=_vocab(model))
+    else:
+        model, kind = _preset(str(source), dtype, device, seed), "preset"
+        tok = load_tokenizer(None, tokenizer=tokenizer, vocab_size=_vocab(model))
+    return Loaded(model.eval(), tok, str(source), kind, time.perf_counter() - start)
+
+
+def _gguf(
+    path: Path, dtype: torch.dtype | None, device: torch.device | str | None, tokenizer: str | os.PathLike[str] | None
+) -> tuple[nn.Module, Tokenizer]:
+    from oneblock.io.gguf.layout import read_layout
+    from oneblock.io.gguf.load import from_gguf
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+
+    layout = read_layout(path)  # parsed once, for the weights and the vocabulary both
+    model = from_gguf(layout, dtype=dtype, device=device)
+    if tokenizer is not None:
+        return model, load_tokenizer(path, tokenizer=tokenizer, vocab_size=model.config.vocab_size)
+    return model, GGUFTokenizer.from_gguf(layout)
+
+
+def _preset(name: str, dtype: torch.dtype | None, device: torch.device | str | None, seed: int) -> nn.Module:
+    from oneblock.models import build_model
+    from oneblock.presets import PRESETS, get_preset
+
+    if name not in PRESETS:
+        raise CheckpointError(
+            f"{name!r} is neither a file, a directory nor a preset name; give a .gguf file, a Hugging Face model "
+            f"directory, a oneblock checkpoint, or one of the presets {sorted(PRESETS)}"
+        )
+    torch.manual_seed(seed)
+    return build_model(get_preset(name), dtype=dtype, device=device)
+
+
+def _cast(model: nn.Module, dtype: torch.dtype | None, device: torch.device | str | None) -> nn.Module:
+    return model.to(device=device, dtype=dtype) if dtype is not None or device is not None else model
+
+
+def _vocab(model: nn.Module) -> int:
+    return model.config.vocab_size

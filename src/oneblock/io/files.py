@@ -1,0 +1,149 @@
+"""Writing a file so that a reader sees the old file or the complete new one, and OS errors told in one line.
+
+``write_atomic`` writes to a short temporary name in the target's directory, flushes the data to disk (``fsync``),
+renames it over the target (``os.replace``, atomic on POSIX and Windows) and flushes the directory. Whatever fails
+on the way (a full disk, a read-only file system, a name the file system refuses) the temporary file is removed,
+an existing file at the target is untouched and the error names the user's path, not the temporary one.
+
+The temporary name is ``.<8 hex digits>.tmp``, independent of the target's name: a legal 255-byte file name
+must not become an illegal temporary one. ``remove_leftovers`` deletes such files after an interruption.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+from oneblock.errors import CheckpointError, OneBlockError
+
+TMP_PATTERN = re.compile(r"\.[0-9a-f]{8}\.tmp")
+
+# errno -> (what happened, what to do); the message always ends by saying that an existing file is intact.
+_REASONS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("the disk is full", "free some space and try again"),
+    errno.EDQUOT: ("the disk quota is exhausted", "free some space and try again"),
+    errno.EACCES: ("permission denied", "choose a directory you can write to"),
+    errno.EPERM: ("permission denied", "choose a directory you can write to"),
+    errno.EROFS: ("the file system is read-only", "choose a writable directory"),
+    errno.ENAMETOOLONG: ("a file name is too long for the file system", "use a shorter name (most allow 255 bytes)"),
+    errno.EISDIR: ("it is a directory", "give a file name inside it"),
+    errno.ENOTDIR: ("a part of the path is a file, not a directory", "check the path"),
+    errno.ENOENT: ("a directory on the path does not exist", "check the path"),
+    errno.EEXIST: ("a part of the path is a file, not a directory", "check the path"),
+}
+
+
+def check_target(path: str | os.PathLike[str], what: str, error: type[OneBlockError] = CheckpointError) -> Path:
+    """``path`` as a ``Path``, refused when it is empty or an existing directory.
+
+    Args:
+        path: where a file is to be written.
+        what: the kind of file, for the message ("checkpoint", "training state").
+        error: the error class to raise.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise error(f"the {what} path must be a string or a path; got {type(path).__name__}")
+    if os.fspath(path) in ("", b""):
+        raise error(f"the {what} path is empty; give a file name such as 'model.safetensors'")
+    target = Path(path)
+    try:
+        is_dir = target.is_dir()
+    except OSError:  # e.g. a name too long to look up: writing it will say so, in the same words
+        is_dir = False
+    if is_dir:
+        raise error(f"cannot write the {what} to {str(target)!r}: it is a directory; give a file name inside it")
+    return target
+
+
+def describe_os_error(err: OSError, path: str | os.PathLike[str], action: str) -> str:
+    """One line: what could not be done to which user path, why, and what to do."""
+    reason, fix = _REASONS.get(err.errno or 0, (err.strerror or str(err), "check the path"))
+    return f"cannot {action} {str(path)!r}: {reason} ({err.strerror or err}); {fix}"
+
+
+def write_atomic(
+    path: Path,
+    chunks: Iterable[bytes | memoryview],
+    *,
+    what: str,
+    error: type[OneBlockError] = CheckpointError,
+) -> None:
+    """Write the concatenation of ``chunks`` to ``path`` atomically; missing parent directories are created.
+
+    Raises:
+        ``error``: any ``OSError`` on the way, described by ``describe_os_error``; an existing file at ``path``
+            is untouched and no temporary file is left behind.
+    """
+    tmp = path.parent / f".{secrets.token_hex(4)}.tmp"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # O_EXCL: never reuse another writer's file; mode 0o666 lets the umask decide, as for a plain open().
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        try:
+            for chunk in chunks:
+                _write_all(fd, memoryview(chunk))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as err:
+        _unlink_quietly(tmp)
+        raise error(f"{describe_os_error(err, path, f'write the {what}')}; any previous file there is intact") from None
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    fsync_directory(path.parent)
+
+
+def read_bytes(path: Path, what: str, error: type[OneBlockError] = CheckpointError) -> bytes:
+    """All bytes of the regular file ``path``; a missing path, a directory or an unreadable file is ``error``."""
+    if not path.exists():
+        raise error(f"no {what} at {str(path)!r}: the file does not exist")
+    if not path.is_file():
+        raise error(f"{str(path)!r} is not a file (a directory or a device); a {what} is one regular file")
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise error(describe_os_error(err, path, f"read the {what}")) from None
+
+
+def remove_leftovers(directory: Path) -> list[Path]:
+    """Delete the temporary files an interrupted ``write_atomic`` left in ``directory``; returns them."""
+    removed = []
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            if TMP_PATTERN.fullmatch(entry.name) and entry.is_file():
+                _unlink_quietly(entry)
+                removed.append(entry)
+    return removed
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename durable; not possible (nor needed) on every platform."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    data = data.cast("B")
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)

@@ -1,0 +1,150 @@
+"""A run directory can always be continued or restarted: interrupted saves are finished or removed, a missing,
+damaged or dangling ``latest.json`` falls back to the newest step that verifies, a damaged resume state is never
+used, and a run with no complete step starts afresh, saying so."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from oneblock.cli.main import main
+from oneblock.config import ModelConfig
+from oneblock.errors import CheckpointError
+from oneblock.train.checkpoints import LATEST, TRAINER_FILE
+from oneblock.train.config import TrainConfig
+from oneblock.train.loop import Trainer, fit_model_config
+from oneblock.train.objectives import make_objective
+
+STEPS = 4
+
+
+def _configs() -> tuple[ModelConfig, TrainConfig]:
+    cfg = TrainConfig(task="lm", steps=STEPS, batch_size=2, seq_len=8, warmup_steps=1, eval_every=0, save_every=1,
+                      eval_examples=4, seed=3)  # fmt: skip
+    base = ModelConfig(d_model=8, n_heads=2, n_layers=1, d_ff=12, max_seq_len=8)
+    return fit_model_config(base, cfg, make_objective(cfg)), cfg
+
+
+def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.fixture
+def reference(tmp_path) -> dict[str, torch.Tensor]:
+    model_cfg, cfg = _configs()
+    trainer = Trainer(model_cfg, cfg, run_dir=tmp_path / "reference")
+    trainer.train()
+    return _weights(trainer)
+
+
+def _interrupted(run, at: int = 3) -> None:
+    """A run stopped by a crash right after step ``at`` was saved."""
+    model_cfg, cfg = _configs()
+
+    def crash(step, record):
+        if step == at:
+            raise RuntimeError("crash")
+
+    with pytest.raises(RuntimeError):
+        Trainer(model_cfg, cfg, run_dir=run, on_step=crash).train()
+
+
+def _resume(run) -> tuple[Trainer, list[str]]:
+    notes: list[str] = []
+    trainer = Trainer.from_run(run, on_note=notes.append)
+    trainer.train(resume=True)
+    return trainer, notes
+
+
+def _assert_equal(trainer, reference) -> None:
+    got = _weights(trainer)
+    assert all(torch.equal(got[k], v) for k, v in reference.items())
+
+
+def test_dangling_pointer_with_a_complete_copy_still_in_tmp(tmp_path, reference):
+    """The kill of the issue: re-saving step 3, after the old copy moved away, before the new one took its place."""
+    run = tmp_path / "run"
+    _interrupted(run)
+    ckpts = run / "checkpoints"
+    os.replace(ckpts / "step-000003", ckpts / ".step-000003.tmp")
+    trainer, notes = _resume(run)
+    assert notes == ["finished the interrupted save of step-000003"]
+    _assert_equal(trainer, reference)
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "flipped", "dangling"])
+def test_a_bad_pointer_falls_back_to_the_newest_step_that_verifies(tmp_path, reference, damage):
+    run = tmp_path / "run"
+    _interrupted(run)
+    pointer = run / "checkpoints" / LATEST
+    if damage == "missing":
+        pointer.unlink()
+    elif damage == "garbage":
+        pointer.write_text("{not json")
+    elif damage == "flipped":
+        pointer.write_text(pointer.read_text().replace('"step": 3', '"step": 2'))
+    else:
+        data = json.loads(pointer.read_text())
+        (run / "checkpoints" / data["dir"]).rename(run / "checkpoints" / "elsewhere")
+    trainer, notes = _resume(run)
+    expected = "step-000002" if damage == "dangling" else "step-000003"
+    assert notes[-1] == f"resuming from {expected}, the newest step that verifies"
+    _assert_equal(trainer, reference)
+
+
+def test_a_flipped_bit_in_the_resume_state_is_never_used(tmp_path, reference):
+    run = tmp_path / "run"
+    _interrupted(run)
+    state = run / "checkpoints" / "step-000003" / TRAINER_FILE
+    data = bytearray(state.read_bytes())
+    data[-3] ^= 0x10  # a moment of the optimizer
+    state.write_bytes(bytes(data))
+    trainer, notes = _resume(run)
+    assert notes == [
+        f"{str(state.parent)!r} is damaged; skipped",
+        "resuming from step-000002, the newest step that verifies",
+    ]
+    _assert_equal(trainer, reference)
+
+
+def test_temporary_files_of_an_interrupted_write_are_removed(tmp_path):
+    run = tmp_path / "run"
+    _interrupted(run)
+    for where in (run, run / "checkpoints", run / "checkpoints" / "step-000003"):
+        (where / ".0123abcd.tmp").write_bytes(b"half a file")
+    (run / "checkpoints" / ".step-000004.tmp").mkdir()
+    _resume(run)
+    assert [p for p in run.rglob("*") if p.name.endswith(".tmp")] == []
+
+
+def test_a_run_with_no_complete_step_restarts_and_resumes_afresh(tmp_path, capsys):
+    run = tmp_path / "run"
+    model_cfg, cfg = _configs()
+    Trainer(model_cfg, cfg.replace(save_every=0), run_dir=run, on_step=lambda s, r: None)._write_config()
+    (run / "checkpoints" / ".step-000001.tmp").mkdir(parents=True)  # killed inside the first save
+    trainer, notes = _resume(run)
+    assert notes == [f"no complete checkpoint in {run / 'checkpoints'!s}: starting the run afresh from its config.json"]
+    assert trainer.step == STEPS
+    # From the command line, without --resume, the same stuck directory starts afresh too.
+    run2 = tmp_path / "run2"
+    (run2 / "checkpoints" / ".step-000001.tmp").mkdir(parents=True)
+    args = ["train", "--steps", "2", "--batch-size", "2", "--seq-len", "8", "--d-model", "8", "--n-heads", "2",
+            "--n-layers", "1", "--max-seq-len", "8", "--eval-every", "0", "--eval-examples", "4", "--samples", "0",
+            "--quiet", "--json", "--out", str(run2)]  # fmt: skip
+    assert main(args) == 0
+    assert "holds no complete checkpoint: starting afresh" in capsys.readouterr().err
+    assert main(args) == 2  # now it holds a complete run
+    assert "already holds a run; pass --resume to continue it (its newest complete checkpoint is step-000002)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_resume_of_a_directory_that_is_no_run(tmp_path):
+    with pytest.raises(CheckpointError, match=r"config\.json' does not exist; is .* a oneblock training run"):
+        Trainer.from_run(tmp_path)
+    (tmp_path / "config.json").write_text("[not json")
+    with pytest.raises(CheckpointError, match=r"the run config '.*config\.json' is not JSON"):
+        Trainer.from_run(tmp_path)
