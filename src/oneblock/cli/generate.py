@@ -200,6 +200,7 @@ def _load(args: argparse.Namespace) -> Any:
     from oneblock.errors import CheckpointError, InputError
     from oneblock.inference.load import load_model
     from oneblock.models import Decoder
+    from oneblock.models.inputs import config_of
 
     if not Path(args.checkpoint).exists():
         raise CheckpointError(f"--checkpoint {args.checkpoint!r} does not exist")
@@ -208,7 +209,7 @@ def _load(args: argparse.Namespace) -> Any:
     model = loaded.model
     if not isinstance(model, Decoder):
         raise InputError(
-            f"{args.checkpoint!r} holds a {model.config.arch} model; the generate command runs decoder-only models "
+            f"{args.checkpoint!r} holds a {config_of(model).arch} model; the generate command runs decoder-only models "
             "(use oneblock.generate(model, prompt, n, src=...) in Python for an encoder-decoder)"
         )
     if args.int8:

@@ -45,7 +45,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {_one_line(message)}{hint}\n")
 
 
-def _one_line(message: str) -> str:
+def _one_line(message: object) -> str:
     return " ".join(str(message).split())
 
 

@@ -192,9 +192,11 @@ def model_and_config(
 
     if getattr(args, "checkpoint", None):
         _refuse_mixed(args)
+        from oneblock.models.inputs import config_of
+
         model = load_checkpoint(args.checkpoint)
         model.eval()
-        return model, model.config
+        return model, config_of(model)
     from oneblock.models import build_model
 
     cfg = config_from_args(args)

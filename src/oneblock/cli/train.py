@@ -159,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
         if args.out is None:
             raise ConfigError("--resume needs --out DIR, the run to continue")
         _refuse_flags_on_resume(args)
-        trainer = Trainer.from_run(args.out, device=args.device, quiet=args.quiet, on_note=_note)
+        out = Path(args.out)
+        trainer = Trainer.from_run(out, device=args.device, quiet=args.quiet, on_note=_note)
     else:
         cfg = train_config(args)
         out = Path(args.out) if args.out else Path("runs") / f"{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -184,8 +185,8 @@ def run(args: argparse.Namespace) -> int:
         from oneblock.train.plot import plot_training
 
         png = plot_training(
-            read_log(trainer.run_dir / "log.jsonl"),
-            trainer.run_dir / "loss.png",
+            read_log(out / "log.jsonl"),
+            out / "loss.png",
             title=f"oneblock train --task {trainer.cfg.task}",
         )
         say(f"loss curves: {png}")

@@ -27,9 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from oneblock.layers.attention import MultiHeadAttention
+from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
 from oneblock.layers.rotary import apply_rotary
 from oneblock.models.decoder import Decoder
+from oneblock.models.encoder_decoder import EncoderDecoder
 
 if TYPE_CHECKING:
     from oneblock.inference.generation import _Run
@@ -45,7 +48,9 @@ class FullDecode:
 
     def __init__(self, run: _Run, use_cache: bool) -> None:
         self.run, self.decoder = run, run.decoder
-        self.memory = run.model.encode(run.src, run.src_mask) if run.src is not None else None  # (B, S, C)
+        self.memory: Tensor | None = None  # (B, S, C): an encoder-decoder's source, encoded once
+        if isinstance(run.model, EncoderDecoder) and run.src is not None:
+            self.memory = run.model.encode(run.src, run.src_mask)
         b, t = run.seen.shape
         self.cache: Cache | None = self.decoder.new_cache(b, max_len=t + run.max_new - 1) if use_cache else None
         self.positions: Tensor | None = None  # (B, T' + N); None: 0, 1, 2, ... in every row
@@ -89,10 +94,10 @@ def lean_supported(model: nn.Module) -> bool:
     )
 
 
-def _fused_qkv(attn: nn.Module) -> nn.Module:
+def _fused_qkv(attn: MultiHeadAttention) -> nn.Module:
     """One module computing q, k and v in one product: the model's own ``qkv_proj`` (``fuse_qkv``, a GGUF file's
     4-bit one, ``quantize_int8``'s), or one made for this generation, leaving the model as it is."""
-    if getattr(attn, "qkv_proj", None) is not None:
+    if attn.qkv_proj is not None:
         return attn.qkv_proj
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
     weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
@@ -131,13 +136,15 @@ class LeanDecode:
             self.positions = (run.mask.long().cumsum(dim=-1) - 1).clamp(min=0)[:, :total]
             self.mask = run.mask[:, None, None, :total]
         rope = model.rope
-        self.cos = self.sin = None  # (B or 1, 1, total, Dh): every position's table, sliced per step
+        self.cos: Tensor | None = None  # (B or 1, 1, total, Dh): every position's table, sliced per step
+        self.sin: Tensor | None = None
         if rope is not None:
             where = self.positions if self.positions is not None else torch.arange(total)
             cos, sin = rope(where.to(rope.cos.device), dtype)
             self.cos, self.sin = cos, sin
-        self.qkv = [_fused_qkv(block.attn) for block in model.blocks]
-        attn = model.blocks[0].attn
+        self.blocks: list[Block] = [model.block(i) for i in range(len(model.blocks))]
+        self.qkv = [_fused_qkv(block.attn) for block in self.blocks]
+        attn = self.blocks[0].attn
         self.heads, self.kv_heads, self.d_head = attn.n_heads, attn.n_kv_heads, attn.d_head
         self.sizes = (self.heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head)
         self.end = 0
@@ -195,13 +202,13 @@ class LeanDecode:
         mask = self.mask[..., :end] if self.mask is not None else None  # (B, 1, 1, end) view
         cos = self.cos[:, :, position : position + 1] if self.cos is not None else None  # (B or 1, 1, 1, Dh)
         sin = self.sin[:, :, position : position + 1] if self.sin is not None else None
-        for block, qkv, layer in zip(model.blocks, self.qkv, self.cache.layers, strict=True):
+        for block, qkv, layer in zip(self.blocks, self.qkv, self.cache.layers, strict=True):
             h = block.attn_norm(x)
             q, k, v = qkv(h).split(self.sizes, dim=-1)  # (B, 1, H Dh), (B, 1, Hkv Dh) x 2
             q = q.view(b, 1, self.heads, self.d_head).transpose(1, 2)  # (B, H, 1, Dh)
             k = k.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
             v = v.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)
-            if cos is not None:
+            if cos is not None and sin is not None:  # set together
                 q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             layer.k[:, :, position:end] = k  # the buffers hold the whole generation: no growth check
             layer.v[:, :, position:end] = v

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 from torch import Tensor, nn
@@ -38,14 +38,17 @@ from oneblock.models.decoder import Decoder
 from oneblock.models.encoder_decoder import EncoderDecoder
 from oneblock.models.inputs import check_tokens
 
-Prompt = Tensor | Sequence[Sequence[int]]
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+Prompt = Tensor | Sequence[int] | Sequence[Sequence[int] | Tensor]
 
 
 @dataclass
 class _Run:
     """Everything one generation needs, validated once, before the first forward pass."""
 
-    model: nn.Module
+    model: Decoder | EncoderDecoder
     decoder: Decoder
     prompt: Tensor  # (B, T), the whole prompt as given
     seen: Tensor  # (B, T'), the part the model reads (T' < T when cropped)
@@ -129,12 +132,27 @@ def fit_new_tokens(
     return n
 
 
+@overload
+def generate(
+    model: nn.Module, prompt_ids: Prompt, max_new_tokens: int, *, stream: Callable[[Tensor], object] | None = None,
+    return_logits: Literal[False] = False, **options: Any,
+) -> Tensor: ...  # fmt: skip
+
+
+@overload
+def generate(
+    model: nn.Module, prompt_ids: Prompt, max_new_tokens: int, *, stream: Callable[[Tensor], object] | None = None,
+    return_logits: Literal[True], **options: Any,
+) -> tuple[Tensor, Tensor]: ...  # fmt: skip
+
+
 def generate(
     model: nn.Module,
     prompt_ids: Prompt,
     max_new_tokens: int,
     *,
     stream: Callable[[Tensor], object] | None = None,
+    return_logits: bool = False,
     **options: Any,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens.
@@ -155,7 +173,7 @@ def generate(
     Raises:
         InputError: see ``generate_stream``.
     """
-    steps = generate_stream(model, prompt_ids, max_new_tokens, **options)
+    steps = generate_stream(model, prompt_ids, max_new_tokens, return_logits=return_logits, **options)
     while True:
         try:
             new = next(steps)
@@ -225,7 +243,6 @@ def generate_stream(
     for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
             raise InputError(f"{name} must be an id in [0, {vocab}) or None; got {value!r}")
-    pad_id = eos_id if pad_id is None else pad_id
     if cache_dtype is not None and not (use_cache and src is None and lean_supported(model)):
         raise InputError("cache_dtype needs a pre-LN decoder-only model with use_cache=True (the lean decoding step)")
     options = {"compile": compile, "cache_dtype": cache_dtype}
@@ -262,14 +279,14 @@ def _steps(
     try:
         with torch.inference_mode():
             decode = _decoder_for(run, use_cache, options) if run.max_new else None
-        while n < run.max_new:
+        while decode is not None and n < run.max_new:
             with torch.inference_mode():
                 logits = decode.next(new[:, n - 1] if n else None)  # (B, V) float32
                 if return_logits:
                     kept.append(logits)
                 ids = sampling.pick(logits, generator)  # (B,)
                 if eos_id is not None:
-                    ids = torch.where(done, pad_id, ids)
+                    ids = torch.where(done, eos_id if pad_id is None else pad_id, ids)  # pad_id defaults to eos_id
                     done = done | (ids == eos_id)
                 new[:, n] = ids
             n += 1
@@ -284,7 +301,7 @@ def _steps(
         if stats is not None and n:
             stats["decode_seconds"] = time.perf_counter() - clock
             stats["new_tokens"] = n
-            if getattr(decode, "compile_seconds", None) is not None:
+            if isinstance(decode, LeanDecode) and decode.compile_seconds is not None:
                 stats["compile_seconds"] = decode.compile_seconds
     out = torch.cat([prompt, new[:, :n]], dim=1)  # (B, T + n)
     if not return_logits:
@@ -320,7 +337,7 @@ def _prepare(
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
         raise InputError(f"max_new_tokens must be an int >= 0; got {max_new!r}")  # before the prompt's checks
     device = decoder.embed.tok.weight.device
-    if isinstance(prompt, Sequence) and len(prompt) and all(isinstance(i, int) for i in prompt):
+    if _is_id_list(prompt):
         prompt = torch.tensor(prompt, dtype=torch.long)  # one prompt given as a list of ids
     flat = isinstance(prompt, Tensor) and prompt.dim() == 1
     if not isinstance(prompt, Tensor):
@@ -352,6 +369,11 @@ def _prepare(
             raise InputError(f"src must be a tensor of shape (B, S) with B = {b} like the prompt; got {got}")
         run.src, run.src_mask = src.to(device), src_padding_mask
     return run
+
+
+def _is_id_list(prompt: Prompt) -> TypeIs[Sequence[int]]:
+    """One prompt given as a non-empty list of ids (not a list of prompts)."""
+    return isinstance(prompt, Sequence) and len(prompt) > 0 and all(isinstance(i, int) for i in prompt)
 
 
 def _check_prompt_mask(mask: object, b: int, t: int, device: torch.device) -> Tensor | None:

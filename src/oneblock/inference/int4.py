@@ -51,6 +51,11 @@ class Int4Linear(nn.Module):
     Shape: (..., K) -> (..., N).
     """
 
+    packed: Tensor
+    scale_zero: Tensor
+    scale_zero_bf16: Tensor
+    bias: Tensor | None
+
     def __init__(self, codes: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
         n, k = codes.shape

@@ -23,6 +23,7 @@ import torch
 
 from oneblock.errors import CheckpointError
 from oneblock.inference.tokenizer import Tokenizer, load_tokenizer
+from oneblock.models.inputs import config_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -84,7 +85,7 @@ def load_model(
         from oneblock.io.hf.convert import from_hf
 
         model, kind = _cast(from_hf(path), dtype, device), "hf"
-        tok = load_tokenizer(path, tokenizer=tokenizer, vocab_size=model.config.vocab_size)
+        tok = load_tokenizer(path, tokenizer=tokenizer, vocab_size=_vocab(model))
     elif path.is_file():
         from oneblock.io.checkpoint import load
 
@@ -128,4 +129,4 @@ def _cast(model: nn.Module, dtype: torch.dtype | None, device: torch.device | st
 
 
 def _vocab(model: nn.Module) -> int:
-    return model.config.vocab_size
+    return config_of(model).vocab_size

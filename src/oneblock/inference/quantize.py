@@ -14,6 +14,8 @@ Quantization is for inference: the result has no gradients and its state dict is
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -27,6 +29,8 @@ KERNEL_BLOCK = 16
 # amortizes the dequantization over its rows, while one decoding step wants the fewest bytes read.
 DEQUANTIZE_ROWS = 16
 
+M = TypeVar("M", bound=nn.Module)
+
 
 def _int8_kernel() -> bool:
     return hasattr(torch, "_weight_int8pack_mm")
@@ -36,20 +40,28 @@ class Int8Linear(nn.Module):
     """``y = x W^T + b`` with ``W`` stored as int8 rows times float scales.
 
     Args:
-        linear: the ``nn.Linear`` (or any module with ``weight`` (N, K) and ``bias``) to quantize.
+        linear: the ``nn.Linear`` to quantize.
         weight: use this (N, K) matrix instead of ``linear.weight`` (several projections stacked, say).
         bias: use this (N,) bias instead of ``linear.bias``.
 
     Shape: (..., K) -> (..., N).
     """
 
+    weight: Tensor  # (N, K) int8
+    scale: Tensor  # (N,) in the source weight's dtype
+    scale_bf16: Tensor  # (N,) for the int8 kernel
+    bias: Tensor | None  # (N,)
+
     def __init__(
-        self, linear: nn.Module | None = None, *, weight: Tensor | None = None, bias: Tensor | None = None
+        self, linear: nn.Linear | None = None, *, weight: Tensor | None = None, bias: Tensor | None = None
     ) -> None:
         super().__init__()
-        w = (weight if weight is not None else linear.weight).detach()
-        if bias is None and weight is None and linear is not None:
-            bias = linear.bias
+        if weight is None:
+            if linear is None:
+                raise InputError("Int8Linear needs an nn.Linear or a weight matrix (N, K); got neither")
+            weight = linear.weight
+            bias = linear.bias if bias is None else bias
+        w = weight.detach()
         w32 = w.float()
         scale = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (N,)
         q = torch.round(w32 / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
@@ -84,7 +96,7 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row scales"
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
+def quantize_int8(model: M) -> M:
     """Replace every ``nn.Linear`` of ``model`` (the LM head included) by an ``Int8Linear``, in place.
 
     The query, key and value projections of each self-attention layer become one ``Int8Linear`` (``qkv_proj``),

@@ -174,8 +174,9 @@ def load_tokenizer(
         CheckpointError: an explicit file that is missing or unreadable.
         InputError: a tokenizer with more ids than the model has (the wrong tokenizer for this model).
     """
+    path: Path | None
     if tokenizer is not None:
-        path: Path | None = Path(tokenizer)
+        path = Path(tokenizer)
         if not path.is_file():
             raise CheckpointError(f"the tokenizer file {str(path)!r} does not exist")
     else:

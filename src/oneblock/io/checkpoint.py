@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError
 from oneblock.io import files, integrity, limits
-from oneblock.models.build import build_model
+from oneblock.models.build import Model, build_model
 
 FORMAT = "oneblock-checkpoint"
 FORMAT_VERSION = 2  # 2: the digest covers the whole file; 1 covered the tensors only
@@ -114,7 +114,7 @@ def load(
     max_parameters: int | None = None,
     max_bytes: int | None = None,
     max_layers: int | None = None,
-) -> nn.Module:
+) -> Model:
     """Read a checkpoint written by ``save`` and rebuild the model, in eval mode.
 
     Every check runs before the model is allocated: the file's format and digest, the config's size, that the
@@ -276,7 +276,7 @@ def _identity(tensor: Tensor) -> tuple[int, int, tuple[int, ...], tuple[int, ...
     """Two state-dict entries are one tensor when they view the same memory the same way."""
     return (
         tensor.untyped_storage().data_ptr(),
-        tensor.storage_offset(),
+        int(tensor.storage_offset()),  # a plain int outside symbolic tracing
         tuple(tensor.shape),
         tuple(tensor.stride()),
         tensor.dtype,

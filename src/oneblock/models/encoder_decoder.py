@@ -3,6 +3,8 @@ a causal decoder writes the target, attending to the encoder output through cros
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 from torch import Tensor, nn
 
@@ -31,6 +33,20 @@ class EncoderDecoder(nn.Module):
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         """Source ids (B, S) -> memory (B, S, C)."""
         return self.encoder(src, padding_mask=src_padding_mask)
+
+    @overload
+    def decode(
+        self, tgt: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None, padding_mask: Tensor | None = None,
+        positions: Tensor | None = None, cache: Cache | None = None, last_only: bool = False,
+        return_attention: Literal[False] = False,
+    ) -> Tensor: ...  # fmt: skip
+
+    @overload
+    def decode(
+        self, tgt: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None, padding_mask: Tensor | None = None,
+        positions: Tensor | None = None, cache: Cache | None = None, last_only: bool = False,
+        return_attention: Literal[True],
+    ) -> tuple[Tensor, list[Tensor]]: ...  # fmt: skip
 
     def decode(
         self,

@@ -21,7 +21,7 @@ DEFAULT_CORPUS = "corpus.txt"
 
 def default_corpus() -> bytes:
     """The small original corpus shipped in ``oneblock/data`` (used when no ``--text`` is given)."""
-    return resources.files("oneblock").joinpath("data", DEFAULT_CORPUS).read_bytes()
+    return (resources.files("oneblock") / "data" / DEFAULT_CORPUS).read_bytes()
 
 
 def read_text(path: str | Path | None) -> bytes:

@@ -144,7 +144,7 @@ class Trainer:
             self.module, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2)
         )
         self.schedule = WarmupCosine(cfg.lr, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-        self.checkpoints = CheckpointDir(self.run_dir / "checkpoints", keep=cfg.keep_checkpoints) if run_dir else None
+        self.checkpoints = CheckpointDir(Path(run_dir) / "checkpoints", keep=cfg.keep_checkpoints) if run_dir else None
         self.step = 0
         self.tokens = 0
         self.elapsed = 0.0
@@ -207,16 +207,17 @@ class Trainer:
         """Restore the newest complete checkpoint; False when the run has none and starts afresh (with a note)."""
         if self.run_dir is not None:
             files.remove_leftovers(self.run_dir)  # a config.json write cut short
-        latest = self.checkpoints.recover() if self.checkpoints else None
+        checkpoints = self.checkpoints
+        latest = checkpoints.recover() if checkpoints else None
         self._take_notes()
-        if latest is None:
+        if checkpoints is None or latest is None:
             where = str(self.run_dir / "checkpoints") if self.run_dir else "memory"
             if self.run_dir is not None and (self.run_dir / CONFIG_FILE).exists():
                 self._start_afresh(announce=False)
                 self._note(f"no complete checkpoint in {where}: starting the run afresh from its config.json")
                 return False
             raise CheckpointError(f"nothing to resume: no checkpoint in {where}; start the run without --resume")
-        state = self.checkpoints.load(latest, self.model, head=self._head)
+        state = checkpoints.load(latest, self.model, head=self._head)
         if state["schedule"] != self.schedule.to_dict():
             raise CheckpointError(
                 f"the checkpoint's schedule {state['schedule']} differs from this run's {self.schedule.to_dict()}; "
@@ -256,9 +257,9 @@ class Trainer:
                 self._note(message)
             self.checkpoints.notes.clear()
 
-    def _write_config(self) -> None:
+    def _write_config(self, run_dir: Path) -> None:
         payload = {"model": self.model_cfg.to_dict(), "train": self.cfg.to_dict(), "world": self.ctx.world}
-        files.write_atomic(self.run_dir / CONFIG_FILE, integrity.dump_json(payload), what="run config")
+        files.write_atomic(run_dir / CONFIG_FILE, integrity.dump_json(payload), what="run config")
 
     # Training.
     def train_step(self) -> dict[str, Any]:
@@ -304,13 +305,13 @@ class Trainer:
         """
         cfg, ctx = self.cfg, self.ctx
         resumed = self._resume() if resume else False
-        write = self.run_dir is not None and ctx.is_main
-        if write and not resume:
+        run_dir = self.run_dir if ctx.is_main else None  # only the main rank writes the run's files
+        if run_dir is not None and not resume:
             self._start_afresh()
         self.ddp = distributed.wrap(self.module, ctx)
-        if write and not resumed:
-            self._write_config()
-        log = StepLog(self.run_dir / LOG_FILE, resume_step=self.step if resumed else None) if write else None
+        if run_dir is not None and not resumed:
+            self._write_config(run_dir)
+        log = StepLog(run_dir / LOG_FILE, resume_step=self.step if resumed else None) if run_dir is not None else None
         result = TrainResult(step=self.step)
         self.module.train()
         rewind = None
@@ -346,9 +347,9 @@ class Trainer:
             result.eval = self.evaluate() if ctx.is_main else {}
             if log:
                 log.write({"step": self.step, "eval": result.eval})
-            if write:
+            if run_dir is not None:
                 summary = {"step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "eval": result.eval}
-                (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+                (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         finally:
             if log:
                 log.close()

@@ -16,17 +16,21 @@ A batch is a dict of tensors whose first axis is the example; the loop shards it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from oneblock.errors import ConfigError
+from oneblock.models.encoder import Encoder
+from oneblock.models.encoder_decoder import EncoderDecoder
 from oneblock.models.heads import EncoderClassifier, EncoderMaskedLM
 from oneblock.train import data, tasks
 from oneblock.train.config import TrainConfig
 from oneblock.train.masking import IGNORE, mask_tokens
 
+M = TypeVar("M", bound=nn.Module)
 _EVAL_SEED_OFFSET = 1_000_003  # the held-out synthetic examples come from a different seed than training
 
 
@@ -42,7 +46,10 @@ class Objective:
     max_seq_len: int
 
     def __init__(self, cfg: TrainConfig) -> None:
+        if cfg.seq_len is None:  # TrainConfig.__post_init__ sets the task's default
+            raise ConfigError("TrainConfig.seq_len is None; build the config with TrainConfig(...)")
         self.cfg = cfg
+        self.seq_len: int = cfg.seq_len  # the text window T, or the length L of a synthetic sequence
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """The module to train around a freshly built oneblock model (a head, or the model itself)."""
@@ -80,11 +87,11 @@ class LanguageModeling(Objective):
 
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__(cfg)
-        self.max_seq_len = cfg.seq_len
+        self.max_seq_len = self.seq_len
         ids = data.encode(data.read_text(cfg.text))
-        train, held_out = data.split(ids, cfg.val_fraction, cfg.seq_len + 1)
-        self.windows = data.TextWindows(train, cfg.seq_len + 1, seed=cfg.seed)
-        self.eval_set = data.eval_windows(held_out, cfg.seq_len + 1, cfg.eval_examples)  # (W, T + 1)
+        train, held_out = data.split(ids, cfg.val_fraction, self.seq_len + 1)
+        self.windows = data.TextWindows(train, self.seq_len + 1, seed=cfg.seed)
+        self.eval_set = data.eval_windows(held_out, self.seq_len + 1, cfg.eval_examples)  # (W, T + 1)
 
     def next_batch(self, n: int) -> dict[str, Tensor]:
         return {"tokens": self.windows.next(n)}
@@ -125,12 +132,12 @@ class MaskedLanguageModeling(Objective):
 
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__(cfg)
-        self.max_seq_len = cfg.seq_len
+        self.max_seq_len = self.seq_len
         ids = data.encode(data.read_text(cfg.text))
-        train, held_out = data.split(ids, cfg.val_fraction, cfg.seq_len)
-        self.windows = data.TextWindows(train, cfg.seq_len, seed=cfg.seed)
+        train, held_out = data.split(ids, cfg.val_fraction, self.seq_len)
+        self.windows = data.TextWindows(train, self.seq_len, seed=cfg.seed)
         self.masking = torch.Generator().manual_seed(cfg.seed + 1)
-        windows = data.eval_windows(held_out, cfg.seq_len, cfg.eval_examples)
+        windows = data.eval_windows(held_out, self.seq_len, cfg.eval_examples)
         fixed = torch.Generator().manual_seed(cfg.seed + _EVAL_SEED_OFFSET)
         self.eval_inputs, self.eval_labels = self._mask(windows, fixed)
 
@@ -140,7 +147,7 @@ class MaskedLanguageModeling(Objective):
         )
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        return EncoderMaskedLM(model)
+        return EncoderMaskedLM(_expect(model, Encoder))
 
     def next_batch(self, n: int) -> dict[str, Tensor]:
         inputs, labels = self._mask(self.windows.next(n), self.masking)
@@ -179,10 +186,10 @@ class _Synthetic(Objective):
 
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__(cfg)
-        self.max_seq_len = cfg.seq_len + 1  # BOS or CLS plus L symbols
-        self.stream = tasks.SyntheticStream(cfg.task, length=cfg.seq_len, n_symbols=cfg.n_symbols, seed=cfg.seed)
+        self.max_seq_len = self.seq_len + 1  # BOS or CLS plus L symbols
+        self.stream = tasks.SyntheticStream(cfg.task, length=self.seq_len, n_symbols=cfg.n_symbols, seed=cfg.seed)
         held_out = tasks.SyntheticStream(
-            cfg.task, length=cfg.seq_len, n_symbols=cfg.n_symbols, seed=cfg.seed + _EVAL_SEED_OFFSET
+            cfg.task, length=self.seq_len, n_symbols=cfg.n_symbols, seed=cfg.seed + _EVAL_SEED_OFFSET
         )
         self.eval_set = held_out.next(cfg.eval_examples)
 
@@ -213,7 +220,7 @@ class Classification(_Synthetic):
         self.n_classes = cfg.n_symbols
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        return EncoderClassifier(model, self.n_classes)
+        return EncoderClassifier(_expect(model, Encoder), self.n_classes)
 
     def loss(self, module: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int]:
         logits = module(batch["tokens"])  # (B, n_classes)
@@ -248,13 +255,14 @@ class SequenceToSequence(_Synthetic):
 
     @torch.no_grad()
     def evaluate(self, module: nn.Module, batch_size: int = 64) -> dict[str, float]:
+        model = _expect(module, EncoderDecoder)
         device = next(module.parameters()).device
         total, correct_tokens, exact, count = 0.0, 0, 0, 0
         with _eval_mode(module):
             for chunk in self.eval_chunks(batch_size, device):
                 logits = module(chunk["src"], chunk["tgt_in"]).float()  # (b, L + 1, V)
                 total += float(F.cross_entropy(logits.flatten(0, 1), chunk["tgt_out"].flatten(), reduction="sum"))
-                decoded = greedy_decode(module, chunk["src"], chunk["tgt_out"].shape[1])  # (b, L + 1)
+                decoded = greedy_decode(model, chunk["src"], chunk["tgt_out"].shape[1])  # (b, L + 1)
                 hits = decoded == chunk["tgt_out"]
                 correct_tokens += int(hits.sum())
                 exact += int(hits.all(dim=1).sum())
@@ -263,7 +271,7 @@ class SequenceToSequence(_Synthetic):
         return {"loss": total / n_tokens, "token_accuracy": correct_tokens / n_tokens, "exact_match": exact / count}
 
 
-def greedy_decode(model: nn.Module, src: Tensor, length: int) -> Tensor:
+def greedy_decode(model: EncoderDecoder, src: Tensor, length: int) -> Tensor:
     """Decode ``length`` tokens after BOS by always taking the most likely next token.
 
     Args:
@@ -280,6 +288,13 @@ def greedy_decode(model: nn.Module, src: Tensor, length: int) -> Tensor:
         logits = model.decode(out, memory, last_only=True)  # (B, 1, V)
         out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return out[:, 1:]
+
+
+def _expect(module: nn.Module, kind: type[M]) -> M:
+    """``module`` as the model family of this task (the trainer checked the config's arch)."""
+    if not isinstance(module, kind):
+        raise ConfigError(f"this task trains a {kind.__name__}; got {type(module).__name__}")
+    return module
 
 
 class _eval_mode:

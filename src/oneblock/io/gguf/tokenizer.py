@@ -251,7 +251,7 @@ class GGUFTokenizer:
     def special_tokens(self) -> dict[str, str]:
         """``bos_token``, ``eos_token``, ``pad_token`` as strings, the names chat templates read."""
         names = {"bos_token": self.bos_id, "eos_token": self.eos_id, "pad_token": self.pad_id}
-        return {name: self.token(i) for name, i in names.items() if i is not None and self.token(i) is not None}
+        return {name: token for name, i in names.items() if i is not None and (token := self.token(i)) is not None}
 
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tokenize: bool = False

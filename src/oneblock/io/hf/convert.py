@@ -28,12 +28,12 @@ from oneblock.errors import ConfigError, ConversionError
 from oneblock.io import limits
 from oneblock.io.hf import bart, bert, gpt2, llama, t5
 from oneblock.io.hf.common import TensorSource, load_exact
-from oneblock.models.build import build_model
+from oneblock.models.build import Model, build_model
 
 FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama, t5)}
 
 
-def from_hf(source: Any) -> nn.Module:
+def from_hf(source: Any) -> Model:
     """Copy a Hugging Face model into the oneblock model that computes the same function.
 
     Accepted sources: a transformers model object, or a directory holding ``config.json`` and the weights
@@ -146,9 +146,10 @@ def _read_source(source: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """(config dict, state dict) of a model object or a directory."""
     if isinstance(source, (str, os.PathLike)):
         return _read_directory(Path(source))
-    config = getattr(source, "config", None)
-    if callable(getattr(source, "state_dict", None)) and callable(getattr(config, "to_dict", None)):
-        return config.to_dict(), dict(source.state_dict())
+    state_dict = getattr(source, "state_dict", None)
+    to_dict = getattr(getattr(source, "config", None), "to_dict", None)
+    if callable(state_dict) and callable(to_dict):
+        return to_dict(), dict(state_dict())
     raise ConversionError(
         f"from_hf expects a transformers model or a directory with config.json; got {type(source).__name__}"
     )
