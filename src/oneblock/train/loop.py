@@ -257,9 +257,11 @@ class Trainer:
                 self._note(message)
             self.checkpoints.notes.clear()
 
-    def _write_config(self, run_dir: Path) -> None:
+    def _write_config(self) -> None:
+        if self.run_dir is None:  # an in-memory run keeps no files
+            return
         payload = {"model": self.model_cfg.to_dict(), "train": self.cfg.to_dict(), "world": self.ctx.world}
-        files.write_atomic(run_dir / CONFIG_FILE, integrity.dump_json(payload), what="run config")
+        files.write_atomic(self.run_dir / CONFIG_FILE, integrity.dump_json(payload), what="run config")
 
     # Training.
     def train_step(self) -> dict[str, Any]:
@@ -310,7 +312,7 @@ class Trainer:
             self._start_afresh()
         self.ddp = distributed.wrap(self.module, ctx)
         if run_dir is not None and not resumed:
-            self._write_config(run_dir)
+            self._write_config()
         log = StepLog(run_dir / LOG_FILE, resume_step=self.step if resumed else None) if run_dir is not None else None
         result = TrainResult(step=self.step)
         self.module.train()
