@@ -29,11 +29,14 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else echo "note: the browser tests need Chromium: sudo apt-get install -y chromium (without it they skip; under CI=true they fail)"; fi
 
-test: setup browser
+# Lint, format and types first: a change that breaks any of them fails `make test` (and so CI) before pytest runs.
+test: setup browser lint
 	$(PY) -m pytest -n 2 --durations=15
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
 
 bench: setup
 	$(PY) benchmarks/bench.py

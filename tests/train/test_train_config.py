@@ -40,8 +40,10 @@ def test_round_trip_and_unknown_keys():
         TrainConfig.from_dict({**cfg.to_dict(), "epochs": 3})
 
 
-@pytest.mark.parametrize(("task", "arch", "vocab"), [("lm", "decoder", 256), ("mlm", "encoder", 257),
-                                                     ("majority", "encoder", 11), ("copy", "encoder-decoder", 13)])
+@pytest.mark.parametrize(
+    ("task", "arch", "vocab"),
+    [("lm", "decoder", 256), ("mlm", "encoder", 257), ("majority", "encoder", 11), ("copy", "encoder-decoder", 13)],
+)
 def test_fit_model_config_takes_family_and_vocabulary_from_the_task(task, arch, vocab):
     cfg = TrainConfig(task=task, seq_len=200)
     fitted = fit_model_config(get_preset("bart-base"), cfg, make_objective(cfg))

@@ -46,15 +46,23 @@ def check_attention_shapes(weights: list[Tensor], expected: tuple[int, ...]) -> 
     """Every layer's weights have shape (B, H, T, S)."""
     shapes = [tuple(w.shape) for w in weights]
     ok = all(s == expected for s in shapes)
-    return CheckResult("attention shape", ok, f"expected {expected}, got {shapes[0] if shapes else None}",
-                       {"expected": list(expected), "shapes": [list(s) for s in shapes]})
+    return CheckResult(
+        "attention shape",
+        ok,
+        f"expected {expected}, got {shapes[0] if shapes else None}",
+        {"expected": list(expected), "shapes": [list(s) for s in shapes]},
+    )
 
 
 def check_rows_sum_to_one(weights: list[Tensor], *, atol: float = 1e-5) -> CheckResult:
     """Each query's weights over the keys sum to one."""
     err = max(float((w.double().sum(-1) - 1).abs().max()) for w in weights)
-    return CheckResult("rows sum to one", err <= atol, f"max |row sum - 1| = {err:.2e} (tolerance {atol:g})",
-                       {"max_error": err, "atol": atol})
+    return CheckResult(
+        "rows sum to one",
+        err <= atol,
+        f"max |row sum - 1| = {err:.2e} (tolerance {atol:g})",
+        {"max_error": err, "atol": atol},
+    )
 
 
 def check_upper_triangle_zero(weights: list[Tensor]) -> CheckResult:
@@ -62,15 +70,20 @@ def check_upper_triangle_zero(weights: list[Tensor]) -> CheckResult:
     t, s = weights[0].shape[-2:]
     future = ~causal_mask(t, s)
     worst = max(float(w[..., future].abs().max()) if future.any() else 0.0 for w in weights)
-    return CheckResult("future weights exactly zero", worst == 0.0,
-                       f"largest weight above the diagonal = {worst:g}", {"max_future_weight": worst})
+    return CheckResult(
+        "future weights exactly zero",
+        worst == 0.0,
+        f"largest weight above the diagonal = {worst:g}",
+        {"max_future_weight": worst},
+    )
 
 
 def check_causality(model: Callable[..., Any], tokens: Tensor, vocab_size: int) -> CheckResult:
     """Change the last token: outputs at every earlier position must not move at all."""
     if tokens.shape[1] < 2 or vocab_size < 2:
-        return CheckResult("causality", True, "not applicable: needs two positions and two token ids",
-                           {"applicable": False})
+        return CheckResult(
+            "causality", True, "not applicable: needs two positions and two token ids", {"applicable": False}
+        )
     changed = tokens.clone()
     changed[:, -1] = (changed[:, -1] + 1) % vocab_size
     with torch.no_grad():
@@ -78,9 +91,12 @@ def check_causality(model: Callable[..., Any], tokens: Tensor, vocab_size: int) 
     earlier = float((a[:, :-1] - b[:, :-1]).abs().max())
     last = float((a[:, -1] - b[:, -1]).abs().max())
     ok = earlier == 0.0 and last > 0.0
-    return CheckResult("causality", ok,
-                       f"earlier positions moved by {earlier:g}; the changed position by {last:.3g}",
-                       {"earlier_max_change": earlier, "last_max_change": last})
+    return CheckResult(
+        "causality",
+        ok,
+        f"earlier positions moved by {earlier:g}; the changed position by {last:.3g}",
+        {"earlier_max_change": earlier, "last_max_change": last},
+    )
 
 
 def check_batch_independence(model: Callable[..., Any], tokens: Tensor) -> CheckResult:
@@ -104,9 +120,12 @@ def check_position_wise(ffn: nn.Module, d_model: int, *, length: int = 5, seed: 
     others = [i for i in range(length) if i != j]
     moved = float((a[:, others] - b[:, others]).abs().max())
     changed = float((a[:, j] - b[:, j]).abs().max())
-    return CheckResult("feed-forward is position-wise", moved == 0.0 and changed > 0.0,
-                       f"changing position {j} moved the others by {moved:g}, itself by {changed:.3g}",
-                       {"others_max_change": moved, "changed_position_max_change": changed})
+    return CheckResult(
+        "feed-forward is position-wise",
+        moved == 0.0 and changed > 0.0,
+        f"changing position {j} moved the others by {moved:g}, itself by {changed:.3g}",
+        {"others_max_change": moved, "changed_position_max_change": changed},
+    )
 
 
 def check_cross_attention(weights: list[Tensor], t: int, s: int) -> CheckResult:
@@ -114,9 +133,12 @@ def check_cross_attention(weights: list[Tensor], t: int, s: int) -> CheckResult:
     shapes = [tuple(w.shape[-2:]) for w in weights]
     upper = float(weights[0][..., ~causal_mask(t, s)].sum()) if t > 1 or s > 1 else 1.0
     ok = all(sh == (t, s) for sh in shapes) and upper > 0.0
-    return CheckResult("cross-attention is T x S, unmasked", ok,
-                       f"shape {shapes[0]} (expected ({t}, {s})); weight above the diagonal {upper:.3g} > 0",
-                       {"shape": list(shapes[0]), "weight_above_diagonal": upper})
+    return CheckResult(
+        "cross-attention is T x S, unmasked",
+        ok,
+        f"shape {shapes[0]} (expected ({t}, {s})); weight above the diagonal {upper:.3g} > 0",
+        {"shape": list(shapes[0]), "weight_above_diagonal": upper},
+    )
 
 
 def check_bidirectional(weights: list[Tensor]) -> CheckResult:

@@ -32,8 +32,7 @@ class WarmupCosine:
     def __post_init__(self) -> None:
         if self.total_steps <= 0 or not 0 <= self.warmup_steps <= self.total_steps:
             raise ConfigError(
-                f"need 0 <= warmup_steps ({self.warmup_steps}) <= total_steps ({self.total_steps}) and "
-                "total_steps > 0"
+                f"need 0 <= warmup_steps ({self.warmup_steps}) <= total_steps ({self.total_steps}) and total_steps > 0"
             )
 
     def __call__(self, step: int) -> float:

@@ -131,27 +131,32 @@ def write_report(results: dict[str, Any], out_dir: str | Path) -> dict[str, Any]
     out.mkdir(parents=True, exist_ok=True)
     setup = Setup(**results["setup"])
     png = plot(results, out / "norm_placement.png")
-    text = "\n".join([
-        "# Pre-LN vs post-LN",
-        "",
-        f"Unigram entropy of the training text: {results['unigram_entropy']:.3f} nats per byte "
-        "(a run ending above it is `stalled`; NaN or ending above its first loss is `diverged`).",
-        *(["", f"Only {setup.steps} steps per run: a smoke test of the machinery, too short to judge the claims."]
-          if setup.steps < SHORT_RUN else []),
-        "",
-        "## Gradient norms at initialization",
-        "",
-        gradient_table(results["grads"], setup.depths),
-        "",
-        "## Final training losses",
-        "",
-        markdown_table(results["runs"]),
-        "",
-        "## Did the lesson's claims hold?",
-        "",
-        *[f"- {line}" for line in results["claims"]],
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# Pre-LN vs post-LN",
+            "",
+            f"Unigram entropy of the training text: {results['unigram_entropy']:.3f} nats per byte "
+            "(a run ending above it is `stalled`; NaN or ending above its first loss is `diverged`).",
+            *(
+                ["", f"Only {setup.steps} steps per run: a smoke test of the machinery, too short to judge the claims."]
+                if setup.steps < SHORT_RUN
+                else []
+            ),
+            "",
+            "## Gradient norms at initialization",
+            "",
+            gradient_table(results["grads"], setup.depths),
+            "",
+            "## Final training losses",
+            "",
+            markdown_table(results["runs"]),
+            "",
+            "## Did the lesson's claims hold?",
+            "",
+            *[f"- {line}" for line in results["claims"]],
+            "",
+        ]
+    )
     (out / "norm_placement.md").write_text(text)
     return {
         "png": str(png),
