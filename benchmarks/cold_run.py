@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
+
+from oneblock.inference.process import peak_rss_bytes
 
 
 def _since_start() -> float:
@@ -106,7 +107,7 @@ def run_transformers(path: str, prompt_tokens: int, new: int) -> dict:
 def _figures(start: float, loaded_at: float, stamps: list[float], prompt_tokens: int, ids: list[int]) -> dict:
     offset = _since_start() - time.perf_counter()  # perf_counter -> seconds since process start
     first, last = stamps[0], stamps[-1]
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()  # VmHWM: ru_maxrss would carry the benchmark parent's peak across exec
     return {
         "load_seconds": loaded_at - start,
         "first_token_seconds": first + offset,

@@ -45,3 +45,18 @@ def test_unknown_source_names_the_choices(tmp_path):
         bad = tmp_path / "x.gguf"
         bad.write_bytes(b"definitely not the gguf magic bytes")
         load_model(bad)
+
+
+def test_peak_rss_is_the_programs_own_not_its_parents():
+    """``ru_maxrss`` survives ``exec``: a small program started by a large parent must still report its own peak."""
+    import subprocess
+    import sys
+
+    from oneblock.inference.process import peak_rss_bytes
+
+    ballast = torch.ones(400 * 2**20 // 4)  # 400 MB held by this process, so its high-water mark is above that
+    assert peak_rss_bytes() > 400 * 2**20
+    code = "from oneblock.inference.process import peak_rss_bytes; print(peak_rss_bytes())"
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    del ballast
+    assert 1_000_000 < child < 200 * 2**20

@@ -26,6 +26,18 @@ def process_seconds() -> float:
 
 
 def peak_rss_bytes() -> int:
-    """The most resident memory this process has held, in bytes."""
+    """The most resident memory this process has held, in bytes.
+
+    On Linux this is ``VmHWM`` of ``/proc/self/status``, the high-water mark of this program's own memory:
+    ``getrusage``'s ``ru_maxrss`` survives ``exec``, so a process started by a large parent would report the
+    parent's peak.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux kilobytes
