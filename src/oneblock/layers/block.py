@@ -13,6 +13,8 @@ queries come from the decoder and whose keys and values come from the encoder ou
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
@@ -20,6 +22,8 @@ from oneblock.layers.attention import CrossAttention, MultiHeadAttention
 from oneblock.layers.feedforward import FeedForward
 from oneblock.layers.norms import make_norm
 from oneblock.layers.state import EMPTY, AttentionState
+
+A = TypeVar("A", bound=MultiHeadAttention)
 
 
 class Block(nn.Module):
@@ -37,29 +41,12 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.attn = MultiHeadAttention(
-            cfg.d_model,
-            cfg.n_heads,
-            n_kv_heads=cfg.n_kv_heads,
-            d_head=cfg.d_head,
-            bias=cfg.bias,
-            dropout=cfg.dropout,
-            causal=causal,
-            scale=cfg.attn_scale,
-        )
+        self.attn = _attention(MultiHeadAttention, cfg, causal=causal)
         self.cross_norm: nn.Module | None = None
         self.cross_attn: CrossAttention | None = None
         if cross_attention:
             self.cross_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-            self.cross_attn = CrossAttention(
-                cfg.d_model,
-                cfg.n_heads,
-                n_kv_heads=cfg.n_kv_heads,
-                d_head=cfg.d_head,
-                bias=cfg.bias,
-                dropout=cfg.dropout,
-                scale=cfg.attn_scale,
-            )
+            self.cross_attn = _attention(CrossAttention, cfg)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, kind=cfg.ffn, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)  # on each sublayer's output, before it joins the residual stream
@@ -85,3 +72,17 @@ class Block(nn.Module):
         if self.cross_attn is not None and self.cross_norm is not None:
             x = self.cross_norm(x + self.drop(self.cross_attn(x, state)))
         return self.ffn_norm(x + self.drop(self.ffn(x)))
+
+
+def _attention(kind: type[A], cfg: ModelConfig, **options: bool) -> A:
+    """A self- or cross-attention layer with the config's heads, widths, biases, dropout and score scale."""
+    return kind(
+        cfg.d_model,
+        cfg.n_heads,
+        n_kv_heads=cfg.n_kv_heads,
+        d_head=cfg.d_head,
+        bias=cfg.bias,
+        dropout=cfg.dropout,
+        scale=cfg.attn_scale,
+        **options,
+    )

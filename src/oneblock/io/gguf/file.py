@@ -56,19 +56,12 @@ TYPED_KEYS: dict[str, str] = {
 }
 
 
-def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
-    """Memory-map a GGUF file.
-
-    Args:
-        path: the ``.gguf`` file.
-
-    Returns:
-        A ``gguf.GGUFReader``; tensor data stays on disk until read.
+def check_gguf_file(path: Path) -> int:
+    """The size of ``path`` in bytes, once it is known to be a regular file that starts like a GGUF file.
 
     Raises:
-        CheckpointError: if the path is missing, a directory, too short, not GGUF, or corrupt.
+        CheckpointError: if the path is missing, a directory, too short for a header, or not GGUF.
     """
-    path = Path(path)
     if not path.exists():
         raise CheckpointError(f"GGUF file not found: {str(path)!r}")
     if not path.is_file():
@@ -83,6 +76,23 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise CheckpointError(f"{str(path)!r} is not a GGUF file: it starts with {magic!r}, expected {GGUF_MAGIC!r}")
+    return size
+
+
+def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
+    """Memory-map a GGUF file.
+
+    Args:
+        path: the ``.gguf`` file.
+
+    Returns:
+        A ``gguf.GGUFReader``; tensor data stays on disk until read.
+
+    Raises:
+        CheckpointError: if the path is missing, a directory, too short, not GGUF, or corrupt.
+    """
+    path = Path(path)
+    check_gguf_file(path)
     try:
         return GGUFReader(path)
     except OSError as error:

@@ -23,10 +23,8 @@ import numpy as np
 import torch
 
 from oneblock.errors import CheckpointError
-from oneblock.io.gguf.file import checked_value
+from oneblock.io.gguf.file import check_gguf_file, checked_value
 
-GGUF_MAGIC = b"GGUF"
-_HEADER_BYTES = 24  # magic (4) + version (4) + tensor count (8) + metadata count (8)
 _ALIGNMENT = 32
 
 # GGUF value type id -> (struct format, numpy dtype) of the scalar types.
@@ -133,24 +131,6 @@ class _Cursor:
         return self.scalar(_SCALARS[kind][0])
 
 
-def _check_file(path: Path) -> int:
-    if not path.exists():
-        raise CheckpointError(f"GGUF file not found: {str(path)!r}")
-    if not path.is_file():
-        raise CheckpointError(f"expected a GGUF file, got a directory or special file: {str(path)!r}")
-    size = path.stat().st_size
-    if size < _HEADER_BYTES:
-        raise CheckpointError(
-            f"{str(path)!r} is {size} bytes long, too short for a GGUF header ({_HEADER_BYTES} bytes); "
-            "the file is empty or truncated"
-        )
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise CheckpointError(f"{str(path)!r} is not a GGUF file: it starts with {magic!r}, expected {GGUF_MAGIC!r}")
-    return size
-
-
 def read_layout(path: str | os.PathLike[str]) -> GGUFLayout:
     """Parse a GGUF file's header and map its tensor data.
 
@@ -165,7 +145,7 @@ def read_layout(path: str | os.PathLike[str]) -> GGUFLayout:
             (a record or a tensor running past the end of the file).
     """
     path = Path(path)
-    size = _check_file(path)
+    size = check_gguf_file(path)
     with path.open("rb") as f:
         # Copy-on-write: the views are writable for torch, and nothing is ever written back to the file.
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
