@@ -6,6 +6,30 @@ from __future__ import annotations
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError
 
+# T5-small (60,506,624, as transformers counts T5ForConditionalGeneration): pre-LN RMSNorm encoder-decoder,
+# relative position bias, unscaled scores, ReLU MLP without biases, tied head reading h * d_model**-0.5.
+_T5_SMALL = ModelConfig(
+    arch="encoder-decoder",
+    vocab_size=32128,
+    d_model=512,
+    n_heads=8,
+    d_head=64,
+    n_layers=6,
+    d_ff=2048,
+    max_seq_len=512,
+    norm="rmsnorm",
+    norm_eps=1e-6,
+    activation="relu",
+    bias=False,
+    dropout=0.1,
+    position="relative",
+    attn_scale=1.0,
+    scale_tied_logits=True,
+    pad_token_id=0,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+
 PRESETS: dict[str, ModelConfig] = {
     # The lesson: 172,288 parameters, 49,984 per block.
     "lesson": ModelConfig(),
@@ -97,52 +121,18 @@ PRESETS: dict[str, ModelConfig] = {
         bos_token_id=1,
         eos_token_id=2,
     ),
-    # T5-small (60,506,624, as transformers counts T5ForConditionalGeneration): pre-LN RMSNorm encoder-decoder,
-    # relative position bias, unscaled scores, ReLU MLP without biases, tied head reading h * d_model**-0.5.
-    "t5-small": ModelConfig(
-        arch="encoder-decoder",
-        vocab_size=32128,
-        d_model=512,
-        n_heads=8,
-        d_head=64,
-        n_layers=6,
-        d_ff=2048,
-        max_seq_len=512,
-        norm="rmsnorm",
-        norm_eps=1e-6,
-        activation="relu",
-        bias=False,
-        dropout=0.1,
-        position="relative",
-        attn_scale=1.0,
-        scale_tied_logits=True,
-        pad_token_id=0,
-        bos_token_id=0,
-        eos_token_id=1,
-    ),
+    "t5-small": _T5_SMALL,
     # T5 v1.1-small (76,961,152): gated GELU (tanh), 8 + 8 layers of 6 heads, an untied head without the rescale.
     # transformers 5 ties T5's head whatever the config says and counts 60,511,616: this less the head's matrix.
-    "t5-v1_1-small": ModelConfig(
-        arch="encoder-decoder",
-        vocab_size=32128,
-        d_model=512,
+    "t5-v1_1-small": _T5_SMALL.replace(
         n_heads=6,
         d_head=64,
         n_layers=8,
         d_ff=1024,
-        max_seq_len=512,
-        norm="rmsnorm",
-        norm_eps=1e-6,
         ffn="gated",
         activation="gelu_tanh",
-        bias=False,
         tie_embeddings=False,
-        dropout=0.1,
-        position="relative",
-        attn_scale=1.0,
-        pad_token_id=0,
-        bos_token_id=0,
-        eos_token_id=1,
+        scale_tied_logits=False,
     ),
 }
 

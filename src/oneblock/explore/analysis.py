@@ -24,8 +24,9 @@ from torch import Tensor, nn
 
 from oneblock.errors import InputError
 from oneblock.explore.diagram import block_diagram
-from oneblock.explore.loading import Explorable, config_of
+from oneblock.explore.loading import Explorable
 from oneblock.explore.requests import Request
+from oneblock.models.inputs import config_of
 
 LENS_CHUNK = 8  # layers per head product in the logit lens: bounds memory at LENS_CHUNK x T x V floats
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, InputError
+from oneblock.models.inputs import config_of
 
 MINILM = "minilm"
 
@@ -50,14 +51,6 @@ class Explorable:
     @property
     def config(self) -> ModelConfig:
         return config_of(self.model)
-
-
-def config_of(model: nn.Module) -> ModelConfig:
-    """``model.config``, checked: every oneblock model carries the ``ModelConfig`` it was built from."""
-    config = getattr(model, "config", None)
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"the explorer needs a oneblock model with a ModelConfig; got {type(model).__name__}")
-    return config
 
 
 def byte_piece(token_id: int) -> str:

@@ -20,6 +20,7 @@ from oneblock.io.hf.common import (
     Pair,
     TensorSource,
     activation_from_hf,
+    attention_pairs,
     config_mismatches,
     give_pairs,
     linear_pairs,
@@ -27,6 +28,7 @@ from oneblock.io.hf.common import (
     refuse,
     same_or_refuse,
     take_pairs,
+    take_shared_embedding,
     take_tied,
     token_id,
 )
@@ -39,6 +41,9 @@ NORM_EPS = 1e-5  # nn.LayerNorm's default; BartConfig has no eps option
 OFFSET = 2
 # The one token embedding appears under these three names in a BartModel state_dict.
 EMBED_NAMES = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+
+
+ATTENTION_NAMES = ("q_proj", "k_proj", "v_proj", "out_proj")  # its query, key, value and output projections
 
 
 def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
@@ -91,23 +96,16 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
     )
 
 
-def _attention_pairs(ours: str, theirs: str) -> list[Pair]:
-    pairs = []
-    for name in "qkv":
-        pairs += linear_pairs(f"{ours}.{name}_proj", f"{theirs}.{name}_proj", bias=True)
-    return pairs + linear_pairs(f"{ours}.o_proj", f"{theirs}.out_proj", bias=True)
-
-
 def _stack_pairs(cfg: ModelConfig, stack: str, n_layers: int) -> list[Pair]:
     """One stack ("encoder" or "decoder"), everything but the shared token embedding."""
     pairs = [Pair(f"{stack}.embed.pos.weight", f"{stack}.embed_positions.weight")]
     pairs += norm_pairs(f"{stack}.embed.norm", f"{stack}.layernorm_embedding", cfg)
     for i in range(n_layers):
         ours, theirs = f"{stack}.blocks.{i}", f"{stack}.layers.{i}"
-        pairs += _attention_pairs(f"{ours}.attn", f"{theirs}.self_attn")
+        pairs += attention_pairs(f"{ours}.attn", f"{theirs}.self_attn", ATTENTION_NAMES, bias=True)
         pairs += norm_pairs(f"{ours}.attn_norm", f"{theirs}.self_attn_layer_norm", cfg)
         if stack == "decoder":
-            pairs += _attention_pairs(f"{ours}.cross_attn", f"{theirs}.encoder_attn")
+            pairs += attention_pairs(f"{ours}.cross_attn", f"{theirs}.encoder_attn", ATTENTION_NAMES, bias=True)
             pairs += norm_pairs(f"{ours}.cross_norm", f"{theirs}.encoder_attn_layer_norm", cfg)
         pairs += linear_pairs(f"{ours}.ffn.w1", f"{theirs}.fc1", bias=True)
         pairs += linear_pairs(f"{ours}.ffn.w2", f"{theirs}.fc2", bias=True)
@@ -122,12 +120,7 @@ def _pairs(cfg: ModelConfig) -> list[Pair]:
 def weights_from_hf(cfg: ModelConfig, source: TensorSource) -> dict[str, Tensor]:
     """oneblock-named tensors from a BART checkpoint (body keys without the ``model.`` prefix)."""
     out = take_pairs(_pairs(cfg), source)
-    present = [name for name in EMBED_NAMES if name in source]
-    if not present:
-        source.take(EMBED_NAMES[0])  # raises, naming the tensor
-    embed = source.take(present[0])  # (V, C)
-    for name in present[1:]:
-        take_tied(source, name, embed, present[0], "but oneblock shares one token embedding between both stacks")
+    embed = take_shared_embedding(source, EMBED_NAMES)  # (V, C)
     out["encoder.embed.tok.weight"] = embed
     if cfg.tie_embeddings:
         take_tied(source, "lm_head.weight", embed, "model.shared.weight")

@@ -9,7 +9,7 @@ those pairs in either direction and refuse to lose a tensor on the way.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -48,6 +48,16 @@ def linear_pairs(ours: str, theirs: str, *, bias: bool, transpose: bool = False)
     if bias:
         pairs.append(Pair(f"{ours}.bias", f"{theirs}.bias"))
     return pairs
+
+
+def attention_pairs(ours: str, theirs: str, names: tuple[str, str, str, str], *, bias: bool) -> list[Pair]:
+    """The four projections of one attention layer; ``names`` are the source's q, k, v and output layer names."""
+    mine = ("q_proj", "k_proj", "v_proj", "o_proj")
+    return [
+        pair
+        for a, b in zip(mine, names, strict=True)
+        for pair in linear_pairs(f"{ours}.{a}", f"{theirs}.{b}", bias=bias)
+    ]
 
 
 def norm_pairs(ours: str, theirs: str, cfg: ModelConfig) -> list[Pair]:
@@ -172,6 +182,18 @@ def take_tied(source: TensorSource, key: str, reference: Tensor, what: str, why:
             "set tie_word_embeddings=False in the source config to keep both"
         )
         raise ConversionError(f"{source.family}: {key!r} differs from {what!r}, {why}")
+
+
+def take_shared_embedding(source: TensorSource, names: Sequence[str]) -> Tensor:
+    """The token embedding (V, C) that an encoder-decoder checkpoint may store under several ``names`` (shared,
+    encoder, decoder): present ones must hold the same values, since oneblock shares one matrix between the stacks."""
+    present = [name for name in names if name in source]
+    if not present:
+        source.take(names[0])  # raises, naming the tensor
+    embed = source.take(present[0])
+    for name in present[1:]:
+        take_tied(source, name, embed, present[0], "but oneblock shares one token embedding between both stacks")
+    return embed
 
 
 def _alias_groups(state: Mapping[str, Tensor]) -> dict[str, list[str]]:

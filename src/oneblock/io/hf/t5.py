@@ -26,11 +26,12 @@ from oneblock.io.hf.common import (
     Pair,
     TensorSource,
     activation_from_hf,
+    attention_pairs,
     config_mismatches,
     give_pairs,
-    linear_pairs,
     refuse,
     take_pairs,
+    take_shared_embedding,
     take_tied,
     token_id,
 )
@@ -42,6 +43,9 @@ PREFIX = ""
 IGNORE = [r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight"]
 EMBED_NAMES = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 BIAS_TABLE = "block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+
+
+ATTENTION_NAMES = ("q", "k", "v", "o")  # its query, key, value and output projections
 
 
 def _ffn_from_hf(hf: Mapping[str, Any]) -> tuple[str, str]:
@@ -105,13 +109,6 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
     )
 
 
-def _attention_pairs(ours: str, theirs: str) -> list[Pair]:
-    pairs = []
-    for name in "qkv":
-        pairs += linear_pairs(f"{ours}.{name}_proj", f"{theirs}.{name}", bias=False)
-    return pairs + linear_pairs(f"{ours}.o_proj", f"{theirs}.o", bias=False)
-
-
 def _ffn_pairs(cfg: ModelConfig, ours: str, theirs: str) -> list[Pair]:
     gated = (("w1", "wi_0"), ("w3", "wi_1"), ("w2", "wo"))
     names = gated if cfg.ffn == "gated" else (("w1", "wi"), ("w2", "wo"))
@@ -123,10 +120,10 @@ def _stack_pairs(cfg: ModelConfig, ours: str, theirs: str, n_layers: int, *, dec
     pairs = [Pair(f"{ours}relative_bias.table.weight", f"{theirs}.{BIAS_TABLE}")]
     for i in range(n_layers):
         block, layer = f"{ours}blocks.{i}", f"{theirs}.block.{i}.layer"
-        pairs += _attention_pairs(f"{block}.attn", f"{layer}.0.SelfAttention")
+        pairs += attention_pairs(f"{block}.attn", f"{layer}.0.SelfAttention", ATTENTION_NAMES, bias=False)
         pairs.append(Pair(f"{block}.attn_norm.weight", f"{layer}.0.layer_norm.weight"))
         if decoder:
-            pairs += _attention_pairs(f"{block}.cross_attn", f"{layer}.1.EncDecAttention")
+            pairs += attention_pairs(f"{block}.cross_attn", f"{layer}.1.EncDecAttention", ATTENTION_NAMES, bias=False)
             pairs.append(Pair(f"{block}.cross_norm.weight", f"{layer}.1.layer_norm.weight"))
         ff = f"{layer}.{2 if decoder else 1}"
         pairs += _ffn_pairs(cfg, f"{block}.ffn", ff)
@@ -150,12 +147,7 @@ def _embed_key(cfg: ModelConfig) -> str:
 def weights_from_hf(cfg: ModelConfig, source: TensorSource) -> dict[str, Tensor]:
     """oneblock-named tensors from a T5 checkpoint."""
     out = take_pairs(_pairs(cfg), source)
-    present = [name for name in EMBED_NAMES if name in source]
-    if not present:
-        source.take(EMBED_NAMES[0])  # raises, naming the tensor
-    embed = source.take(present[0])  # (V, C)
-    for name in present[1:]:
-        take_tied(source, name, embed, present[0], "but oneblock shares one token embedding between both stacks")
+    embed = take_shared_embedding(source, EMBED_NAMES)  # (V, C)
     out[_embed_key(cfg)] = embed
     if cfg.arch == "encoder":
         return out
