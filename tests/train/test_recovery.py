@@ -15,6 +15,7 @@ from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError
 from oneblock.train.checkpoints import LATEST, TRAINER_FILE
 from oneblock.train.config import TrainConfig
+from oneblock.train.logbook import read_log
 from oneblock.train.loop import Trainer, fit_model_config
 from oneblock.train.objectives import make_objective
 
@@ -148,3 +149,17 @@ def test_resume_of_a_directory_that_is_no_run(tmp_path):
     (tmp_path / "config.json").write_text("[not json")
     with pytest.raises(CheckpointError, match=r"the run config '.*config\.json' is not JSON"):
         Trainer.from_run(tmp_path)
+
+
+def test_a_damaged_log_line_does_not_block_resume(tmp_path, reference):
+    run = tmp_path / "run"
+    _interrupted(run)
+    log = run / "log.jsonl"
+    lines = log.read_bytes().splitlines()
+    lines[1:3] = [b"[1, 2]", b'{"step": "ten"}', b"\xff"]
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    trainer, notes = _resume(run)
+    assert notes == [f"{str(log)!r}: skipped 3 line(s) that are not well-formed records: 2, 3, 4; the log as it was "
+                     f"is kept in {str(log) + '.damaged'!r}"]  # fmt: skip
+    _assert_equal(trainer, reference)
+    assert [r["step"] for r in read_log(log) if "loss" in r] == [1, 4]  # steps 2 and 3 were on the damaged lines

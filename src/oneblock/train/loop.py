@@ -314,6 +314,8 @@ class Trainer:
         if run_dir is not None and not resumed:
             self._write_config()
         log = StepLog(run_dir / LOG_FILE, resume_step=self.step if resumed else None) if run_dir is not None else None
+        if log is not None and log.note is not None:
+            self._note(log.note)
         result = TrainResult(step=self.step)
         self.module.train()
         rewind = None
