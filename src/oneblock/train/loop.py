@@ -34,6 +34,7 @@ from torch import nn
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError
 from oneblock.io import files, integrity, limits
+from oneblock.io.runlock import RunLock
 from oneblock.models.build import build_model
 from oneblock.train import distributed
 from oneblock.train.checkpoints import CheckpointDir
@@ -302,9 +303,23 @@ class Trainer:
     def train(self, *, resume: bool = False) -> TrainResult:
         """Train to ``cfg.steps``, from scratch or from the run's latest checkpoint.
 
+        The main process holds the run directory's lock (``oneblock.io.runlock``) from before it reads the
+        checkpoints until the last file is written.
+
         Raises:
-            CheckpointError: ``resume`` without a checkpoint, or a checkpoint of another configuration.
+            CheckpointError: another process holds the run directory, ``resume`` without a checkpoint, or a
+                checkpoint of another configuration.
         """
+        lock = None
+        if self.run_dir is not None and self.ctx.is_main:
+            lock = RunLock(self.run_dir, command="oneblock train" + " --resume" * resume).acquire()
+        try:
+            return self._train(resume=resume)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _train(self, *, resume: bool) -> TrainResult:
         cfg, ctx = self.cfg, self.ctx
         resumed = self._resume() if resume else False
         run_dir = self.run_dir if ctx.is_main else None  # only the main rank writes the run's files
