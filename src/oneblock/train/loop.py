@@ -208,6 +208,7 @@ class Trainer:
         """Restore the newest complete checkpoint; False when the run has none and starts afresh (with a note)."""
         if self.run_dir is not None:
             files.remove_leftovers(self.run_dir)  # a config.json write cut short
+            self._check_same_data(self.run_dir)
         checkpoints = self.checkpoints
         latest = checkpoints.recover() if checkpoints else None
         self._take_notes()
@@ -230,6 +231,20 @@ class Trainer:
         set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
         self.step, self.tokens, self.elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed"])
         return True
+
+    def _check_same_data(self, run_dir: Path) -> None:
+        """Refuse to resume on a text other than the one the run recorded (a run from before the record passes)."""
+        path = run_dir / CONFIG_FILE
+        recorded = integrity.load_json(path, "run config").get("data") if path.exists() else None
+        now = self.objective.source
+        if recorded is None or now is None or recorded == now:
+            return
+        what = "the shipped corpus" if now["text"] is None else f"the text file {now['text']!r}"
+        raise CheckpointError(
+            f"{what} is not the data this run trained on: the run recorded {_describe_text(recorded)}, it now has "
+            f"{now['bytes']} bytes with SHA-256 {now['sha256'][:16]}...; put the original text back, or start a "
+            "new run in another --out"
+        )
 
     def _start_afresh(self, *, announce: bool = True) -> None:
         """Refuse to overwrite a run with a complete checkpoint; clear what an unfinished first save left."""
@@ -262,6 +277,8 @@ class Trainer:
         if self.run_dir is None:  # an in-memory run keeps no files
             return
         payload = {"model": self.model_cfg.to_dict(), "train": self.cfg.to_dict(), "world": self.ctx.world}
+        if self.objective.source is not None:
+            payload["data"] = self.objective.source
         files.write_atomic(self.run_dir / CONFIG_FILE, integrity.dump_json(payload), what="run config")
 
     # Training.
@@ -374,6 +391,13 @@ class Trainer:
                 log.close()
         result.step, result.tokens, result.elapsed = self.step, self.tokens, self.elapsed
         return result
+
+
+def _describe_text(recorded: Any) -> str:
+    """``1234 bytes with SHA-256 0123456789abcdef...`` from a run's record, however it was damaged."""
+    if isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str):
+        return f"{recorded.get('bytes')} bytes with SHA-256 {recorded['sha256'][:16]}..."
+    return f"{str(recorded)[:80]!r}"
 
 
 def _format(scores: dict[str, float]) -> str:
