@@ -65,6 +65,17 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
     return scan_log(path).records
 
 
+def last_counters(path: str | Path, step: int) -> tuple[int, float]:
+    """``(tokens, elapsed)`` of the last step record at or before ``step``; (0, 0.0) when the log has none."""
+    if not Path(path).is_file():
+        return 0, 0.0
+    for record in scan_log(path).records[::-1]:
+        tokens, elapsed = record.get("tokens"), record.get("elapsed")
+        if record["step"] <= step and isinstance(tokens, int) and isinstance(elapsed, (int, float)):
+            return tokens, float(elapsed)
+    return 0, 0.0
+
+
 def _record(line: bytes) -> dict[str, Any] | None:
     """The record a line holds, or None when it is not a well-formed one."""
     try:
