@@ -214,6 +214,10 @@ class CheckpointDir:
             os.replace(step_dir, target)
         except FileNotFoundError:  # another rank of a distributed run moved it first
             return
+        pointer = self.root / LATEST
+        with contextlib.suppress(CheckpointError):  # a pointer to the step moved away points nowhere: drop it
+            if integrity.load_json(pointer, "run pointer").get("dir") == name:
+                pointer.unlink()
         files.fsync_directory(self.root)
         self.notes.append(f"{name} fails to verify and was moved aside to {str(target)!r}: {problem}")
 
