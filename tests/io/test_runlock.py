@@ -14,6 +14,7 @@ import pytest
 from oneblock.cli.main import main
 from oneblock.errors import CheckpointError, InputError
 from oneblock.io.runlock import LOCK_FILE, RunLock
+from oneblock.train.logbook import read_log
 
 TINY = ["train", "--steps", "2", "--batch-size", "2", "--seq-len", "8", "--d-model", "8", "--n-heads", "2",
         "--n-layers", "1", "--max-seq-len", "8", "--eval-every", "0", "--eval-examples", "4", "--samples", "0",
@@ -96,3 +97,23 @@ def _one_line_error(capsys, code: int) -> str:
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("oneblock: error: "), captured.err
     return lines[0]
+
+
+def test_two_runs_started_together_in_one_directory(tmp_path):
+    """The race of the issue: one run writes the directory, the other is refused and writes nothing."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = [sys.executable, "-m", "oneblock", *TINY, "--steps", "60", "--save-every", "20", "--threads", "1",
+            "--out", str(run)]  # fmt: skip
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True) for _ in "ab"]
+    results = [(p.wait(timeout=300), p.stderr.read() if p.stderr else "", p.pid) for p in procs]
+    assert sorted(code for code, _, _ in results) == [0, 2]
+    (_, _, winner), (_, refusal, _) = sorted(results)
+    # Started together, the loser meets the lock; started late, it meets the finished run.
+    assert re.fullmatch(
+        rf"oneblock: error: ('{run}' is in use by another process \(pid {winner}, started .*, oneblock train\); wait "
+        rf"for it to finish, or choose another directory|'{run}' already holds a run; pass --resume .*)\n",
+        refusal,
+    )
+    steps = [r["step"] for r in read_log(run / "log.jsonl") if "loss" in r]
+    assert steps == list(range(1, 61))
