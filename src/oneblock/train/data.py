@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from oneblock.errors import InputError
+from oneblock.errors import CheckpointError, InputError
 
 BYTE_VOCAB = 256
 DEFAULT_CORPUS = "corpus.txt"
@@ -136,9 +136,19 @@ class TextWindows:
         return {"epoch": self.epoch, "cursor": self.cursor}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch = int(state["epoch"])
-        self.cursor = int(state["cursor"])
-        self._starts = self._epoch_starts(self.epoch)
+        """Continue at a saved position.
+
+        Raises:
+            CheckpointError: the position lies outside this text's epoch (the text is not the one saved with it).
+        """
+        epoch, cursor = int(state["epoch"]), int(state["cursor"])
+        starts = self._epoch_starts(epoch) if epoch >= 0 else None
+        if starts is None or not 0 <= cursor <= len(starts):
+            raise CheckpointError(
+                f"the saved data position (epoch {epoch}, window {cursor}) does not fit this text of {len(self.ids)} "
+                "ids; the text changed since the checkpoint: resume with the original text"
+            )
+        self.epoch, self.cursor, self._starts = epoch, cursor, starts
 
 
 def eval_windows(ids: Tensor, window: int, max_windows: int) -> Tensor:
