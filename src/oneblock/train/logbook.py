@@ -15,6 +15,7 @@ from typing import Any
 
 from oneblock.io import files
 
+LOG_FILE = "log.jsonl"  # the log's name in a run directory
 # The numeric fields of a record; each holds a number, or the string ``_clean`` writes for NaN or infinity.
 NUMBER_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed")
 INTEGER_FIELDS = ("step", "tokens")

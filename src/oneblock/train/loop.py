@@ -40,7 +40,7 @@ from oneblock.train import distributed, rundir
 from oneblock.train.checkpoints import CheckpointDir
 from oneblock.train.config import TrainConfig
 from oneblock.train.interrupts import InterruptGuard
-from oneblock.train.logbook import StepLog, last_counters
+from oneblock.train.logbook import LOG_FILE, StepLog
 from oneblock.train.objectives import Objective, make_objective
 from oneblock.train.optim import make_optimizer
 from oneblock.train.progress import TrainProgress
@@ -48,7 +48,6 @@ from oneblock.train.schedule import WarmupCosine
 from oneblock.train.state import rng_state, set_rng_state
 
 CONFIG_FILE = "config.json"
-LOG_FILE = "log.jsonl"
 SUMMARY_FILE = "summary.json"
 
 
@@ -216,8 +215,11 @@ class Trainer:
         latest = checkpoints.recover() if checkpoints else None
         self._take_notes()
         if checkpoints is not None and latest is None and checkpoints.damaged_steps():
-            if weights_only:
-                return self._resume_weights(checkpoints)
+            if weights_only:  # the newest weights that verify; a fresh optimizer, data stream and generators
+                restored = rundir.restore_weights(checkpoints, self.model, self._head, self.run_dir)
+                self.step, self.tokens, self.elapsed, note = restored
+                self._note(note)
+                return True
             raise CheckpointError(rundir.none_verifies(checkpoints, self.run_dir))
         if checkpoints is None or latest is None:
             where = str(self.run_dir / "checkpoints") if self.run_dir else "memory"
@@ -237,22 +239,6 @@ class Trainer:
         rngs = state["rng"]
         set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
         self.step, self.tokens, self.elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed"])
-        return True
-
-    def _resume_weights(self, checkpoints: CheckpointDir) -> bool:
-        """Continue from the newest damaged step whose weights verify, with a fresh optimizer and data stream."""
-        found = checkpoints.newest_weights(head=self._head is not None)
-        if found is None:
-            raise CheckpointError(rundir.no_weights_verify(checkpoints))
-        path, step = found
-        checkpoints.load_weights(path, self.model, head=self._head)
-        self.step = step
-        if self.run_dir is not None:
-            self.tokens, self.elapsed = last_counters(self.run_dir / LOG_FILE, step)
-        self._note(
-            f"continuing from the weights of step {step} in {str(path)!r}, with a fresh optimizer state; the data "
-            "stream and the random generators start over, so the run will not match an uninterrupted one"
-        )
         return True
 
     def _start_afresh(self, *, announce: bool = True) -> None:

@@ -11,9 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from oneblock.errors import CheckpointError
 from oneblock.io import integrity
 from oneblock.train.checkpoints import DAMAGED, CheckpointDir
+from oneblock.train.logbook import LOG_FILE, last_counters
 
 
 def check_same_data(config_path: Path, source: dict[str, Any] | None) -> None:
@@ -53,6 +56,34 @@ def no_weights_verify(checkpoints: CheckpointDir) -> str:
         f"no weights in {str(checkpoints.root / DAMAGED)!r} verify either "
         f"({checkpoints.describe_damaged(weights_only=True)}); start the run again in a new --out"
     )
+
+
+def restore_weights(
+    checkpoints: CheckpointDir, model: nn.Module, head: nn.Module | None, run_dir: Path | None
+) -> tuple[int, int, float, str]:
+    """Load the newest damaged step whose weights (and head) verify into ``model`` (and ``head``).
+
+    The trainer state of that step is not used: the optimizer, the data stream and the random generators start
+    over. The token and time counters come from the last log line at or before the step.
+
+    Returns:
+        ``(step, tokens, elapsed, note)``: the step the weights were saved at, the counters, and one sentence
+        saying what was done.
+
+    Raises:
+        CheckpointError: no damaged step has weights that verify, naming the files.
+    """
+    found = checkpoints.newest_weights(head=head is not None)
+    if found is None:
+        raise CheckpointError(no_weights_verify(checkpoints))
+    path, step = found
+    checkpoints.load_weights(path, model, head=head)
+    tokens, elapsed = last_counters(run_dir / LOG_FILE, step) if run_dir is not None else (0, 0.0)
+    note = (
+        f"continuing from the weights of step {step} in {str(path)!r}, with a fresh optimizer state; the data "
+        "stream and the random generators start over, so the run will not match an uninterrupted one"
+    )
+    return step, tokens, elapsed, note
 
 
 def _describe_text(recorded: Any) -> str:
