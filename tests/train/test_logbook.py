@@ -6,6 +6,9 @@ import json
 import math
 import re
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from oneblock.train.logbook import LogReading, StepLog, read_log, scan_log
 
 
@@ -73,3 +76,14 @@ def test_resume_keeps_the_damaged_log_aside_and_says_so(tmp_path):
     log = StepLog(path, resume_step=2)
     log.close()
     assert "log.jsonl.damaged-2" in str(log.note)  # an earlier copy is never overwritten
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.binary(max_size=40), max_size=8))
+def test_random_damage_to_the_log_never_raises(tmp_path, lines):
+    path = tmp_path / "log.jsonl"
+    good = b'{"step": 1, "loss": 0.5}'
+    path.write_bytes(b"\n".join([good, *lines, good]))
+    reading = scan_log(path)
+    assert reading.records[0] == {"step": 1, "loss": 0.5} and reading.records[-1] == reading.records[0]
+    assert all(isinstance(r, dict) and isinstance(r["step"], int) for r in reading.records)

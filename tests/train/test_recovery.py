@@ -10,12 +10,13 @@ import re
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from oneblock.cli.main import main
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError
 from oneblock.io import checkpoint as checkpoint_io
-from oneblock.train.checkpoints import LATEST, MODEL_FILE, TRAINER_FILE
+from oneblock.train.checkpoints import HEAD_FILE, LATEST, MODEL_FILE, TRAINER_FILE
 from oneblock.train.config import TrainConfig
 from oneblock.train.logbook import read_log
 from oneblock.train.loop import Trainer, fit_model_config
@@ -260,3 +261,26 @@ def test_a_damaged_old_copy_is_moved_aside_under_a_free_name(tmp_path, reference
     assert notes[0].startswith(f"step-000003 fails to verify and was moved aside to {str(aside)!r}")
     assert (ckpts / "damaged" / "step-000003-2" / MODEL_FILE).exists()
     _assert_equal(trainer, reference)
+
+
+def test_resume_weights_only_restores_a_task_head_and_refuses_a_damaged_one(tmp_path):
+    """An encoder classifier: the head is part of the weights; a step whose head fails its check is not used."""
+    cfg = TrainConfig(task="majority", steps=STEPS, batch_size=2, seq_len=5, n_symbols=3, warmup_steps=1,
+                      eval_every=0, save_every=1, eval_examples=4, seed=3)  # fmt: skip
+    model_cfg = fit_model_config(ModelConfig(d_model=8, n_heads=2, n_layers=1, d_ff=12, max_seq_len=8), cfg,
+                                 make_objective(cfg))  # fmt: skip
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        Trainer(model_cfg, cfg, run_dir=run, on_step=lambda s, r: s == 3 and _raise()).train()
+    ckpts = run / "checkpoints"
+    _flip(ckpts / "step-000002" / TRAINER_FILE)
+    _flip(ckpts / "step-000003" / HEAD_FILE)
+    trainer = Trainer.from_run(run)
+    assert trainer._resume(weights_only=True) and trainer.step == 2
+    saved = load_file(str(ckpts / "damaged" / "step-000002" / HEAD_FILE))
+    head = trainer.module.state_dict()
+    assert saved and all(torch.equal(head[k], v) for k, v in saved.items())
+
+
+def _raise() -> None:
+    raise RuntimeError("crash")
