@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 
 import openai
-import pytest
 import torch
 from serve_testing import KEY
 
