@@ -116,6 +116,8 @@ class Engine:
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, *, max_batch: int = 8, max_queue: int = 32) -> None:
         self.decoder = BatchDecoder(model)
         self.tokenizer = tokenizer
+        # A head wider than the vocabulary (padded for speed) must not pick ids the tokenizer cannot decode.
+        self.vocab = min(tokenizer.vocab_size, self.decoder.model.config.vocab_size)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.waiting: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
@@ -223,7 +225,7 @@ class Engine:
 
     def _take(self, job: Job, logits: Tensor) -> None:
         """Sample the request's next token from its (1, V) logits; hand out its text; end it when done."""
-        token = int(job.sampling.pick(logits, job.generator)[0])
+        token = int(job.sampling.pick(logits[:, : self.vocab], job.generator)[0])
         if token in job.eos_ids:
             self._end(job, self._done(job, "stop"))
             return
