@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         from oneblock.io.gguf.smollm2 import smollm2_gguf_path
 
         source = smollm2_gguf_path()
-    print(f"loading {source} ...", file=sys.stderr, flush=True)
+    if sys.stderr.isatty():  # a person waits seconds for SmolLM2; logs and errors stay clean
+        print(f"loading {source} ...", file=sys.stderr, flush=True)
     loaded = load_model(source)
     embedder = _embedder(args.embedding_model)
     engine = Engine(loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue)
