@@ -14,6 +14,7 @@ import pytest
 from serve_testing import KEY, Running, tiny_model
 
 from oneblock.inference.tokenizer import ByteTokenizer
+from oneblock.serve.app import Limits
 from oneblock.serve.engine import Engine, Job, QueueFull, Stopping
 
 HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
@@ -147,9 +148,8 @@ def test_a_full_queue_answers_429_with_retry_after_and_recovers(gated):
     still_serving(running)
 
 
-@pytest.fixture
-def slow(monkeypatch):
-    """A server whose every decoding step takes at least 10 ms."""
+def slow_engine(monkeypatch) -> Engine:
+    """An engine whose every decoding step takes at least 10 ms."""
     engine = Engine(tiny_model(), ByteTokenizer(), max_batch=4)
     step = engine.decoder.step
 
@@ -158,9 +158,25 @@ def slow(monkeypatch):
         return step(slots, fed)
 
     monkeypatch.setattr(engine.decoder, "step", slow_step)
-    running = Running(engine, api_key=KEY)
+    return engine
+
+
+@pytest.fixture
+def slow(monkeypatch):
+    running = Running(slow_engine(monkeypatch), api_key=KEY)
     yield running
     running.close()
+
+
+def test_a_request_past_its_time_limit_ends_with_length(monkeypatch):
+    running = Running(slow_engine(monkeypatch), limits=Limits(request_seconds=0.3))
+    try:
+        answer = client(running).completions.create(model="m", prompt="abc", max_tokens=480)
+        assert answer.choices[0].finish_reason == "length"
+        assert 0 < answer.usage.completion_tokens < 480
+        assert len(answer.choices[0].text.encode()) >= 1
+    finally:
+        running.close()
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_row(slow):
@@ -169,6 +185,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row(slow):
         events = (line for line in response.iter_lines() if line.startswith("data: "))
         next(events), next(events), next(events)  # the role, then text: the request is decoding
         assert slow.engine.load() == (1, 0)
+        assert httpx.get(slow.base + "/health").json()["active"] == 1  # answered while the model works
     deadline = time.monotonic() + 20
     while slow.engine.load()[0] and time.monotonic() < deadline:
         time.sleep(0.01)
