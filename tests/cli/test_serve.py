@@ -13,6 +13,7 @@ import openai
 import pytest
 from cli_testing import one_line_error
 
+import oneblock as ob
 from oneblock.cli.main import main
 
 SRC = Path(__file__).parents[2] / "src"
@@ -55,6 +56,8 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0():
         assert line.startswith("oneblock serve: lesson at http://127.0.0.1:"), line
         url = line.split(" at ")[1].split()[0]
         client = openai.OpenAI(base_url=url, api_key="k", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError):  # the key came from ONEBLOCK_API_KEY
+            openai.OpenAI(base_url=url, api_key="not-k", max_retries=0).models.list()
         pieces: list[str] = []
         finish: list[str | None] = []
         started = threading.Event()
@@ -79,3 +82,19 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0():
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_serving_off_loopback_warns_and_accepts_any_host(monkeypatch, capsys):
+    from oneblock.explore import server as explore_server
+    from oneblock.inference.tokenizer import ByteTokenizer
+    from oneblock.serve import server
+    from oneblock.serve.engine import Engine
+
+    made = {}
+    monkeypatch.setattr(server, "bind", lambda host, port: explore_server.bind("127.0.0.1", 0))  # not 0.0.0.0
+    monkeypatch.setattr(server.GracefulServer, "run", lambda self, sockets: made.update(app=self.config.app))
+    engine = Engine(ob.build_model(ob.get_preset("lesson")), ByteTokenizer())
+    server.serve(engine, model_name="lesson", host="0.0.0.0", grace=1)
+    err = capsys.readouterr().err
+    assert "warning: serving on 0.0.0.0, reachable from other machines; no API key is set (--api-key)" in err
+    assert made["app"].hosts is None  # the Host check is for loopback servers only
