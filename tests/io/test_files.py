@@ -41,11 +41,14 @@ def test_a_failed_write_leaves_every_file_as_it_was(tmp_path, monkeypatch, fail_
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
-def test_an_interruption_removes_the_temporaries(tmp_path, monkeypatch):
+def test_an_interruption_removes_the_temporaries_and_a_directory_made_for_them(tmp_path, monkeypatch):
     def interrupted(fd, data):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(files, "_write_all", interrupted)
     with pytest.raises(KeyboardInterrupt):
         files.replace_files(tmp_path, {"a": [b"x"]}, what="pair")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(KeyboardInterrupt):
+        files.replace_files(tmp_path / "new", {"a": [b"x"]}, what="pair")
     assert list(tmp_path.iterdir()) == []

@@ -117,6 +117,15 @@ def replace_files(
             they were and no temporary file is left behind.
     """
     temporaries: dict[str, Path] = {}
+    created = not directory.exists()
+
+    def undo() -> None:
+        for tmp in temporaries.values():
+            _unlink_quietly(tmp)
+        if created:  # a directory made for the files goes with them (only if empty: never anyone else's)
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
     try:
         directory.mkdir(parents=True, exist_ok=True)
         for name, chunks in contents.items():
@@ -125,13 +134,11 @@ def replace_files(
         for name, tmp in temporaries.items():
             os.replace(tmp, directory / name)
     except OSError as err:
-        for tmp in temporaries.values():
-            _unlink_quietly(tmp)
+        undo()
         message = describe_os_error(err, directory, f"write the {what} into")
         raise error(f"{message}; the files there before are intact") from None
     except BaseException:
-        for tmp in temporaries.values():
-            _unlink_quietly(tmp)
+        undo()
         raise
     fsync_directory(directory)
 
