@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--merge folds an adapter into the weights; give --adapter DIR too")
     if interactive:
         print(f"loading {path.name} ...", file=sys.stderr, flush=True)
-    model, tokenizer = load_chat_model(path, dtype=_dtype(args), adapter=args.adapter, merge=args.merge)
+    adapted = {"adapter": args.adapter, "merge": args.merge} if args.adapter is not None else {}
+    model, tokenizer = load_chat_model(path, dtype=_dtype(args), **adapted)
     session = ChatSession(
         model,
         tokenizer,
