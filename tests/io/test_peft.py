@@ -216,7 +216,7 @@ def test_a_full_disk_leaves_the_previous_adapter(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(CheckpointError, match=r"the disk is full.*any previous adapter there is intact"):
+    with pytest.raises(CheckpointError, match=r"the disk is full.*the files there before are intact"):
         save_adapter(model, tmp_path, cfg=cfg)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)
