@@ -8,8 +8,8 @@ one client, then with eight at once. Every client streams a greedy ``/v1/complet
 to ``--new`` tokens (64). Figures are medians over rounds:
 
 * time to first token (the first chunk with text), single client; p99 over every eight-client request;
-* tokens/s: one client's tokens over its time from first to last token; for eight clients, all tokens over the
-  wall time from the first request sent to the last token received (aggregate);
+* tokens/s: all tokens received over the wall time from the requests sent to the last token received (for eight
+  clients, the aggregate), prefill included;
 * peak RSS: the server process's largest resident size sampled during each phase.
 
 Tokens are counted as the streamed chunks that carry text (both servers send one per token). The clients run
@@ -156,11 +156,9 @@ def phase(server: Server, clients: int, new: int) -> dict[str, Any]:
     sampler.join()
     tokens = sum(r["tokens"] for r in results)
     wall = max(r["last"] for r in results)
-    single = results[0]
-    per_client = (single["tokens"] - 1) / max(single["last"] - single["ttft"], 1e-9)
     return {
         "ttft": [r["ttft"] for r in results],
-        "tokens_per_s": per_client if clients == 1 else tokens / wall,
+        "tokens_per_s": tokens / wall,
         "rss": max(peak),
         "tokens": tokens,
     }
