@@ -213,3 +213,19 @@ def engine_sampling():
     from oneblock.inference.sampling import Sampling
 
     return Sampling(temperature=0)
+
+
+def test_a_model_failure_is_500_and_the_next_request_is_served(tiny, monkeypatch):
+    step = tiny.engine.decoder.step
+    calls = []
+
+    def failing_once(slots, fed):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return step(slots, fed)
+
+    monkeypatch.setattr(tiny.engine.decoder, "step", failing_once)
+    with pytest.raises(openai.InternalServerError, match=r"internal error \(RuntimeError\)"):
+        client(tiny).chat.completions.create(**CHAT)
+    still_serving(tiny)

@@ -196,7 +196,7 @@ def create_app(
                 elif isinstance(event, Done):
                     return JSONResponse(answer.whole("".join(pieces), event))
                 else:
-                    return error_response(ApiError(503, event.message, kind="server_error"))
+                    return error_response(ApiError(event.status, event.message, kind="server_error"))
         finally:
             job.cancel()  # a no-op once finished; frees the row if this handler was cancelled
 
@@ -213,7 +213,7 @@ def create_app(
                         yield sse(answer.usage_chunk(event))
                     break
                 else:
-                    yield sse(ApiError(503, event.message, kind="server_error").body())
+                    yield sse(ApiError(event.status, event.message, kind="server_error").body())
                     break
             yield sse("[DONE]")
         finally:
