@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from oneblock import kernels
-from oneblock.kernels import ops, reference
+from oneblock.kernels import fallback, ops, reference
 from oneblock.kernels.formats import FORMATS
 
 SHAPES = [(1, 7, 32), (5, 13, 96), (9, 37, 160), (3, 70, 576)]  # M, N, K; nb odd and even; N, M not multiples of 4
@@ -83,3 +83,18 @@ def test_dequantize_rows_equals_numpy(fmt, case):
     rows = torch.tensor([[20, 0, 3], [3, 3, 11]])
     expected = reference.dequantize(blocks.numpy(), fmt)[rows.numpy()]
     np.testing.assert_array_equal(kernels.dequantize(blocks, fmt, rows).numpy(), expected)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_from_gemm_rows_up_the_product_is_the_float_product_with_the_dequantized_matrix(fmt, case, isa):
+    m = fallback.GEMM_ROWS + 3
+    x, blocks = case(fmt, m, 37, 96)
+    w = kernels.dequantize(blocks, fmt)
+    expected = x.double() @ w.double().T
+    scale = float(expected.abs().max())
+    for name in ops.ISAS:
+        if bool(torch.ops.oneblock.isa_supported(ops.ISAS.index(name))):
+            torch.testing.assert_close(_run(name, x, blocks, fmt).double(), expected, rtol=1e-5, atol=1e-5 * scale)
+    torch.testing.assert_close(
+        fallback.block_mm(x, blocks, FORMATS[fmt]).double(), expected, rtol=1e-5, atol=1e-5 * scale
+    )

@@ -8,7 +8,6 @@
 #include "dot.h"
 
 namespace oneblock {
-namespace {
 
 void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
   for (int64_t b = 0; b < nb; ++b, out += QK) {
@@ -34,8 +33,6 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
     }
   }
 }
-
-}  // namespace
 
 at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& rows, int64_t fmt) {
   const int64_t nbytes = block_bytes(fmt);

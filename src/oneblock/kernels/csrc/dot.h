@@ -22,6 +22,9 @@ extern float g_half[1 << 16];
 // Quantizes one (K,) float32 row into `q` (K,) codes, `d` (K/32,) scales and, if `s` is not null, the Q8_1 sums.
 void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s);
 
+// The float32 values of one weight row of `nb` blocks, d * q (+ m), into out (nb * 32,).
+void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out);
+
 void dot_q4_0_scalar(const uint8_t*, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q4_1_scalar(const uint8_t*, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q8_0_scalar(const uint8_t*, const ActRow*, int, int64_t, float*, int64_t);

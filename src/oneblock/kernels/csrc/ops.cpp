@@ -6,9 +6,15 @@
 // block_mm quantizes each activation row once per call, then splits the N weight rows over ATen's threads.
 // Each thread walks its rows in tiles small enough to stay in cache while every group of up to 4 activation
 // rows passes over them, so a prompt (M > 1) reads each weight once per call, not once per row.
+//
+// From kGemmRows activation rows up, integer dots lose to a float GEMM (measured: at M = 64 the integer kernel
+// takes 1.5x the time of dequantizing a tile of W and calling at::mm, 2.5x at M = 256), so block_mm returns
+// x @ dequantize(W)^T computed one tile of W at a time. Below the threshold a row's result never depends on M;
+// decoding (one row per sequence, batches below 32) always stays below it.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -61,8 +67,27 @@ DotFn kernel_for(int64_t fmt) {
   return kKernels[g_isa.load(std::memory_order_relaxed)][column];
 }
 
+constexpr int64_t kGemmRows = 32;       // from this many activation rows up: tiles of float W and at::mm
+constexpr int64_t kGemmTileValues = 1 << 19;  // weights dequantized at once: 2 MB of float32
 constexpr int kRowsPerCall = 4;        // activation rows sharing one pass over a weight row
 constexpr int64_t kTileBytes = 16384;  // weight rows per tile: about 16 KB, resident in L1 while M is swept
+
+// x (M, K) @ W^T with W dequantized one tile of rows at a time (M >= kGemmRows).
+at::Tensor block_mm_dense(const at::Tensor& x, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t fmt) {
+  const int64_t m = x.size(0), k = x.size(1), nb = k / QK;
+  at::Tensor out = at::empty({m, n}, x.options());
+  const int64_t rows = std::min(n, std::max<int64_t>(1, kGemmTileValues / k));
+  at::Tensor tile = at::empty({rows, k}, x.options());
+  float* t = tile.data_ptr<float>();
+  for (int64_t n0 = 0; n0 < n; n0 += rows) {
+    const int64_t count = std::min(rows, n - n0);
+    at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) decode_row(w + (n0 + i) * row_bytes, fmt, nb, t + i * k);
+    });
+    out.narrow(1, n0, count).copy_(at::mm(x, tile.narrow(0, 0, count).t()));  // (M, count)
+  }
+  return out;
+}
 
 at::Tensor block_mm(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t fmt) {
   const int64_t nbytes = block_bytes(fmt);
@@ -76,6 +101,7 @@ at::Tensor block_mm(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t
   TORCH_CHECK(k % QK == 0 && blocks.size(1) == k / QK * nbytes, "oneblock::block_mm: x has K = ", k,
               " but the blocks hold rows of ", blocks.size(1), " bytes (", nbytes, " per 32 values)");
   const int64_t nb = k / QK, row_bytes = blocks.size(1);
+  if (m >= kGemmRows && n > 0 && k > 0) return block_mm_dense(x, blocks.data_ptr<uint8_t>(), row_bytes, n, fmt);
   at::Tensor out = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return out;
   if (k == 0) return out.zero_();
