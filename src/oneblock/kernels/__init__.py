@@ -14,11 +14,12 @@ import torch
 from torch import Tensor
 
 from oneblock.errors import InputError
+from oneblock.kernels.fallback import GEMM_ROWS
 from oneblock.kernels.formats import FORMATS, QK, BlockFormat, get_format
 from oneblock.kernels.ops import backend
 from oneblock.kernels.quantize import quantize_rows
 
-__all__ = ["FORMATS", "BlockFormat", "backend", "block_mm", "dequantize", "quantize"]
+__all__ = ["FORMATS", "GEMM_ROWS", "BlockFormat", "backend", "block_mm", "dequantize", "quantize"]
 
 
 def _check_blocks(blocks: Tensor, spec: BlockFormat) -> int:
@@ -40,7 +41,9 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: str) -> Tensor:
 
     Each activation row is quantized once to 8-bit blocks of 32 (Q8_0; Q8_1, with the block sum, for q4_1),
     each block's dot product is exact in integers, and one float multiply-add per block scales it. Row m of the
-    result depends only on ``x[m]`` and the blocks, never on M. Differentiable in ``x``
+    result depends only on ``x[m]`` and the blocks, never on M, for M below ``GEMM_ROWS`` (32); from 32 rows
+    up (prompts) the product is ``x @ dequantize(blocks).T`` in float32, a tile of W at a time, which is faster
+    there (see docs/kernels.md). Differentiable in ``x``
     (``grad_x = grad @ dequantize(blocks)``, a tile of rows at a time); no gradient reaches ``blocks``.
 
     Args:
@@ -62,10 +65,12 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: str) -> Tensor:
             f"{x.dtype}, shape {tuple(x.shape)}"
         )
     backend()  # the ops exist once the library is loaded
-    lead = x.shape[:-1]
-    flat = x.reshape(-1, k).to(torch.float32).contiguous()  # (M, K)
-    out = torch.ops.oneblock.block_mm(flat, blocks.contiguous(), spec.ggml_type)  # (M, N)
-    return out.reshape(*lead, blocks.shape[0])
+    if x.dtype != torch.float32:
+        x = x.float()
+    if x.dim() == 2:  # the decoding step's case: no reshapes (the op makes its inputs contiguous itself)
+        return torch.ops.oneblock.block_mm(x, blocks, spec.ggml_type)
+    out = torch.ops.oneblock.block_mm(x.reshape(-1, k), blocks, spec.ggml_type)  # (M, N)
+    return out.reshape(*x.shape[:-1], blocks.shape[0])
 
 
 def dequantize(blocks: Tensor, fmt: str, rows: Tensor | None = None) -> Tensor:

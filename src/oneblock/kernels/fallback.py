@@ -37,6 +37,7 @@ def quantize_activations(x: Tensor, with_sums: bool) -> tuple[Tensor, Tensor, Te
 
 def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
     """(M, K) float32 times the (N, K) block matrix transposed -> (M, N) float32."""
+    x, blocks = x.contiguous(), blocks.contiguous()
     m, k = x.shape
     n, nb = blocks.shape[0], k // QK
     if m >= GEMM_ROWS:

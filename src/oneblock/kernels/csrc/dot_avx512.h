@@ -68,12 +68,10 @@ OB_TARGET inline __m256i unpack_one(const uint8_t* qs) {
 OB_TARGET inline __m256i codes256(const int8_t* q) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)); }
 OB_TARGET inline __m512i codes512(const int8_t* q) { return _mm512_loadu_si512(q); }
 
-// Signed-code formats (Q8_0, and Q4_0 as code - 8): Wide gives two blocks' codes, Narrow one block's.
+// Signed-code formats (Q8_0, and Q4_0 as code - 8): `wide` gives blocks b and b + 1, `narrow` block b.
 struct Q8_0Codes {
   using Block = BlockQ8_0;
-  OB_TARGET static __m512i wide(const Block* w) {
-    return join(codes256(w[0].qs), codes256(w[1].qs));
-  }
+  OB_TARGET static __m512i wide(const Block* w) { return join(codes256(w[0].qs), codes256(w[1].qs)); }
   OB_TARGET static __m256i narrow(const Block* w) { return codes256(w[0].qs); }
 };
 struct Q4_0Codes {
@@ -81,103 +79,118 @@ struct Q4_0Codes {
   OB_TARGET static __m512i wide(const Block* w) {
     return _mm512_sub_epi8(unpack_two(w[0].qs, w[1].qs), _mm512_set1_epi8(8));
   }
-  OB_TARGET static __m256i narrow(const Block* w) {
-    return _mm256_sub_epi8(unpack_one(w[0].qs), _mm256_set1_epi8(8));
+  OB_TARGET static __m256i narrow(const Block* w) { return _mm256_sub_epi8(unpack_one(w[0].qs), _mm256_set1_epi8(8)); }
+};
+
+template <typename Codes>
+struct Signed {
+  template <int R, int C>
+  struct Tile {
+    OB_TARGET static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
+                              int64_t stride) {
+      using Block = typename Codes::Block;
+      __m512 acc[R][C];
+      __m256 tail[R][C];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+          acc[r][c] = _mm512_setzero_ps();
+          tail[r][c] = _mm256_setzero_ps();
+        }
+      int64_t b = 0;
+      for (; b + 2 <= nb; b += 2) {
+        __m512i qa[R];
+        for (int r = 0; r < R; ++r) qa[r] = codes512(a[r].q + b * QK);
+        for (int c = 0; c < C; ++c) {
+          const Block* w = reinterpret_cast<const Block*>(wp + c * row_bytes) + b;
+          const __m512i qw = Codes::wide(w);
+          const float d0 = g_half[load_u16(&w[0].d)], d1 = g_half[load_u16(&w[1].d)];
+          for (int r = 0; r < R; ++r) {
+            const __m512 sumi = _mm512_cvtepi32_ps(dot_signed(qw, qa[r]));
+            acc[r][c] = _mm512_fmadd_ps(scales(d0 * a[r].d[b], d1 * a[r].d[b + 1]), sumi, acc[r][c]);
+          }
+        }
+      }
+      if (b < nb) {
+        for (int c = 0; c < C; ++c) {
+          const Block* w = reinterpret_cast<const Block*>(wp + c * row_bytes) + b;
+          const __m256i qw = Codes::narrow(w);
+          const float d0 = g_half[load_u16(&w[0].d)];
+          for (int r = 0; r < R; ++r) {
+            const __m256 sumi = _mm256_cvtepi32_ps(dot_signed256(qw, codes256(a[r].q + b * QK)));
+            tail[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * a[r].d[b]), sumi, tail[r][c]);
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) out[r * stride + c] = _mm512_reduce_add_ps(acc[r][c]) + hsum256(tail[r][c]);
+    }
+  };
+};
+
+template <int R, int C>
+struct Q4_1Tile {
+  OB_TARGET static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
+                            int64_t stride) {
+    __m512 acc[R][C];
+    __m256 tail[R][C];
+    float mins[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {
+        acc[r][c] = _mm512_setzero_ps();
+        tail[r][c] = _mm256_setzero_ps();
+        mins[r][c] = 0.0f;
+      }
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      __m512i qa[R];
+      for (int r = 0; r < R; ++r) qa[r] = codes512(a[r].q + b * QK);
+      for (int c = 0; c < C; ++c) {
+        const BlockQ4_1* w = reinterpret_cast<const BlockQ4_1*>(wp + c * row_bytes) + b;
+        const __m512i qw = unpack_two(w[0].qs, w[1].qs);
+        const float d0 = g_half[load_u16(&w[0].d)], d1 = g_half[load_u16(&w[1].d)];
+        const float m0 = g_half[load_u16(&w[0].m)], m1 = g_half[load_u16(&w[1].m)];
+        for (int r = 0; r < R; ++r) {
+          const __m512 sumi = _mm512_cvtepi32_ps(dot_us(qw, qa[r]));
+          acc[r][c] = _mm512_fmadd_ps(scales(d0 * a[r].d[b], d1 * a[r].d[b + 1]), sumi, acc[r][c]);
+          mins[r][c] += m0 * a[r].s[b];
+          mins[r][c] += m1 * a[r].s[b + 1];
+        }
+      }
+    }
+    if (b < nb) {
+      for (int c = 0; c < C; ++c) {
+        const BlockQ4_1* w = reinterpret_cast<const BlockQ4_1*>(wp + c * row_bytes) + b;
+        const __m256i qw = unpack_one(w[0].qs);
+        const float d0 = g_half[load_u16(&w[0].d)], m0 = g_half[load_u16(&w[0].m)];
+        for (int r = 0; r < R; ++r) {
+          const __m256 sumi = _mm256_cvtepi32_ps(dot_us256(qw, codes256(a[r].q + b * QK)));
+          tail[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * a[r].d[b]), sumi, tail[r][c]);
+          mins[r][c] += m0 * a[r].s[b];
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        out[r * stride + c] = _mm512_reduce_add_ps(acc[r][c]) + hsum256(tail[r][c]) + mins[r][c];
   }
 };
 
-template <typename Codes, int R>
-OB_TARGET void signed_rows(const uint8_t* wp, const ActRow* a, int64_t nb, float* out, int64_t stride) {
-  const auto* w = reinterpret_cast<const typename Codes::Block*>(wp);
-  __m512 acc[R];
-  __m256 tail[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm512_setzero_ps();
-    tail[r] = _mm256_setzero_ps();
-  }
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    const __m512i qw = Codes::wide(w + b);
-    const float d0 = g_half[load_u16(&w[b].d)], d1 = g_half[load_u16(&w[b + 1].d)];
-    for (int r = 0; r < R; ++r) {
-      const __m512i sumi = dot_signed(qw, codes512(a[r].q + b * QK));
-      acc[r] = _mm512_fmadd_ps(scales(d0 * a[r].d[b], d1 * a[r].d[b + 1]), _mm512_cvtepi32_ps(sumi), acc[r]);
-    }
-  }
-  if (b < nb) {
-    const __m256i qw = Codes::narrow(w + b);
-    const float d0 = g_half[load_u16(&w[b].d)];
-    for (int r = 0; r < R; ++r) {
-      const __m256i sumi = dot_signed256(qw, codes256(a[r].q + b * QK));
-      tail[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * a[r].d[b]), _mm256_cvtepi32_ps(sumi), tail[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r * stride] = _mm512_reduce_add_ps(acc[r]) + hsum256(tail[r]);
-}
-
-template <int R>
-OB_TARGET void q4_1_rows(const uint8_t* wp, const ActRow* a, int64_t nb, float* out, int64_t stride) {
-  const auto* w = reinterpret_cast<const BlockQ4_1*>(wp);
-  __m512 acc[R];
-  __m256 tail[R];
-  float mins[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm512_setzero_ps();
-    tail[r] = _mm256_setzero_ps();
-    mins[r] = 0.0f;
-  }
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    const __m512i qw = unpack_two(w[b].qs, w[b + 1].qs);
-    const float d0 = g_half[load_u16(&w[b].d)], d1 = g_half[load_u16(&w[b + 1].d)];
-    const float m0 = g_half[load_u16(&w[b].m)], m1 = g_half[load_u16(&w[b + 1].m)];
-    for (int r = 0; r < R; ++r) {
-      const __m512i sumi = dot_us(qw, codes512(a[r].q + b * QK));
-      acc[r] = _mm512_fmadd_ps(scales(d0 * a[r].d[b], d1 * a[r].d[b + 1]), _mm512_cvtepi32_ps(sumi), acc[r]);
-      mins[r] += m0 * a[r].s[b];
-      mins[r] += m1 * a[r].s[b + 1];
-    }
-  }
-  if (b < nb) {
-    const __m256i qw = unpack_one(w[b].qs);
-    const float d0 = g_half[load_u16(&w[b].d)], m0 = g_half[load_u16(&w[b].m)];
-    for (int r = 0; r < R; ++r) {
-      const __m256i sumi = dot_us256(qw, codes256(a[r].q + b * QK));
-      tail[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * a[r].d[b]), _mm256_cvtepi32_ps(sumi), tail[r]);
-      mins[r] += m0 * a[r].s[b];
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r * stride] = _mm512_reduce_add_ps(acc[r]) + hsum256(tail[r]) + mins[r];
-}
-
-using RowsFn = void (*)(const uint8_t*, const ActRow*, int64_t, float*, int64_t);
-
-// Up to 4 activation rows share each weight block's loads and unpacking.
-inline void by_rows(const RowsFn (&k)[4], const uint8_t* w, const ActRow* a, int rows, int64_t nb, float* out,
-                    int64_t stride) {
-  k[(rows < 4 ? rows : 4) - 1](w, a, nb, out, stride);
-}
-
-const RowsFn kQ8_0[4] = {signed_rows<Q8_0Codes, 1>, signed_rows<Q8_0Codes, 2>, signed_rows<Q8_0Codes, 3>,
-                         signed_rows<Q8_0Codes, 4>};
-const RowsFn kQ4_0[4] = {signed_rows<Q4_0Codes, 1>, signed_rows<Q4_0Codes, 2>, signed_rows<Q4_0Codes, 3>,
-                         signed_rows<Q4_0Codes, 4>};
-const RowsFn kQ4_1[4] = {q4_1_rows<1>, q4_1_rows<2>, q4_1_rows<3>, q4_1_rows<4>};
+template <int R, int C>
+using Q8_0Tile = Signed<Q8_0Codes>::Tile<R, C>;
+template <int R, int C>
+using Q4_0Tile = Signed<Q4_0Codes>::Tile<R, C>;
 
 }  // namespace OB_CAT(ns_, OB_SUFFIX)
 
-void OB_CAT(dot_q8_0_, OB_SUFFIX)(const uint8_t* w, const ActRow* a, int rows, int64_t nb, float* out,
-                                  int64_t stride) {
-  OB_CAT(ns_, OB_SUFFIX)::by_rows(OB_CAT(ns_, OB_SUFFIX)::kQ8_0, w, a, rows, nb, out, stride);
-}
-void OB_CAT(dot_q4_0_, OB_SUFFIX)(const uint8_t* w, const ActRow* a, int rows, int64_t nb, float* out,
-                                  int64_t stride) {
-  OB_CAT(ns_, OB_SUFFIX)::by_rows(OB_CAT(ns_, OB_SUFFIX)::kQ4_0, w, a, rows, nb, out, stride);
-}
-void OB_CAT(dot_q4_1_, OB_SUFFIX)(const uint8_t* w, const ActRow* a, int rows, int64_t nb, float* out,
-                                  int64_t stride) {
-  OB_CAT(ns_, OB_SUFFIX)::by_rows(OB_CAT(ns_, OB_SUFFIX)::kQ4_1, w, a, rows, nb, out, stride);
-}
+#define OB_EXPORT(fmt, tile)                                                                                  \
+  void OB_CAT(dot_##fmt##_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,  \
+                                       int64_t nb, float* out, int64_t stride) {                                 \
+    tile_dispatch<OB_CAT(ns_, OB_SUFFIX)::tile>(w, row_bytes, cols, a, rows, nb, out, stride);                   \
+  }
+OB_EXPORT(q8_0, Q8_0Tile)
+OB_EXPORT(q4_0, Q4_0Tile)
+OB_EXPORT(q4_1, Q4_1Tile)
+#undef OB_EXPORT
 
 }  // namespace oneblock
 

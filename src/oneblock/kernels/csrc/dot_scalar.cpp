@@ -57,52 +57,68 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s) {
   }
 }
 
-void dot_q8_0_scalar(const uint8_t* w, const ActRow* a, int rows, int64_t nb, float* out, int64_t stride) {
-  const auto* blocks = reinterpret_cast<const BlockQ8_0*>(w);
-  for (int r = 0; r < rows; ++r) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int8_t* qa = a[r].q + b * QK;
-      int sumi = 0;
-      for (int j = 0; j < QK; ++j) sumi += blocks[b].qs[j] * qa[j];
-      acc += static_cast<float>(sumi) * (g_half[load_u16(&blocks[b].d)] * a[r].d[b]);
+namespace {
+
+float q8_0_one(const BlockQ8_0* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* qa = a.q + b * QK;
+    int sumi = 0;
+    for (int j = 0; j < QK; ++j) sumi += blocks[b].qs[j] * qa[j];
+    acc += static_cast<float>(sumi) * (g_half[load_u16(&blocks[b].d)] * a.d[b]);
+  }
+  return acc;
+}
+
+float q4_0_one(const BlockQ4_0* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* qa = a.q + b * QK;
+    int sumi = 0;
+    for (int j = 0; j < QK / 2; ++j) {
+      sumi += ((blocks[b].qs[j] & 0x0F) - 8) * qa[j] + ((blocks[b].qs[j] >> 4) - 8) * qa[j + QK / 2];
     }
-    out[r * stride] = acc;
+    acc += static_cast<float>(sumi) * (g_half[load_u16(&blocks[b].d)] * a.d[b]);
+  }
+  return acc;
+}
+
+float q4_1_one(const BlockQ4_1* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* qa = a.q + b * QK;
+    int sumi = 0;
+    for (int j = 0; j < QK / 2; ++j) {
+      sumi += (blocks[b].qs[j] & 0x0F) * qa[j] + (blocks[b].qs[j] >> 4) * qa[j + QK / 2];
+    }
+    const float dw = g_half[load_u16(&blocks[b].d)];
+    const float mw = g_half[load_u16(&blocks[b].m)];
+    acc += static_cast<float>(sumi) * (dw * a.d[b]) + mw * a.s[b];
+  }
+  return acc;
+}
+
+template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
+void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
+          int64_t stride) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) out[r * stride + c] = One(reinterpret_cast<const Block*>(w + c * row_bytes), a[r], nb);
   }
 }
 
-void dot_q4_0_scalar(const uint8_t* w, const ActRow* a, int rows, int64_t nb, float* out, int64_t stride) {
-  const auto* blocks = reinterpret_cast<const BlockQ4_0*>(w);
-  for (int r = 0; r < rows; ++r) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int8_t* qa = a[r].q + b * QK;
-      int sumi = 0;
-      for (int j = 0; j < QK / 2; ++j) {
-        sumi += ((blocks[b].qs[j] & 0x0F) - 8) * qa[j] + ((blocks[b].qs[j] >> 4) - 8) * qa[j + QK / 2];
-      }
-      acc += static_cast<float>(sumi) * (g_half[load_u16(&blocks[b].d)] * a[r].d[b]);
-    }
-    out[r * stride] = acc;
-  }
-}
+}  // namespace
 
-void dot_q4_1_scalar(const uint8_t* w, const ActRow* a, int rows, int64_t nb, float* out, int64_t stride) {
-  const auto* blocks = reinterpret_cast<const BlockQ4_1*>(w);
-  for (int r = 0; r < rows; ++r) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int8_t* qa = a[r].q + b * QK;
-      int sumi = 0;
-      for (int j = 0; j < QK / 2; ++j) {
-        sumi += (blocks[b].qs[j] & 0x0F) * qa[j] + (blocks[b].qs[j] >> 4) * qa[j + QK / 2];
-      }
-      const float dw = g_half[load_u16(&blocks[b].d)];
-      const float mw = g_half[load_u16(&blocks[b].m)];
-      acc += static_cast<float>(sumi) * (dw * a[r].d[b]) + mw * a[r].s[b];
-    }
-    out[r * stride] = acc;
-  }
+void dot_q8_0_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  each<BlockQ8_0, q8_0_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q4_0_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  each<BlockQ4_0, q4_0_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q4_1_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  each<BlockQ4_1, q4_1_one>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 
 }  // namespace oneblock

@@ -69,7 +69,8 @@ DotFn kernel_for(int64_t fmt) {
 
 constexpr int64_t kGemmRows = 32;       // from this many activation rows up: tiles of float W and at::mm
 constexpr int64_t kGemmTileValues = 1 << 19;  // weights dequantized at once: 2 MB of float32
-constexpr int kRowsPerCall = 4;        // activation rows sharing one pass over a weight row
+constexpr int kRowsPerCall = 4;        // activation rows sharing a weight row, or weight rows one activation row
+constexpr int64_t kGrainBytes = 65536;  // the least work worth a thread
 constexpr int64_t kTileBytes = 16384;  // weight rows per tile: about 16 KB, resident in L1 while M is swept
 
 // x (M, K) @ W^T with W dequantized one tile of rows at a time (M >= kGemmRows).
@@ -124,12 +125,23 @@ at::Tensor block_mm(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
   const int64_t tile = std::max<int64_t>(1, kTileBytes / row_bytes);
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+  // A thread gets at least kGrainBytes of weights (times the rows of x): waking one costs microseconds.
+  const int64_t grain = std::max<int64_t>(16, kGrainBytes / (row_bytes * m));
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
     for (int64_t n0 = begin; n0 < end; n0 += tile) {
       const int64_t n1 = std::min(end, n0 + tile);
+      if (m == 1) {  // decoding: 4 weight rows at a time, independent accumulators keep the core busy
+        for (int64_t j = n0; j < n1; j += kRowsPerCall) {
+          const int cols = static_cast<int>(std::min<int64_t>(kRowsPerCall, n1 - j));
+          dot(w + j * row_bytes, row_bytes, cols, acts.data(), 1, nb, y + j, n);
+        }
+        continue;
+      }
       for (int64_t m0 = 0; m0 < m; m0 += kRowsPerCall) {
         const int rows = static_cast<int>(std::min<int64_t>(kRowsPerCall, m - m0));
-        for (int64_t j = n0; j < n1; ++j) dot(w + j * row_bytes, acts.data() + m0, rows, nb, y + m0 * n + j, n);
+        for (int64_t j = n0; j < n1; ++j) {
+          dot(w + j * row_bytes, row_bytes, 1, acts.data() + m0, rows, nb, y + m0 * n + j, n);
+        }
       }
     }
   });
