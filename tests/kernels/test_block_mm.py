@@ -98,3 +98,24 @@ def test_from_gemm_rows_up_the_product_is_the_float_product_with_the_dequantized
     torch.testing.assert_close(
         fallback.block_mm(x, blocks, FORMATS[fmt]).double(), expected, rtol=1e-5, atol=1e-5 * scale
     )
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_any_stored_codes_including_minus_128(fmt, bound, isa):
+    """Files may hold codes no quantizer here writes (q8_0's -128): random bytes with finite float16 scales."""
+    g = torch.Generator().manual_seed(5)
+    spec = FORMATS[fmt]
+    n, k = 11, 160
+    blocks = torch.randint(0, 256, (n * k // 32, spec.nbytes), dtype=torch.uint8, generator=g)
+    scales = 2 if fmt == "q4_1" else 1
+    blocks[:, : 2 * scales] = (torch.rand(n * k // 32, scales, generator=g) * 0.1 - 0.05).half().view(torch.uint8)
+    if fmt == "q8_0":
+        blocks[:5, 2:] = 0x80  # -128 everywhere in five blocks
+    blocks = blocks.reshape(n, -1)
+    x = torch.randn(5, k, generator=g)
+    expected = reference.block_mm(x.numpy(), blocks.numpy(), fmt)
+    np.testing.assert_array_equal(_run("scalar", x, blocks, fmt).numpy(), expected)
+    for name in VECTOR:
+        if bool(torch.ops.oneblock.isa_supported(ops.ISAS.index(name))):
+            diff = (_run(name, x, blocks, fmt).double() - torch.from_numpy(expected).double()).abs()
+            assert (diff <= bound(x, blocks, fmt, terms_per_block=8)).all(), name
