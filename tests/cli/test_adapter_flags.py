@@ -125,3 +125,32 @@ def test_explore_page_with_an_adapter(checkpoint_and_adapter, tmp_path, capsys):
     argv = ["explore", "--checkpoint", str(path), "--adapter", str(adapter), "--html", str(out), "--text", "abc"]
     assert main(argv) == 0
     assert "adapter" in out.read_text()
+
+
+def test_chat_with_an_adapter_answers_as_the_adapted_model(tmp_path, capsys):
+    """``chat --adapter`` on SmolLM2 (exact float32): the answer equals a chat session over the adapted model."""
+    pytest.importorskip("gguf")
+    from oneblock.errors import CheckpointError
+    from oneblock.inference.chat import ChatSession
+    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+
+    try:
+        path = smollm2_gguf_path()
+    except CheckpointError as error:
+        pytest.skip(str(error))
+    loaded = load_model(path, dtype=torch.float32)
+    question = "What is the capital of France?"
+    base_answer = "".join(ChatSession(loaded.model, loaded.tokenizer, max_new_tokens=8).stream(question))
+    cfg = LoraConfig(rank=2, alpha=4.0, targets=("v", "down"))
+    apply_lora(loaded.model, cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in lora_modules(loaded.model).values():
+            module.lora_B.weight.copy_(0.5 * torch.randn(module.lora_B.weight.shape, generator=gen))
+    save_adapter(loaded.model, tmp_path, cfg=cfg)
+    argv = ["chat", question, "--temperature", "0", "--max-new-tokens", "8", "--exact"]
+    assert main([*argv, "--adapter", str(tmp_path)]) == 0
+    answer = capsys.readouterr().out
+    session = ChatSession(loaded.model, loaded.tokenizer, max_new_tokens=8)  # greedy, as temperature 0
+    assert answer == "".join(session.stream(question)) + "\n"
+    assert answer != base_answer + "\n"
