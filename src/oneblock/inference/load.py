@@ -8,7 +8,9 @@
 * a oneblock checkpoint file: ``oneblock.load``, and a tokenizer found beside it;
 * a preset name (``"gpt2"``, ``"lesson"``, ...): a freshly initialized model (seeded), with UTF-8 bytes as tokens.
 
-Without a vocabulary file, text is UTF-8 bytes (ids 0..255). Every command of the CLI loads through here.
+Without a vocabulary file, text is UTF-8 bytes (ids 0..255). ``adapter=DIR`` puts a peft LoRA adapter on any of
+them (``oneblock.io.peft.load_adapter``), ``merge=True`` folds it into the weights. Every command of the CLI loads
+through here.
 """
 
 from __future__ import annotations
