@@ -120,7 +120,8 @@ def oneblock_server(model: Path, threads: int) -> Server:
 def llamacpp_server(model: Path, threads: int) -> Server:
     port = free_port()
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port),
-            "--n_threads", str(threads), "--n_ctx", "2048"]  # fmt: skip
+            "--n_threads", str(threads), "--n_ctx", "2048",
+            "--interrupt_requests", "False"]  # fmt: skip  # by default a new request cuts the running one off
     return Server("llama.cpp", argv, port, threads)
 
 
@@ -157,7 +158,11 @@ def phase(server: Server, clients: int, new: int) -> dict[str, Any]:
     sent = time.perf_counter()
 
     def run(i: int) -> None:
-        results[i] = one_request(server.url, PROMPTS[i % len(PROMPTS)], new, sent)
+        try:
+            results[i] = one_request(server.url, PROMPTS[i % len(PROMPTS)], new, sent)
+        except httpx.HTTPError as error:  # counted, not fatal: a server that drops requests shows it in the table
+            print(f"{server.name}: request {i} failed: {error}", file=sys.stderr)
+            results[i] = {"ttft": 0.0, "last": 0.0, "tokens": 0}
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -169,8 +174,9 @@ def phase(server: Server, clients: int, new: int) -> dict[str, Any]:
     tokens = sum(r["tokens"] for r in results)
     wall = max(r["last"] for r in results)
     return {
-        "ttft": [r["ttft"] for r in results],
-        "tokens_per_s": tokens / wall,
+        "ttft": [r["ttft"] for r in results if r["tokens"]],
+        "failed": sum(1 for r in results if not r["tokens"]),
+        "tokens_per_s": tokens / wall if wall else 0.0,
         "rss": max(peak),
         "tokens": tokens,
     }
@@ -201,6 +207,7 @@ def bench_serve(*, quick: bool = False, rounds: int | None = None, new: int = 64
                     into.setdefault(f"ttft_{clients}", []).extend(result["ttft"])
                     into.setdefault(f"tps_{clients}", []).append(result["tokens_per_s"])
                     into.setdefault(f"rss_{clients}", []).append(result["rss"])
+                    into.setdefault("failed", []).append(result["failed"])
     finally:
         for server in servers:
             server.close()
@@ -210,7 +217,7 @@ def bench_serve(*, quick: bool = False, rounds: int | None = None, new: int = 64
 
 
 def summarize(f: dict[str, list[Any]]) -> dict[str, float]:
-    ttft8 = sorted(f["ttft_8"])
+    ttft8 = sorted(f["ttft_8"]) or [float("nan")]
     return {
         "ttft_1_s": statistics.median(f["ttft_1"]),
         "tokens_per_s_1": statistics.median(f["tps_1"]),
@@ -218,6 +225,7 @@ def summarize(f: dict[str, list[Any]]) -> dict[str, float]:
         "ttft_8_p99_s": ttft8[min(len(ttft8) - 1, int(0.99 * len(ttft8)))],
         "rss_1_mb": statistics.median(f["rss_1"]) / 1e6,
         "rss_8_mb": statistics.median(f["rss_8"]) / 1e6,
+        "failed_requests": sum(f["failed"]),
     }
 
 
@@ -228,6 +236,7 @@ def print_table(report: dict[str, dict[str, float]], rounds: int, new: int, thre
         print(
             f"{name:<10} {r['ttft_1_s'] * 1e3:>6.0f}ms {r['tokens_per_s_1']:>8.1f} {r['tokens_per_s_8']:>8.1f} "
             f"{r['ttft_8_p99_s'] * 1e3:>9.0f}ms {r['rss_1_mb']:>6.0f}MB {r['rss_8_mb']:>6.0f}MB"
+            + (f"  ({r['failed_requests']} requests failed)" if r["failed_requests"] else "")
         )
     ours = report["oneblock"]
     print(f"oneblock: 8 clients / 1 client tokens/s = {ours['tokens_per_s_8'] / ours['tokens_per_s_1']:.2f}x "
