@@ -71,3 +71,13 @@ def test_set_isa_refuses_an_unknown_name():
         pytest.skip("the C++ kernels did not build here")
     with pytest.raises(ConfigError, match="unknown instruction set 'sse2'; use one of scalar, avx2"):
         ops.set_isa("sse2")
+
+
+def test_an_unwritable_cache_falls_back_with_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    done = _python(PROBE, XDG_CACHE_HOME=str(blocker))  # the cache root lies under a file: mkdir fails
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["torch", "True"]
+    notes = [line for line in done.stderr.splitlines() if "oneblock" in line]
+    assert len(notes) == 1 and "ONEBLOCK_KERNELS=torch" in notes[0], done.stderr

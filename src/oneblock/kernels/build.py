@@ -75,7 +75,10 @@ def load_library() -> Path:
     directory = build_directory()
     library = directory / f"{NAME}.so"
     if (directory / _MARKER).exists() and library.exists():
-        torch.ops.load_library(str(library))
+        try:
+            torch.ops.load_library(str(library))
+        except (OSError, RuntimeError) as err:
+            raise KernelBuildError(f"the cached library {library} does not load ({err}); delete {directory}") from err
         return library
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
@@ -83,8 +86,8 @@ def load_library() -> Path:
     _with_ninja_on_path()
     from torch.utils import cpp_extension
 
-    directory.mkdir(parents=True, exist_ok=True)
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(
             name=NAME,
             sources=[str(CSRC / name) for name in SOURCES],
@@ -97,7 +100,10 @@ def load_library() -> Path:
         lines = str(err).strip().splitlines() or [type(err).__name__]
         cause = next((line for line in lines if "error:" in line), lines[-1])
         raise KernelBuildError(f"the build in {directory} failed: {cause.strip()}") from err
-    marker = directory / f"{_MARKER}.{os.getpid()}"
-    marker.write_text(f"{torch.__version__}\n")
-    marker.replace(directory / _MARKER)  # atomic: a reader sees no marker or a whole one
+    try:
+        marker = directory / f"{_MARKER}.{os.getpid()}"
+        marker.write_text(f"{torch.__version__}\n")
+        marker.replace(directory / _MARKER)  # atomic: a reader sees no marker or a whole one
+    except OSError:
+        pass  # loaded; the next process builds (a no-op for ninja) and tries the marker again
     return library
