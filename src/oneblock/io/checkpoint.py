@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError
-from oneblock.io import files, integrity, limits
+from oneblock.io import files, integrity, jsontext, limits
 from oneblock.models.build import Model, build_model
 
 FORMAT = "oneblock-checkpoint"
@@ -190,10 +190,7 @@ def _read(path: Path) -> tuple[CheckpointInfo, bytes]:
         cfg = ModelConfig.from_json(meta[_KEY_CONFIG])
     except ConfigError as error:
         raise CheckpointError(f"{name} holds a config that cannot be built: {error}") from error
-    try:
-        user = json.loads(meta.get(_KEY_USER, "{}"))
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{name} has metadata that is not valid JSON: {error}") from error
+    user = jsontext.loads(meta.get(_KEY_USER, "{}"), what=f"the metadata of {name}", error=CheckpointError)
     if not isinstance(user, dict):
         raise CheckpointError(f"{name} has metadata that is not a JSON object")
     listing = {key: (str(e["dtype"]), tuple(e["shape"])) for key, e in entries.items()}

@@ -24,6 +24,7 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor
 
 from oneblock.errors import CheckpointError
+from oneblock.io import jsontext
 from oneblock.io.files import read_bytes
 
 PLACEHOLDER = "0" * 64
@@ -143,10 +144,7 @@ def parse_header(blob: bytes, name: str) -> tuple[dict[str, Any], dict[str, str]
         raise CheckpointError(f"{name} is not a safetensors file: its first 8 bytes declare a {n}-byte header")
     if 8 + n > size:
         raise CheckpointError(f"{name} is truncated: its header declares {n} bytes but the file has {size} in all")
-    try:
-        header = json.loads(blob[8 : 8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{name} is not a safetensors file: its header is not JSON ({error})") from None
+    header = jsontext.loads(blob[8 : 8 + n], what=f"the safetensors header of {name}", error=CheckpointError)
     if not isinstance(header, dict):
         raise CheckpointError(f"{name} is not a safetensors file: its header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -188,10 +186,7 @@ def load_json(path: Path, what: str) -> dict[str, Any]:
     """The JSON object of a file written from ``dump_json``, after checking its digest (the key is dropped)."""
     blob = read_bytes(path, what)
     name = repr(str(path))
-    try:
-        data = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"the {what} {name} is not JSON ({error})") from None
+    data = jsontext.loads(blob, what=f"the {what} {name}", error=CheckpointError)
     if not isinstance(data, dict) or "sha256" not in data:
         raise CheckpointError(f"the {what} {name} is not a JSON object with its 'sha256' digest")
     verify(blob, data.pop("sha256"), f"the {what} {name}")
