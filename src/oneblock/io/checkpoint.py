@@ -155,12 +155,12 @@ def load(
     expected = skeleton.state_dict()
     aliases = _aliases(skeleton, expected)
     _check_listing(name, info.tensors, {key: expected[key] for key in set(aliases.values())})
-    tensors = integrity.tensors_of(blob, name)
-    del blob
+    tensors = integrity.tensors_of(blob, name, copy=False)  # views of the mapping, copied into the model below
     check_finite(tensors, f"{name} is unusable")
     model = build_model(cfg, dtype=stored)
     # Every alias of a tied tensor gets the stored value, so load_state_dict can be strict.
     model.load_state_dict({key: tensors[aliases[key]] for key in expected}, strict=True)
+    del tensors, blob
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
     return model.eval()
@@ -183,7 +183,7 @@ def _source(path: object) -> Path:
     return Path(path)
 
 
-def _read(path: Path) -> tuple[CheckpointInfo, bytes]:
+def _read(path: Path) -> tuple[CheckpointInfo, integrity.Buffer]:
     entries, meta, blob = _load_verified(path)
     name = repr(str(path))
     try:
@@ -197,10 +197,10 @@ def _read(path: Path) -> tuple[CheckpointInfo, bytes]:
     return CheckpointInfo(cfg, user, int(meta[_KEY_VERSION]), meta[_KEY_SHA], listing), blob
 
 
-def _load_verified(path: Path) -> tuple[dict[str, Any], dict[str, str], bytes]:
+def _load_verified(path: Path) -> tuple[dict[str, Any], dict[str, str], integrity.Buffer]:
     """The verified header entries, metadata and bytes of a oneblock checkpoint."""
     name = repr(str(path))
-    blob = files.read_bytes(path, "checkpoint")
+    blob = files.map_file(path, "checkpoint")  # mapped: the header's sizes are checked before the body is read
     _, meta, _ = integrity.parse_header(blob, name)  # a pickle or a foreign file is named before the digest
     if meta.get(_KEY_FORMAT) != FORMAT:
         raise CheckpointError(

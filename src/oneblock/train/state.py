@@ -81,7 +81,7 @@ def load_state(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     name = repr(str(path))
-    blob = files.read_bytes(path, "training state")
+    blob = files.map_file(path, "training state")
     _, metadata, _ = integrity.parse_header(blob, f"training state {name}")
     if metadata.get("format") != FORMAT:
         raise CheckpointError(
