@@ -9,9 +9,11 @@ import struct
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from oneblock import ModelConfig, build_model
-from oneblock.errors import CheckpointError
+from oneblock.errors import CheckpointError, OneBlockError
 from oneblock.io import checkpoint, files, integrity
 
 TINY = ModelConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=1, d_ff=12, max_seq_len=6)
@@ -97,3 +99,20 @@ def test_tensors_of_reads_bytes_and_mappings_alike(tmp_path):
         assert out.keys() == tensors.keys()
         for key, value in tensors.items():
             assert out[key].dtype == value.dtype and torch.equal(out[key], value), key
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4), st.booleans())
+def test_random_damage_to_a_checkpoint_gives_oneblock_errors_only(tmp_path, damage, shorten):
+    path = tmp_path / "m.safetensors"
+    torch.manual_seed(0)
+    blob = bytearray(checkpoint.save(build_model(TINY), path).read_bytes())
+    header = 8 + struct.unpack("<Q", blob[:8])[0]
+    for position, value in damage:
+        blob[position % header] = value  # the length and the JSON: what is read before the digest
+    path.write_bytes(bytes(blob[: len(blob) // 2] if shorten else blob))
+    try:
+        integrity.tensors_of(integrity.load_sealed(path, "checkpoint")[2], "m")
+        checkpoint.load(path)
+    except OneBlockError:
+        pass
