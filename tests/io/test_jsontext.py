@@ -24,7 +24,7 @@ HOSTILE = [(DEEP, "nests arrays or objects too deeply"), (HUGE_INT, "holds a num
         (DEEP, r"the thing nests arrays or objects too deeply to read \(the limit is 64\)"),
         (NESTED_65, r"the thing nests arrays or objects more than 64 deep"),
         (HUGE_INT, r"the thing holds a number too long to read: .*5000 digits"),
-        (b'{"a": "\xff"}', r"the thing is not UTF-8 text \(byte 7 is 0xff\)"),
+        (b'{"a": "\xff"}', r"the thing is not JSON: not UTF-8 text \(byte 7 is 0xff\)"),
         ("{not json", r"the thing is not JSON"),
         (" " * 101, r"the thing is 101 bytes of JSON, over the limit of 100"),
     ],

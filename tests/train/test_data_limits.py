@@ -17,11 +17,11 @@ from oneblock.train import data
 def test_a_file_over_the_limit_is_refused_from_its_size(tmp_path, monkeypatch):
     path = tmp_path / "big.txt"
     path.write_bytes(b"a" * 20)
-    with pytest.raises(InputError, match=r"'.*big\.txt' is 20 bytes past the limit of 10 bytes \(max_text_bytes=10\)"):
+    with pytest.raises(InputError, match=r"'.*big\.txt' is 20 bytes, over the limit of 10 bytes \(max_text_bytes=10\)"):
         data.read_text(path, max_bytes=10)
     assert data.read_text(path, max_bytes=20) == b"a" * 20
     monkeypatch.setenv(limits.ENV_MAX_TEXT_BYTES, "19")
-    with pytest.raises(InputError, match=r"past the limit of 19 bytes \(ONEBLOCK_MAX_TEXT_BYTES=19\); train on a pa"):
+    with pytest.raises(InputError, match=r"over the limit of 19 bytes \(ONEBLOCK_MAX_TEXT_BYTES=19\); train on a pa"):
         data.read_text(path)
 
 

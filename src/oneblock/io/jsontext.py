@@ -50,7 +50,9 @@ def loads(
         try:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as err:
-            raise error(f"{what} is not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x})") from None
+            raise error(
+                f"{what} is not JSON: not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x})"
+            ) from None
     try:
         value = json.loads(data)
     except RecursionError:
