@@ -9,9 +9,11 @@ metadata:
   a flipped bit anywhere (tensor data, config, metadata, header) is caught;
 - ``oneblock.metadata``: the caller's own JSON (training step, source model, ...).
 
-Loading checks, in this order and before any model is built: the digest; the config's size against the limits of
-``oneblock.io.limits``; the tensors' names, shapes and dtypes against a model built on the meta device (no memory);
-then that the values are finite. Only then is the model allocated.
+The file is mapped, not read (``oneblock.io.files.map_file``), so a checkpoint costs its model's memory once.
+Loading checks, in this order and before any model is built: the header's declared sizes against the file's;
+the digest; the config's size against the limits of ``oneblock.io.limits``; the tensors' names, shapes and dtypes
+against a model built on the meta device (no memory); then that the values are finite. Only then is the model
+allocated.
 
 Tied and shared weights (the LM head that *is* the token embedding, the decoder's token embedding that *is*
 the encoder's) are stored once, under the first name ``state_dict`` gives them; ``load`` builds the model from
