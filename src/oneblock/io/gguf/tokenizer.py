@@ -100,7 +100,7 @@ def _spelled(token: str) -> str:
 
 
 # The bytes of ordinary text: tab, newline, carriage return, printable ASCII, UTF-8 continuation bytes, and the lead
-# bytes of every character up to U+7FFFF (all scripts, symbols and emoji). Real vocabularies lack some of the
+# bytes of every character up to U+3FFFF (all scripts, symbols and emoji). Real vocabularies lack some of the
 # others: SmolLM2's has no token for 0x04 or 0x1d (control characters), 0xc0, 0xc1 and 0xf5-0xff (never in UTF-8)
 # or 0xf1-0xf2 (unassigned planes); like transformers and llama.cpp, encoding drops such a byte.
 TEXT_BYTES = frozenset([0x09, 0x0A, 0x0D, *range(0x20, 0x7F), *range(0x80, 0xC0), *range(0xC2, 0xF1)])
