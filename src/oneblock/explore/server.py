@@ -14,7 +14,6 @@ counts are capped (``Limits``).
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import socket
 import sys
@@ -36,6 +35,7 @@ from oneblock.explore.analysis import analyze, generate_step
 from oneblock.explore.card import model_card
 from oneblock.explore.loading import Explorable
 from oneblock.explore.requests import Limits, parse_request, token_cap
+from oneblock.io import jsontext
 
 STATIC = Path(__file__).parent / "static"
 BUSY_TIMEOUT_S = 60.0
@@ -66,10 +66,7 @@ async def read_json(request: HTTPRequest, limit: int) -> Any:
         body += chunk
         if len(body) > limit:
             raise InputError(f"the request body is over the limit of {limit} bytes")
-    try:
-        return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(f"the request body is not JSON: {error}") from None
+    return jsontext.loads(body, what="the request body", error=InputError)
 
 
 def create_app(explorable: Explorable, limits: Limits | None = None) -> Starlette:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from oneblock.errors import CheckpointError, InputError
+from oneblock.io import jsontext
 from oneblock.models.encoder import Encoder
 from oneblock.models.inputs import config_of
 
@@ -268,10 +268,7 @@ def _pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 def _read_json(path: Path, *, default: Any) -> Any:
     if not path.is_file():
         return default
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{str(path)!r} is not valid JSON: {error}") from error
+    return jsontext.loads(path.read_bytes(), what=repr(str(path)), error=CheckpointError)
 
 
 def _module_path(modules: Any, kind: str, default: str) -> str:

@@ -119,7 +119,7 @@ def dequantize(tensor: ReaderTensor | TensorRecord, *, dtype: torch.dtype = torc
             decoded value is NaN or infinite.
     """
     if isinstance(tensor, TensorRecord):
-        name, ggml_type, shape, raw = tensor.name, tensor.ggml_type, tensor.shape, tensor.data
+        name, ggml_type, shape, raw = tensor.name, tensor.ggml_type, tensor.shape, tensor.checked_data()
     else:
         name, ggml_type, shape = tensor.name, tensor.tensor_type, tensor_shape(tensor)
         raw = torch.from_numpy(np.array(tensor.data).reshape(-1).view(np.uint8))

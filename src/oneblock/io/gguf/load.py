@@ -263,7 +263,7 @@ def read_gguf(source: Source, *, dtype: torch.dtype = torch.float32) -> tuple[Mo
 
 def _int4_rows(t: TensorRecord, cfg: ModelConfig, layout: GGUFLayout) -> tuple[Tensor, Tensor, Tensor]:
     """(codes, scale, zero) of a Q4 matrix, query/key rows un-interleaved (rows hold whole blocks: bytes move)."""
-    raw = t.data.view(t.shape[0], -1)  # (N, bytes per row)
+    raw = t.checked_data().view(t.shape[0], -1)  # (N, bytes per row)
     if t.name.endswith(".attn_q.weight"):
         raw = unpermute_rows(raw, cfg.n_heads)
     elif t.name.endswith(".attn_k.weight"):
