@@ -72,6 +72,9 @@ def test_html_of_an_encoder_decoder_takes_a_target(tmp_path):
         (["--preset", "lesson", "--html", "x.html", "--text", "a", "--target", "b"], "apply to encoder-decoder"),
         (["--port", "70000"], r"--port must lie in \[0, 65535\]"),
         (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["--host", ""], "--host is empty, which would listen on every network interface"),
+        (["--host", " "], "--host is empty"),
+        (["--html", "x.html", "--text", "caf\udcff", "--preset", "lesson"], "not valid UTF-8: byte 0xff at character"),
     ],
 )
 def test_bad_flags_give_one_line(argv, match, capsys, tmp_path, monkeypatch):
