@@ -204,33 +204,52 @@ def load_tokenizer(
 
 
 class TextStream:
-    """Decode generated ids as they come, emitting text only once it is complete.
+    """Decode generated ids as they come, emitting text only once it is complete, in constant time per token.
 
     Decoding one token at a time can cut a UTF-8 character (or, for byte-level BPE, a token) in half, which
-    would print U+FFFD. The stream decodes all ids so far and holds back text that ends in an incomplete
-    character until the next token completes it.
+    would print U+FFFD; decoding all ids so far at every token costs time quadratic in the length. The stream
+    decodes a short window instead (as vLLM's incremental detokenizer does): the ids from ``prefix`` (already
+    printed, kept as context for tokenizers whose text depends on the previous token) to the end, and prints what
+    the window adds beyond the text of ``ids[prefix:read]``. Text ending in an incomplete character is held until
+    the next token completes it, for at most ``HOLD`` tokens (a character has at most 4 bytes, a token at least
+    one): beyond that the bytes are invalid and printed as U+FFFD, as the full decode would. The pieces join to
+    ``tokenizer.decode(all ids)``.
 
     >>> stream = TextStream(ByteTokenizer())
     >>> stream.push([0xC3]), stream.push([0xA9])
     ('', 'é')
     """
 
+    HOLD = 4
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.printed = 0  # characters of the decoded text already handed out
+        self.prefix = 0  # ids before this are printed and no longer decoded
+        self.read = 0  # ids before this are printed
 
     def push(self, ids: Sequence[int]) -> str:
         """Add ids; return the new text that is ready."""
         self.ids.extend(int(i) for i in ids)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # possibly an unfinished character: wait for more
-            return ""
-        new, self.printed = text[self.printed :], len(text)
-        return new
+        text = self.tokenizer.decode(self.ids[self.prefix :])
+        if not text.endswith("\ufffd"):
+            return self._advance(text, len(self.ids))
+        if len(self.ids) - self.read <= self.HOLD:
+            return ""  # possibly an unfinished character: wait for more
+        # Invalid bytes: print up to the last cut whose text the whole window agrees with, keeping back the last
+        # three ids unless they end a character (a character started there may still be completed).
+        for end in range(len(self.ids) - 1, self.read, -1):
+            head = self.tokenizer.decode(self.ids[self.prefix : end])
+            if text.startswith(head) and (not head.endswith("\ufffd") or end <= len(self.ids) - 3):
+                return self._advance(head, end)
+        return ""
 
     def flush(self) -> str:
         """Whatever is left, complete or not (call once generation ends)."""
-        text = self.tokenizer.decode(self.ids)
-        new, self.printed = text[self.printed :], len(text)
-        return new
+        return self._advance(self.tokenizer.decode(self.ids[self.prefix :]), len(self.ids))
+
+    def _advance(self, text: str, end: int) -> str:
+        """Print ``text``, the decoding of ``ids[prefix:end]``, beyond what was printed."""
+        printed = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        self.prefix, self.read = self.read, end
+        return text[len(printed) :]
