@@ -43,10 +43,11 @@ def decode_utf8(data: bytes, what: str = "the input") -> str:
     Raises:
         InputError: naming the byte offset of the first invalid byte.
     """
+    start = 3 if data.startswith(b"\xef\xbb\xbf") else 0
     try:
-        return check_text(data.decode("utf-8-sig"), what)
+        return check_text(data[start:].decode("utf-8"), what)
     except UnicodeDecodeError as error:
+        at = start + error.start
         raise InputError(
-            f"{what} is not valid UTF-8: byte {data[error.start]:#04x} at byte offset {error.start}; "
-            "convert it to UTF-8 (iconv -t UTF-8)"
+            f"{what} is not valid UTF-8: byte {data[at]:#04x} at byte offset {at}; convert it to UTF-8 (iconv -t UTF-8)"
         ) from None

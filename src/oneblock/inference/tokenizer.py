@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from oneblock.errors import CheckpointError, InputError
+from oneblock.inference.text import check_text
 
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILES = ("vocab.json", "merges.txt")
@@ -78,7 +79,7 @@ class ByteTokenizer(_NoChatTemplate):
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise InputError(f"encode expects a str; got {type(text).__name__}")
-        return list(text.encode("utf-8"))
+        return list(check_text(text).encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = [int(i) for i in ids]
@@ -136,7 +137,7 @@ class BPETokenizer(_NoChatTemplate):
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise InputError(f"encode expects a str; got {type(text).__name__}")
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(check_text(text), add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``; a partial multi-byte character decodes to U+FFFD."""
