@@ -106,6 +106,7 @@ class CountingBytes(ByteTokenizer):
     """A byte tokenizer that records how many ids each decode call reads."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.lengths: list[int] = []
 
     def decode(self, ids):
@@ -169,3 +170,20 @@ def test_streamed_bpe_text_equals_the_full_decode(tmp_path):
     ids = tok.encode(text)
     stream = TextStream(tok)
     assert "".join(stream.push([i]) for i in ids) + stream.flush() == tok.decode(ids) == text
+
+
+def test_a_model_with_more_than_256_ids_and_no_tokenizer_decodes_the_extra_ids_as_replacement(tmp_path):
+    tok = load_tokenizer(tmp_path / "model.safetensors", vocab_size=300)
+    assert tok.vocab_size == 300
+    ids = [72, 105, 271, 0xC3, 299, 0xA9, 33]  # an extra id even inside a character
+    assert (
+        tok.decode(ids)
+        == "Hi\ufffd\ufffd\ufffd\ufffd!"
+        == bytes([72, 105, 0xFF, 0xC3, 0xFF, 0xA9, 33]).decode(errors="replace")
+    )
+    stream = TextStream(tok)
+    assert "".join(stream.push([i]) for i in ids) + stream.flush() == tok.decode(ids)
+    with pytest.raises(InputError, match=r"byte token ids must lie in \[0, 300\); got \[300\]"):
+        tok.decode([1, 300])
+    with pytest.raises(InputError, match="a byte tokenizer has at least 256 ids; got vocab_size=10"):
+        ByteTokenizer(10)

@@ -67,14 +67,25 @@ class _NoChatTemplate:
 
 
 class ByteTokenizer(_NoChatTemplate):
-    """UTF-8 bytes as token ids 0..255; decoding replaces invalid byte sequences with U+FFFD."""
+    """UTF-8 bytes as token ids 0..255; decoding replaces invalid byte sequences with U+FFFD.
+
+    Args:
+        vocab_size: the model's vocabulary when it has more than 256 ids (a checkpoint without a tokenizer);
+            ids 256 and above stand for no byte, so decoding masks each to U+FFFD, as it does an invalid byte,
+            and a stream of generated text never stops on one.
+    """
 
     name = "bytes"
     eos_id: int | None = None
 
+    def __init__(self, vocab_size: int = 256) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 256:
+            raise InputError(f"a byte tokenizer has at least 256 ids; got vocab_size={vocab_size!r}")
+        self._vocab_size = vocab_size
+
     @property
     def vocab_size(self) -> int:
-        return 256
+        return self._vocab_size
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
@@ -83,10 +94,13 @@ class ByteTokenizer(_NoChatTemplate):
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < 256]
+        bad = [i for i in ids if not 0 <= i < self._vocab_size]
         if bad:
-            raise InputError(f"byte token ids must lie in [0, 256); got {bad[:5]}")
-        return bytes(ids).decode("utf-8", errors="replace")
+            raise InputError(f"byte token ids must lie in [0, {self._vocab_size}); got {bad[:5]}")
+        if self._vocab_size == 256:
+            return bytes(ids).decode("utf-8", errors="replace")
+        # 0xFF never occurs in UTF-8, so it decodes to exactly one U+FFFD wherever an id names no byte
+        return bytes(i if i < 256 else 0xFF for i in ids).decode("utf-8", errors="replace")
 
 
 class BPETokenizer(_NoChatTemplate):
@@ -182,8 +196,8 @@ def load_tokenizer(
             raise CheckpointError(f"the tokenizer file {str(path)!r} does not exist")
     else:
         path = find_tokenizer(checkpoint) if checkpoint is not None else None
-    if path is None:
-        result: Tokenizer = ByteTokenizer()
+    if path is None:  # a larger model's ids past 255 decode to U+FFFD (see ByteTokenizer)
+        result: Tokenizer = ByteTokenizer(max(vocab_size or 256, 256))
     elif path.name.endswith(VOCAB_FILES[0]):
         merges = path.with_name(VOCAB_FILES[1])
         if not merges.is_file():
