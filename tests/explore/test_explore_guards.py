@@ -11,7 +11,8 @@ import time
 
 import httpx
 import pytest
-from explore_testing import LiveServer
+import torch
+from explore_testing import Explorable, LiveServer, tiny
 
 from oneblock.explore.server import create_app
 from oneblock.web.guards import HostPolicy
@@ -160,3 +161,22 @@ def test_a_client_that_hangs_up_is_not_an_error(decoder, caplog):
         server.stop()
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert errors == [], [r.getMessage() for r in errors]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
+def test_a_half_precision_model_is_explored(arch, dtype):
+    explorable = tiny(arch)
+    explorable = Explorable(explorable.model.to(dtype), explorable.codec, explorable.name, explorable.source)
+    test_client = client(explorable)
+    card = test_client.get("/api/card").json()
+    assert all(check["passed"] for check in card["checks"]), card["checks"]
+    response = test_client.post("/api/analyze", json={"text": "Attention"})
+    assert response.status_code == 200, response.text
+    if arch != "encoder":
+        step = test_client.post("/api/generate", json={"text": "Attention", "greedy": True})
+        assert step.status_code == 200, step.text
+        with torch.no_grad():  # the greedy token is the half-precision model's own
+            ids = torch.tensor([list(b"Attention")])
+            logits = explorable.model(ids) if arch == "decoder" else explorable.model(ids, ids)
+        assert step.json()["appended"]["id"] == int(logits[0, -1].argmax())
