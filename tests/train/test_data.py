@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from oneblock.errors import InputError
+from oneblock.errors import CheckpointError, InputError
 from oneblock.train import data
 
 
@@ -68,3 +68,15 @@ def test_eval_windows_are_fixed_and_inside_the_text():
     a = data.eval_windows(ids, 9, max_windows=4)
     assert a.shape == (4, 9) and torch.equal(a, data.eval_windows(ids, 9, max_windows=4))
     assert int(a[0, 0]) == 0 and int(a[-1, -1]) == 39
+
+
+def test_a_position_that_does_not_fit_the_text_is_refused():
+    """A position saved for a longer text (the file shrank) is refused, never an IndexError at the next batch."""
+    long, short = data.TextWindows(torch.arange(700) % 256, 7, seed=3), data.TextWindows(torch.arange(70), 7, seed=3)
+    long.next(50)
+    with pytest.raises(CheckpointError, match=r"position \(epoch 0, window 50\) does not fit this text of 70 ids"):
+        short.load_state_dict(long.state_dict())
+    with pytest.raises(CheckpointError, match=r"position \(epoch -1, window 0\)"):
+        short.load_state_dict({"epoch": -1, "cursor": 0})
+    short.load_state_dict({"epoch": 2, "cursor": 3})
+    assert short.state_dict() == {"epoch": 2, "cursor": 3}

@@ -29,6 +29,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "train",
     "experiment",
     "explore",
+    "serve",
 )
 
 PROG = "oneblock"
