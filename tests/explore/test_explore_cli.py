@@ -119,3 +119,21 @@ def test_serve_warns_off_loopback(monkeypatch, capsys):
     server_module.serve(tiny("decoder"), host="0.0.0.0", port=0)
     assert bound == ["0.0.0.0"]
     assert "warning: serving on 0.0.0.0, reachable from other machines" in capsys.readouterr().err
+
+
+def test_serve_answers_its_own_port_only_and_bounds_connections(monkeypatch):
+    import uvicorn
+    from starlette.testclient import TestClient
+
+    from oneblock.web.transport import GuardedH11
+
+    seen = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: seen.append((self.config, sockets[0])))
+    server_module.serve(tiny("decoder"), port=0)
+    config, sock = seen[0]
+    port = sock.getsockname()[1]
+    sock.close()
+    assert config.http is GuardedH11 and config.max_connections == 64 and config.timeout_keep_alive == 5
+    assert TestClient(config.app, base_url=f"http://localhost:{port}").get("/api/card").status_code == 200
+    other = TestClient(config.app, base_url=f"http://localhost:{port + 1}").get("/api/card")
+    assert other.status_code == 400 and "is not this server's" in other.json()["error"]

@@ -96,6 +96,8 @@ def test_bounded_filters_still_compute_what_jinja_does():
     )
     out = render_chat(MESSAGES, template=template)
     assert out == '  ab  |  a\n  b|bcXbc|007-x|1, 2, 3|x1y|abc|   z|  2.2|{\n  "a": [\n    1\n  ]\n}|a\nb\nc'
+    generated = "{{ messages | map(attribute='role') | join(',') }}|{{ messages | map(attribute='content') | join }}"
+    assert render_chat(MESSAGES * 2, template=generated) == "user,user|HiHi"
 
 
 def test_a_template_over_the_length_cap_is_refused_before_compiling(monkeypatch):

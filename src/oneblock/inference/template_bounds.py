@@ -107,6 +107,8 @@ def _bounded_filter(name: str, original: Callable[..., Any], skip: int) -> Calla
 
     @functools.wraps(original)  # keeps Jinja's pass_eval_context / pass_environment marks
     def bounded(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > skip and not isinstance(args[skip], (str, list, tuple)) and isinstance(args[skip], Iterable):
+            args = (*args[:skip], list(args[skip]), *args[skip + 1 :])  # a generator is read once, here
         _limit(estimate(*args[skip:], **kwargs), f"the filter {name}")
         return original(*args, **kwargs)
 
