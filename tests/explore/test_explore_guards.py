@@ -180,3 +180,46 @@ def test_a_half_precision_model_is_explored(arch, dtype):
             ids = torch.tensor([list(b"Attention")])
             logits = explorable.model(ids) if arch == "decoder" else explorable.model(ids, ids)
         assert step.json()["appended"]["id"] == int(logits[0, -1].argmax())
+
+
+def test_a_waiting_request_whose_client_left_is_not_computed(decoder, monkeypatch, caplog):
+    release, calls = threading.Event(), []
+
+    def blocked(explorable, request):
+        calls.append(request.ids)
+        release.wait(20)
+        return {"done": True}
+
+    monkeypatch.setattr("oneblock.explore.server.analyze", blocked)
+    app = create_app(decoder)
+    server = LiveServer(app)
+    answer: list[httpx.Response] = []
+    first = threading.Thread(
+        target=lambda: answer.append(httpx.post(server.url + "api/analyze", json={"ids": [1]}, timeout=30))
+    )
+    try:
+        with caplog.at_level(logging.INFO):
+            first.start()
+            while not calls:
+                time.sleep(0.01)
+            body = b'{"ids": [2]}'
+            gone = socket.create_connection(("127.0.0.1", server.port))
+            gone.sendall(
+                b"POST /api/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            while app.state.gate.admitted < 2:  # it waits behind the first
+                time.sleep(0.01)
+            gone.close()
+            time.sleep(0.3)
+            release.set()
+            first.join(30)
+            while app.state.gate.admitted:
+                time.sleep(0.01)
+    finally:
+        release.set()
+        server.stop()
+    assert answer[0].status_code == 200
+    assert calls == [[1]]  # the second never ran
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
