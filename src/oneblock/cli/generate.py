@@ -100,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.inference.generation import fit_new_tokens, generate
     from oneblock.inference.process import peak_rss_bytes, process_seconds
     from oneblock.inference.sampling import Sampling
+    from oneblock.inference.text import check_text
     from oneblock.inference.tokenizer import TextStream
 
+    check_text(args.prompt, "--prompt")
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
     sampling = Sampling(

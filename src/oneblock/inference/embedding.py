@@ -27,6 +27,7 @@ from torch import Tensor
 
 from oneblock.errors import CheckpointError, InputError
 from oneblock.io import jsontext
+from oneblock.inference.text import check_text
 from oneblock.models.encoder import Encoder
 from oneblock.models.inputs import config_of
 
@@ -236,12 +237,13 @@ def similarity(
 
 def _check_texts(texts: object) -> list[str]:
     if isinstance(texts, str):
-        return [texts]
+        return [check_text(texts, "the text")]
     if not isinstance(texts, Sequence):
         raise InputError(f"texts must be a string or a sequence of strings; got {type(texts).__name__}")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise InputError(f"texts[{i}] must be a string; got {type(text).__name__} {text!r:.40}")
+        check_text(text, f"texts[{i}]")
     return list(texts)
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from oneblock.errors import CheckpointError
+from oneblock.errors import CheckpointError, InputError
 from oneblock.inference.tokenizer import Tokenizer, load_tokenizer
 from oneblock.models.inputs import config_of
 
@@ -82,9 +82,14 @@ def load_model(
     Raises:
         CheckpointError: a path that does not exist and is no preset name, or a file that cannot be read.
         ConversionError: a file whose model oneblock cannot represent.
-        InputError: a tokenizer with more ids than the model has.
+        InputError: a tokenizer with more ids than the model has, or a ``dtype`` that is not floating point.
         ConfigError: ``merge`` without ``adapter``, or merging into 4-bit weights.
     """
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise InputError(
+            f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16, torch.float16, "
+            f"torch.float64) or None; got {dtype!r} (for 8-bit weights, load then call oneblock.quantize_int8)"
+        )
     if merge and adapter is None:
         from oneblock.errors import ConfigError
 

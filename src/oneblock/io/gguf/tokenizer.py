@@ -26,6 +26,7 @@ from tokenizers.models import BPE
 
 from oneblock.errors import ConversionError, InputError
 from oneblock.inference.chat_template import render_chat
+from oneblock.inference.text import check_text
 from oneblock.io.gguf.file import check_merges, field_value
 from oneblock.io.gguf.layout import GGUFLayout, read_layout
 
@@ -272,7 +273,7 @@ class GGUFTokenizer:
         """
         if not isinstance(text, str):
             raise InputError(f"encode expects a str; got {type(text).__name__}")
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self.tokenizer.encode(check_text(text), add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return ids
