@@ -1,0 +1,1 @@
+"""Fine-tuning pretrained models: supervised data, LoRA adapters and the ``oneblock finetune`` run."""
