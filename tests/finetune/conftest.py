@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -23,13 +20,3 @@ def smol_tokenizer():
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
     return GGUFTokenizer.from_gguf(smollm2_gguf_path())
-
-
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
-def chat(user: str, answer: str, system: str | None = None) -> dict:
-    messages = [{"role": "system", "content": system}] if system else []
-    return {"messages": [*messages, {"role": "user", "content": user}, {"role": "assistant", "content": answer}]}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import chat, write_jsonl
+from finetune_testing import chat, write_jsonl
 
 from oneblock.errors import InputError
 from oneblock.finetune.examples import build_examples
