@@ -1,1 +1,1 @@
-"""Fine-tuning pretrained models: supervised data, LoRA adapters and the ``oneblock finetune`` run."""
+"""Fine-tuning: low-rank adapters (``lora``, ``targets``) and the training on top of them."""
