@@ -96,3 +96,21 @@ def test_empty_data_file_refused(tmp_path, base):
     ft = FinetuneConfig(model=str(base), data=str(tmp_path / "e.jsonl"))
     with pytest.raises(InputError, match=r"e\.jsonl' is empty"):
         prepare(ft, TrainConfig(task="finetune", steps=1, seq_len=16, warmup_steps=0), run_dir=None)
+
+
+def test_resume_on_another_base_refused(tmp_path, base, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", pair_records())
+    out = tmp_path / "run"
+    argv = ["finetune", "--model", str(base), "--data", str(data), "--out", str(out), "--method", "full",
+            "--steps", "2", "--seq-len", "16", "--quiet", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    from oneblock.io.checkpoint import save
+    from oneblock.models import build_model
+
+    other = load(base).config.replace(n_layers=1)
+    save(build_model(other), base)  # the same path now holds another model
+    assert main(["finetune", "--resume", "--out", str(out), "--quiet"]) == 2
+    assert "the run was trained on a base with identity" in capsys.readouterr().err
+    assert main(["finetune", "--resume", "--out", str(out), "--steps", "3"]) == 2
+    assert "drop --steps" in capsys.readouterr().err

@@ -130,6 +130,16 @@ def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
     return ft, train
 
 
+def _refuse_flags_on_resume(args: argparse.Namespace) -> None:
+    from oneblock.errors import ConfigError
+
+    given = [f"--{d.replace('_', '-')}" for d in (*TRAIN_FLAGS, "model", "data", "eval_data") if getattr(args, d)]
+    if given:
+        raise ConfigError(
+            f"--resume continues with the run's saved config.json; drop {', '.join(given)} (or start a new --out)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -144,11 +154,12 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.out is None:
             raise ConfigError("--resume needs --out DIR, the run to continue")
-        ft, cfg = read_run(args.out)
+        _refuse_flags_on_resume(args)
+        ft, cfg, base = read_run(args.out)
     else:
-        ft, cfg = configs(args)
+        (ft, cfg), base = configs(args), None
     out = Path(args.out)
-    prepared = prepare(ft, cfg, run_dir=out, device=args.device, quiet=args.quiet, on_note=_note)
+    prepared = prepare(ft, cfg, run_dir=out, expect_base=base, device=args.device, quiet=args.quiet, on_note=_note)
     trainer = prepared.trainer
     ctx = trainer.ctx
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

@@ -11,6 +11,7 @@ writes what the run was for: ``adapter_config.json`` + ``adapter_model.safetenso
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import os
 from dataclasses import dataclass
@@ -114,10 +115,29 @@ class FinetuneRun:
     n_examples: int
 
 
-def prepare(ft: FinetuneConfig, cfg: TrainConfig, *, run_dir: str | Path | None, **trainer_kwargs: Any) -> FinetuneRun:
+def base_identity(model: nn.Module) -> dict[str, Any]:
+    """What a base model is, for refusing another one: its tensors' count and a digest of their names, shapes and
+    dtypes (the structure, which any other model of another size or family changes)."""
+    entries = [f"{k}:{tuple(v.shape)}:{v.dtype}" for k, v in model.state_dict().items()]
+    digest = hashlib.sha256("\n".join(entries).encode()).hexdigest()
+    return {"tensors": len(entries), "structure_sha256": digest}
+
+
+def prepare(
+    ft: FinetuneConfig,
+    cfg: TrainConfig,
+    *,
+    run_dir: str | Path | None,
+    expect_base: dict[str, Any] | None = None,
+    **trainer_kwargs: Any,
+) -> FinetuneRun:
     """Load the model and the data, add adapters (or unfreeze everything), and build the trainer.
 
-    ``trainer_kwargs`` go to ``Trainer`` (``device``, ``quiet``, ``on_step``, ``on_note``).
+    Args:
+        ft, cfg: what to adapt and how to train.
+        run_dir: the run directory (None: in memory).
+        expect_base: the ``base_identity`` a resumed run recorded; another base is refused.
+        **trainer_kwargs: for ``Trainer`` (``device``, ``quiet``, ``on_step``, ``on_note``).
 
     Raises:
         ConfigError: full fine-tuning of 4-bit weights, a window longer than the model's context, or settings
@@ -130,6 +150,12 @@ def prepare(ft: FinetuneConfig, cfg: TrainConfig, *, run_dir: str | Path | None,
     dtype = DTYPES[ft.dtype] if ft.dtype is not None else None
     loaded = load_model(ft.model, dtype=dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
+    identity = base_identity(model)
+    if expect_base is not None and identity != expect_base:
+        raise CheckpointError(
+            f"the run was trained on a base with identity {expect_base}, but {ft.model!r} now loads one with "
+            f"{identity}; resume on the run's own base model"
+        )
     if cfg.seq_len is not None and cfg.seq_len > config_of(model).max_seq_len:
         raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
     train, held_out = _examples(ft, cfg, tokenizer)
@@ -147,7 +173,7 @@ def prepare(ft: FinetuneConfig, cfg: TrainConfig, *, run_dir: str | Path | None,
         run_dir=run_dir,
         model=model,
         objective=objective,
-        extra_config={"finetune": ft.to_dict()},
+        extra_config={"finetune": ft.to_dict(), "base": identity},
         **trainer_kwargs,
     )
     return FinetuneRun(trainer, ft, tokenizer, len(train))
@@ -178,15 +204,16 @@ def _unfreeze(model: nn.Module) -> None:
         parameter.requires_grad_(True)
 
 
-def read_run(run_dir: str | Path) -> tuple[FinetuneConfig, TrainConfig]:
-    """The settings a fine-tuning run directory was started with (its ``config.json``)."""
+def read_run(run_dir: str | Path) -> tuple[FinetuneConfig, TrainConfig, dict[str, Any] | None]:
+    """The settings a fine-tuning run directory was started with (its ``config.json``) and its base's identity."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.exists():
         raise CheckpointError(f"{str(path)!r} does not exist; is {str(run_dir)!r} a oneblock finetune run?")
     saved = integrity.load_json(path, "run config")
     if not isinstance(saved.get("finetune"), dict) or not isinstance(saved.get("train"), dict):
         raise CheckpointError(f"{str(path)!r} is not the config of a finetune run (no 'finetune' section)")
-    return FinetuneConfig.from_dict(saved["finetune"]), TrainConfig.from_dict(saved["train"])
+    base = saved.get("base")
+    return FinetuneConfig.from_dict(saved["finetune"]), TrainConfig.from_dict(saved["train"]), base
 
 
 def finish(run: FinetuneRun, out: str | Path) -> list[Path]:
