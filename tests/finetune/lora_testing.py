@@ -92,8 +92,8 @@ def randomize_adapters(model: nn.Module, *, seed: int = 3) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in lora_modules(model).values():
-            module.lora_A.weight.copy_(0.3 * torch.randn(module.lora_A.weight.shape, generator=gen))
-            module.lora_B.weight.copy_(0.3 * torch.randn(module.lora_B.weight.shape, generator=gen))
+            module.lora_A.weight.copy_(0.1 * torch.randn(module.lora_A.weight.shape, generator=gen))
+            module.lora_B.weight.copy_(0.1 * torch.randn(module.lora_B.weight.shape, generator=gen))
 
 
 def hf_lora_pairs(model: nn.Module, hf: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
