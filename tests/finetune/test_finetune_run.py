@@ -12,7 +12,7 @@ from finetune_testing import PAIRS, greedy_completion, pair_records, tiny_llama_
 from oneblock.cli.main import main
 from oneblock.errors import ConfigError, InputError
 from oneblock.finetune.lora import LoraConfig
-from oneblock.finetune.run import FinetuneConfig, prepare
+from oneblock.finetune.run import FinetuneConfig, prepare, read_run
 from oneblock.io.checkpoint import load
 from oneblock.train.config import TrainConfig
 
@@ -114,3 +114,31 @@ def test_resume_on_another_base_refused(tmp_path, base, capsys):
     assert "the run was trained on a base with identity" in capsys.readouterr().err
     assert main(["finetune", "--resume", "--out", str(out), "--steps", "3"]) == 2
     assert "drop --steps" in capsys.readouterr().err
+
+
+def test_lora_run_writes_a_peft_adapter_that_reloads_to_the_same_logits(tmp_path, base, capsys):
+    from oneblock.errors import ConversionError
+    from oneblock.io.peft import load_adapter
+
+    data = write_jsonl(tmp_path / "d.jsonl", pair_records())
+    out = tmp_path / "run"
+    argv = ["finetune", "--model", str(base), "--data", str(data), "--out", str(out), "--steps", "5",
+            "--lr", "1e-2", "--seq-len", "16", "--rank", "4", "--quiet", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in out.iterdir() if p.suffix in (".json", ".safetensors")) == [
+        "adapter_config.json", "adapter_model.safetensors", "config.json", "summary.json"
+    ]  # fmt: skip
+    ft, cfg, _ = read_run(out)
+    trained = prepare(ft, cfg, run_dir=out, device="cpu")  # the run's model, with the final checkpoint
+    trained.trainer.train(resume=True)  # nothing left to do: restores step 5
+    fresh = load(base)
+    load_adapter(fresh, out)
+    tokens = torch.tensor([list(b"cat>tac.")])
+    torch.testing.assert_close(fresh.eval()(tokens), trained.trainer.model.eval()(tokens), atol=1e-6, rtol=0)
+    assert summary["trainable_parameters"] == sum(p.numel() for n, p in fresh.named_parameters() if "lora_" in n)
+    from oneblock.models import build_model
+
+    wider = build_model(load(base).config.replace(d_model=60))
+    with pytest.raises(ConversionError, match=r"base"):  # both identities named
+        load_adapter(wider, out)
