@@ -84,6 +84,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     opt.add_argument("--weight-decay", type=options.finite_float, metavar="W", help="AdamW decay (0)")
     opt.add_argument("--grad-clip", type=options.finite_float, metavar="G", help="max gradient norm, 0 = off (1)")
     opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward pass")
+    opt.add_argument(
+        "--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state (FSDP2)"
+    )
     opt.add_argument("--seed", type=options.seed, help="seed of adapters, data order and dropout (0)")
     run = parser.add_argument_group("run directory")
     run.add_argument("--out", metavar="DIR", help="run directory and where the adapter or model goes")
@@ -113,7 +116,7 @@ def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
     settings = {**DEFAULTS, "lr": DEFAULT_LR[args.method], **given}
     if "warmup_steps" not in settings:
         settings["warmup_steps"] = settings["steps"] // 10
-    train = TrainConfig(task="finetune", bf16=args.bf16, **settings)
+    train = TrainConfig(task="finetune", bf16=args.bf16, fsdp=args.fsdp, **settings)
     targets = tuple(t for t in args.targets.split(",") if t.strip())
     lora = LoraConfig(rank=args.rank, alpha=args.alpha, dropout=args.lora_dropout, rslora=args.rslora, targets=targets)
     ft = FinetuneConfig(

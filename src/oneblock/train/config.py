@@ -53,6 +53,7 @@ class TrainConfig:
     save_every: int = 100  # 0: checkpoint only at the end
     keep_checkpoints: int = 2
     seed: int = 0
+    fsdp: bool = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP
     bf16: bool = False  # bfloat16 autocast for the forward pass; parameters and optimizer stay float32
 
     def __post_init__(self) -> None:
@@ -78,8 +79,9 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number; got {value!r}")
-        if not isinstance(self.bf16, bool):
-            raise ConfigError(f"bf16 must be True or False; got {self.bf16!r}")
+        for name in ("bf16", "fsdp"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False; got {getattr(self, name)!r}")
         if self.text is not None and not isinstance(self.text, str):
             raise ConfigError(f"text must be a file path (a string) or None; got {self.text!r}")
         if self.warmup_steps > self.steps:

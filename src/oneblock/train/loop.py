@@ -47,7 +47,7 @@ from oneblock.errors import CheckpointError, ConfigError
 from oneblock.io import files, integrity, limits
 from oneblock.models.build import build_model
 from oneblock.models.inputs import config_of
-from oneblock.train import distributed
+from oneblock.train import distributed, sharding
 from oneblock.train.checkpoints import CheckpointDir
 from oneblock.train.config import TrainConfig
 from oneblock.train.interrupts import InterruptGuard
@@ -165,6 +165,8 @@ class Trainer:
         else:
             self.model = model.to(self.ctx.device)  # type: ignore[assignment]  # any oneblock model family
         self.module = self.objective.wrap(self.model).to(self.ctx.device)
+        self.fsdp = cfg.fsdp and self.ctx.distributed
+        self._skeleton = sharding.shard(self.module) if self.fsdp else None  # before the optimizer sees the params
         self.optimizer = make_optimizer(
             self.module, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2)
         )
@@ -219,14 +221,27 @@ class Trainer:
         """
         if self.checkpoints is None:
             return None
+        if rewind is not None and self._skeleton is not None:  # gathering the shards takes every rank
+            self._note("a Ctrl-C under --fsdp saves nothing: resume from the last periodic checkpoint")
+            return None
         if rewind is None:
             rngs, data = distributed.gather(rng_state(), self.ctx), self.objective.state_dict()
         else:
             rngs, data = [rewind["rng"]] * self.ctx.world, rewind["data"]
+        state = self._state(rngs, data)
+        if self._skeleton is not None:
+            weights, state["optimizer"] = sharding.gather(self.module, self.optimizer)
         if not self.ctx.is_main:
             return None
         meta = {"task": self.cfg.task, "train": self.cfg.to_dict()}
-        return self.checkpoints.save(self.step, self.model, self._state(rngs, data), head=self._head, metadata=meta)
+        if self._skeleton is None:
+            return self.checkpoints.save(self.step, self.model, state, head=self._head, metadata=meta)
+        full = sharding.materialize(self._skeleton, weights)
+        head = full if self._head is not None else None
+        try:
+            return self.checkpoints.save(self.step, self.objective.unwrap(full), state, head=head, metadata=meta)
+        finally:
+            sharding.release(self._skeleton)
 
     def _snapshot(self) -> dict[str, Any]:
         """This rank's step, generators and data position: what a resumed run needs to repeat a step."""
@@ -246,13 +261,21 @@ class Trainer:
                 self._note(f"no complete checkpoint in {where}: starting the run afresh from its config.json")
                 return False
             raise CheckpointError(f"nothing to resume: no checkpoint in {where}; start the run without --resume")
-        state = checkpoints.load(latest, self.model, head=self._head)
+        if self._skeleton is not None:  # read into the unsharded structure, then shard into place
+            full = sharding.allocate(self._skeleton)
+            state = checkpoints.load(latest, self.objective.unwrap(full), head=full if self._head is not None else None)
+        else:
+            state = checkpoints.load(latest, self.model, head=self._head)
         if state["schedule"] != self.schedule.to_dict():
             raise CheckpointError(
                 f"the checkpoint's schedule {state['schedule']} differs from this run's {self.schedule.to_dict()}; "
                 "resume with the run's saved config"
             )
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self._skeleton is not None:
+            only = checkpoints.trainable_only  # then the checkpoint held the trainable tensors alone
+            sharding.restore(self.module, self.optimizer, self._skeleton, state["optimizer"], trainable_only=only)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.objective.load_state_dict(state["data"])
         rngs = state["rng"]
         set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
@@ -336,7 +359,7 @@ class Trainer:
             "step": self.step,
             "loss": distributed.mean(step_loss, ctx) * ctx.world,
             "lr": lr,
-            "grad_norm": float(grad_norm),
+            "grad_norm": sharding.norm_value(grad_norm),
             "tokens": self.tokens,
             "tokens_per_s": tokens / max(seconds, 1e-9),
             "elapsed": round(self.elapsed, 4),
@@ -357,7 +380,7 @@ class Trainer:
         run_dir = self.run_dir if ctx.is_main else None  # only the main rank writes the run's files
         if run_dir is not None and not resume:
             self._start_afresh()
-        self.ddp = distributed.wrap(self.module, ctx)
+        self.ddp = self.module if self.fsdp else distributed.wrap(self.module, ctx)
         if run_dir is not None and not resumed:
             self._write_config()
         log = StepLog(run_dir / LOG_FILE, resume_step=self.step if resumed else None) if run_dir is not None else None
