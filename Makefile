@@ -30,7 +30,7 @@ browser:
 	else echo "note: the browser tests need Chromium: sudo apt-get install -y chromium (without it they skip; under CI=true they fail)"; fi
 
 # Lint, format and types first: a change that breaks any of them fails `make test` (and so CI) before pytest runs.
-test: setup browser lint
+test: setup browser lint $(LLAMACPP_STAMP)
 	$(PY) -m pytest -n 2 --durations=15
 
 lint: setup

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -135,3 +137,41 @@ def test_to_hf_refuses_a_pickle(tmp_path, capsys):
     assert cli(str(tmp_path / "model.pt"), str(tmp_path / "out"), "--to-hf") == 2
     assert "refusing to unpickle" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fail_at", [1, 2])
+def test_to_hf_force_on_a_full_disk_keeps_the_old_directory_whole(gpt2_dir, tmp_path, capsys, monkeypatch, fail_at):
+    """The disk fills up while the new weights (1) or the new config (2) are written: the old pair stays whole."""
+    from oneblock.io import files
+
+    ckpt = tmp_path / "m.safetensors"
+    assert cli(str(gpt2_dir[0]), str(ckpt)) == 0
+    dst = tmp_path / "hf"
+    assert cli(str(ckpt), str(dst), "--to-hf", "--dtype", "bfloat16") == 0
+    (dst / "tokenizer.json").write_text("{}")  # a file of the user's, beside the model
+    before = {p.name: p.read_bytes() for p in dst.iterdir()}
+    capsys.readouterr()
+    original, calls = files._write_all, []
+
+    def full_disk(fd, data):
+        calls.append(len(data))
+        if len(calls) == fail_at:
+            original(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        original(fd, data)
+
+    monkeypatch.setattr(files, "_write_all", full_disk)
+    code = cli(str(ckpt), str(dst), "--to-hf", "--force")
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "" and captured.err.count("\n") == 1
+    assert re.fullmatch(
+        rf"oneblock: error: cannot write '{ckpt}' as a Hugging Face model: cannot write the Hugging Face model into "
+        rf"'{dst}': the disk is full \(No space left on device\); free some space and try again; the files there "
+        r"before are intact\n",
+        captured.err,
+    )
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == before  # no temporaries, nothing changed
+    monkeypatch.setattr(files, "_write_all", original)
+    assert cli(str(ckpt), str(dst), "--to-hf", "--force", "--json") == 0
+    assert json.loads((dst / "config.json").read_text())["torch_dtype"] == "float32"
+    assert (dst / "tokenizer.json").read_text() == "{}"

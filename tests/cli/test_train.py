@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import sys
 
 import pytest
@@ -123,3 +125,28 @@ def test_existing_run_and_resume_flags_are_refused(tmp_path, capsys):
     assert "drop --steps, model flags" in capsys.readouterr().err
     assert main(["train", "--resume", "--out", str(tmp_path / "none")]) == 2
     assert "config.json' does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change", ["same length", "shrunk", "grown"])
+def test_resume_refuses_a_text_that_changed(tmp_path, capsys, change):
+    text = tmp_path / "corpus.txt"
+    original = ("the quick brown fox jumps over the lazy dog. " * 40).encode()
+    text.write_bytes(original)
+    run = tmp_path / "r"
+    argv = ["train", *TINY, "--steps", "4", "--warmup", "0", "--seq-len", "8", "--samples", "0", "--json",
+            "--save-every", "2", "--text", str(text), "--out", str(run)]  # fmt: skip
+    assert main(argv) == 0
+    recorded = json.loads((run / "config.json").read_text())["data"]
+    assert recorded == {"text": str(text), "bytes": len(original), "sha256": hashlib.sha256(original).hexdigest()}
+    edited = {"same length": original.replace(b"fox", b"cat"), "shrunk": original[:-200], "grown": original + b"!"}
+    text.write_bytes(edited[change])
+    capsys.readouterr()
+    assert main(["train", "--resume", "--quiet", "--json", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    expected = (rf"oneblock: error: the text file '{text}' is not the data this run trained on: the run recorded "
+                rf"{len(original)} bytes with SHA-256 {hashlib.sha256(original).hexdigest()[:16]}\.\.\., it now has "
+                rf"{len(edited[change])} bytes with SHA-256 {hashlib.sha256(edited[change]).hexdigest()[:16]}\.\.\.; "
+                r"put the original text back, or start a new run in another --out\n")  # fmt: skip
+    assert re.fullmatch(expected, err)
+    text.write_bytes(original)
+    assert main(["train", "--resume", "--quiet", "--json", "--out", str(run)]) == 0

@@ -310,3 +310,23 @@ def test_overwrite_replaces_the_file(saved):
     save(_model(CONFIGS["encoder"]), saved)
     assert load(saved).config == CONFIGS["encoder"]
     assert [p.name for p in saved.parent.iterdir()] == [saved.name]
+
+
+@pytest.mark.parametrize("change", ["quantize_int8", "fuse_qkv", "mixed dtypes"])
+def test_save_refuses_what_load_would_refuse(tmp_path, change):
+    from oneblock.inference.quantize import quantize_int8
+
+    model = _model(CONFIGS["llama"])
+    if change == "quantize_int8":
+        quantize_int8(model)
+        expected = r"refusing to save .*load could not read it back .*non-floating tensors .*quantize_int8"
+    elif change == "fuse_qkv":
+        model.blocks[0].attn.fuse_qkv()
+        expected = r"refusing to save .*unexpected tensors blocks\.0\.attn\.qkv_proj\.weight.*save the model before"
+    else:
+        model.blocks[1].ffn.to(torch.bfloat16)
+        expected = r"refusing to save .*mixes tensor dtypes \['BF16', 'F32'\]"
+    path = tmp_path / "changed.safetensors"
+    with pytest.raises(CheckpointError, match=expected):
+        save(model, path)
+    assert not path.exists()

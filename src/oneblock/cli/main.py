@@ -30,6 +30,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "finetune",
     "experiment",
     "explore",
+    "serve",
 )
 
 PROG = "oneblock"

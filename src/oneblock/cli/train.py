@@ -88,6 +88,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     run = parser.add_argument_group("run directory")
     run.add_argument("--out", metavar="DIR", help="run directory (default: runs/<task>-<date>-<time>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    run.add_argument(
+        "--resume-weights-only",
+        action="store_true",
+        help="as --resume; when no checkpoint verifies whole (they were moved to checkpoints/damaged), continue "
+        "from the newest weights that verify, with a fresh optimizer state",
+    )
     run.add_argument("--save-every", type=int, metavar="N", help="checkpoint every N steps, 0 = end only (100)")
     run.add_argument("--keep", type=int, metavar="K", help="checkpoints to keep (2)")
     run.add_argument("--eval-every", type=int, metavar="N", help="held-out evaluation every N steps (100)")
@@ -155,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         if args.threads <= 0:
             raise ConfigError(f"--threads must be a positive integer; got {args.threads}")
         torch.set_num_threads(args.threads)
+    args.resume = args.resume or args.resume_weights_only
     if args.resume:
         if args.out is None:
             raise ConfigError("--resume needs --out DIR, the run to continue")
@@ -175,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         f"{sum(p.numel() for p in trainer.module.parameters()):,} parameters, {ctx.world} process(es) on {ctx.device}"
     )
     try:
-        result = trainer.train(resume=args.resume)
+        result = trainer.train(resume=args.resume, weights_only=args.resume_weights_only)
     finally:
         distributed.teardown(ctx)
     if not ctx.is_main:

@@ -81,9 +81,10 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[st
         The path written.
 
     Raises:
-        CheckpointError: ``model`` is not a oneblock model, has non-finite weights, ``metadata`` is not JSON, the
-            path is empty or a directory, or the file cannot be written (disk full, permission, read-only, a name
-            too long), naming ``path``.
+        CheckpointError: ``model`` is not a oneblock model, holds tensors other than those its config builds (an
+            int8-quantized model) so that ``load`` would refuse the file, has non-finite weights, ``metadata`` is
+            not JSON, the path is empty or a directory, or the file cannot be written (disk full, permission,
+            read-only, a name too long), naming ``path``.
     """
     path = files.check_target(path, "checkpoint")
     cfg = getattr(model, "config", None)
@@ -94,6 +95,7 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[st
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"save: metadata must be JSON-serialisable: {error}") from error
     tensors = unique_tensors(model.state_dict())
+    _check_loadable(path, cfg, tensors)
     check_finite(tensors, f"refusing to save {str(path)!r}")
     header = {
         "format": "pt",
@@ -104,6 +106,28 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[st
     }
     files.write_atomic(path, integrity.dump_safetensors(tensors, header), what="checkpoint")
     return path
+
+
+def _check_loadable(path: Path, cfg: ModelConfig, tensors: Mapping[str, Tensor]) -> None:
+    """Refuse to write a file that ``load`` would refuse: the tensors must be those ``build_model(cfg)`` makes.
+
+    A model changed after it was built (``quantize_int8`` swaps its Linear layers for int8 ones, ``fuse_qkv``
+    merges three projections into one) no longer matches its config; saving it would only defer the error.
+    """
+    listing = {key: (integrity.dtype_name(t.dtype), tuple(t.shape)) for key, t in tensors.items()}
+    name = repr(str(path))
+    try:
+        stored = _stored_dtype(name, listing)
+        with torch.device("meta"):
+            skeleton = build_model(cfg, dtype=stored)
+        expected = skeleton.state_dict()
+        aliases = _aliases(skeleton, expected)
+        _check_listing(name, listing, {key: expected[key] for key in set(aliases.values())})
+    except (CheckpointError, ConfigError) as error:
+        raise CheckpointError(
+            f"refusing to save {name}: load could not read it back ({error}). A model changed after it was built "
+            "(quantize_int8, fuse_qkv) is for inference only; save the model before the change"
+        ) from None
 
 
 def load(

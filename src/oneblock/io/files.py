@@ -16,7 +16,7 @@ import errno
 import os
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from oneblock.errors import CheckpointError, OneBlockError
@@ -82,14 +82,7 @@ def write_atomic(
     tmp = path.parent / f".{secrets.token_hex(4)}.tmp"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # O_EXCL: never reuse another writer's file; mode 0o666 lets the umask decide, as for a plain open().
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-        try:
-            for chunk in chunks:
-                _write_all(fd, memoryview(chunk))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_durably(tmp, chunks)
         os.replace(tmp, path)
     except OSError as err:
         _unlink_quietly(tmp)
@@ -98,6 +91,49 @@ def write_atomic(
         _unlink_quietly(tmp)
         raise
     fsync_directory(path.parent)
+
+
+def replace_files(
+    directory: Path,
+    contents: Mapping[str, Iterable[bytes | memoryview]],
+    *,
+    what: str,
+    error: type[OneBlockError] = CheckpointError,
+) -> None:
+    """Write several files of ``directory`` as one change: all are complete on disk before any is renamed in.
+
+    Each file is written to its own temporary name and flushed; only when every one is complete are they renamed
+    over their targets, one ``os.replace`` after another (no data is written between the renames, so a full disk
+    cannot stop them half-way). Other files of the directory are left as they are.
+
+    Args:
+        directory: created if missing.
+        contents: file name -> chunks, renamed in this order.
+        what: what the files make up, for the message ("Hugging Face model").
+        error: the error class to raise.
+
+    Raises:
+        ``error``: any ``OSError`` on the way, described by ``describe_os_error``; the directory's files are as
+            they were and no temporary file is left behind.
+    """
+    temporaries: dict[str, Path] = {}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, chunks in contents.items():
+            temporaries[name] = directory / f".{secrets.token_hex(4)}.tmp"
+            _write_durably(temporaries[name], chunks)
+        for name, tmp in temporaries.items():
+            os.replace(tmp, directory / name)
+    except OSError as err:
+        for tmp in temporaries.values():
+            _unlink_quietly(tmp)
+        message = describe_os_error(err, directory, f"write the {what} into")
+        raise error(f"{message}; the files there before are intact") from None
+    except BaseException:
+        for tmp in temporaries.values():
+            _unlink_quietly(tmp)
+        raise
+    fsync_directory(directory)
 
 
 def read_bytes(path: Path, what: str, error: type[OneBlockError] = CheckpointError) -> bytes:
@@ -133,6 +169,18 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, chunks: Iterable[bytes | memoryview]) -> None:
+    """Create ``path`` (never an existing file), write ``chunks`` and flush them to disk."""
+    # O_EXCL: never reuse another writer's file; mode 0o666 lets the umask decide, as for a plain open().
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    try:
+        for chunk in chunks:
+            _write_all(fd, memoryview(chunk))
+        os.fsync(fd)
     finally:
         os.close(fd)
 

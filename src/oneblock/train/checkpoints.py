@@ -16,6 +16,10 @@ Re-saving a step that exists moves the old copy to ``.step-000200.old`` first. P
 instant leaves a directory that ``recover`` puts right: it finishes or removes the interrupted save, deletes
 temporary files, and when ``latest.json`` is missing, damaged or names a step that does not verify, falls back to
 the newest step that does.
+
+A complete step that fails to verify is never deleted: ``recover`` moves it aside to ``damaged/step-000200`` (a
+free name: ``step-000200-2`` when that one is taken) and says so. Only what a write never finished (``.tmp``)
+and what pruning had begun to delete (``.del``) are removed.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import contextlib
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ TRAINABLE_FILE = "trainable.safetensors"
 TRAINABLE_FORMAT = "oneblock-trainable"
 TRAINER_FILE = "trainer.safetensors"
 LATEST = "latest.json"
+DAMAGED = "damaged"
 HEAD_FORMAT = "oneblock-task-head"
 _STEP = re.compile(r"step-(\d{6,})")
 _LEFTOVER = re.compile(r"\.(step-\d{6,})\.(tmp|old|del)")
@@ -137,12 +142,35 @@ class CheckpointDir:
             if named is not None and verifies(self.root / named):
                 return self.root / named
             for step_dir in self.steps()[::-1]:
-                if verifies(step_dir):
+                problem = check(step_dir)
+                if problem is None:
                     self.notes.append(f"resuming from {step_dir.name}, the newest step that verifies")
                     self._point_at(int(_STEP.fullmatch(step_dir.name).group(1)), step_dir.name)  # type: ignore[union-attr]
                     return step_dir
-                self.notes.append(f"{str(step_dir)!r} is damaged; skipped")
+                self._move_aside(step_dir, step_dir.name, problem)
         return None
+
+    def damaged_steps(self) -> list[Path]:
+        """The steps moved aside to ``damaged/`` (by this call of ``recover`` or an earlier one), oldest first."""
+        where = self.root / DAMAGED
+        found = [p for p in where.glob("step-*") if p.is_dir()] if where.is_dir() else []
+        return sorted(found, key=lambda p: tuple(int(n) for n in re.findall(r"\d+", p.name)))
+
+    def newest_weights(self, *, head: bool) -> tuple[Path, int] | None:
+        """The newest damaged step whose weights (and head, when ``head``) verify, with its step; None if none."""
+        for step_dir in self.damaged_steps()[::-1]:
+            if (head and not (step_dir / HEAD_FILE).exists()) or first_failure(step_dir, weights_only=True):
+                continue
+            step = checkpoint_io.read_info(step_dir / MODEL_FILE).metadata.get("step")
+            if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                return step_dir, step
+        return None
+
+    def describe_damaged(self, *, weights_only: bool = False) -> str:
+        """The files that fail their check in the damaged steps, newest first, in one line."""
+        failures = [first_failure(d, weights_only=weights_only) for d in self.damaged_steps()[::-1]]
+        named = [repr(str(f[0])) for f in failures if f is not None]
+        return ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
 
     def steps(self) -> list[Path]:
         """The step directories, oldest first."""
@@ -150,9 +178,13 @@ class CheckpointDir:
         return sorted(found, key=lambda p: int(p.name[5:]))
 
     def clear(self) -> None:
-        """Delete the whole checkpoints directory (a run started afresh)."""
+        """Delete what the checkpoints directory holds but ``damaged/`` (a run started afresh)."""
+        if not self.root.is_dir():
+            return
         with _os_errors(self.root, "clear"):
-            _remove(self.root)
+            for entry in self.root.iterdir():
+                if entry.name != DAMAGED:
+                    _remove(entry)
 
     def load(self, path: Path, model: nn.Module, *, head: nn.Module | None = None) -> dict[str, Any]:
         """Copy the weights of checkpoint ``path`` into ``model`` (and ``head``); return the trainer state."""
@@ -170,7 +202,38 @@ class CheckpointDir:
             head.load_state_dict({**load_head(path / HEAD_FILE, head), **_encoder_state(head)}, strict=True)
         return load_state(path / TRAINER_FILE)
 
+    def load_weights(self, path: Path, model: nn.Module, *, head: nn.Module | None = None) -> None:
+        """Copy the weights of step directory ``path`` into ``model`` (and ``head``); its trainer state is not read."""
+        stored = checkpoint_io.load(path / MODEL_FILE)
+        if stored.config != model.config:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} holds a different model configuration than this run; resume with the "
+                "run's own config.json"
+            )
+        model.load_state_dict(stored.state_dict())
+        if head is not None:
+            head.load_state_dict({**load_head(path / HEAD_FILE, head), **_encoder_state(head)}, strict=True)
+
     # Repair.
+    def _move_aside(self, step_dir: Path, name: str, problem: str) -> None:
+        """Keep a complete step that fails to verify under ``damaged/``, never under a ``step-*`` name of the run."""
+        where = self.root / DAMAGED
+        where.mkdir(exist_ok=True)
+        target, n = where / name, 1
+        while target.exists():
+            n += 1
+            target = where / f"{name}-{n}"
+        try:
+            os.replace(step_dir, target)
+        except FileNotFoundError:  # another rank of a distributed run moved it first
+            return
+        pointer = self.root / LATEST
+        with contextlib.suppress(CheckpointError):  # a pointer to the step moved away points nowhere: drop it
+            if integrity.load_json(pointer, "run pointer").get("dir") == name:
+                pointer.unlink()
+        files.fsync_directory(self.root)
+        self.notes.append(f"{name} fails to verify and was moved aside to {str(target)!r}: {problem}")
+
     def _finish_interrupted(self) -> None:
         files.remove_leftovers(self.root)
         leftovers = []
@@ -180,10 +243,13 @@ class CheckpointDir:
                 leftovers.append((("tmp", "old", "del").index(match.group(2)), match.group(1), entry))
         for _, name, entry in sorted(leftovers):  # a complete .tmp is newer than an .old copy of the same step
             final = self.root / name
-            if not entry.name.endswith(".del") and not final.exists() and verifies(entry):
+            problem = None if entry.name.endswith(".del") or final.exists() else check(entry)
+            if problem is None and not entry.name.endswith(".del") and not final.exists():
                 os.replace(entry, final)
                 self.notes.append(f"finished the interrupted save of {name}")
-            else:
+            elif problem is not None and entry.name.endswith(".old"):  # a complete step, damaged since
+                self._move_aside(entry, name, problem)
+            else:  # a write that never finished, a deletion begun, or a copy superseded by the step itself
                 _remove(entry)
         for step_dir in self.steps():
             files.remove_leftovers(step_dir)
@@ -222,19 +288,36 @@ class CheckpointDir:
                     _remove(doomed)
 
 
+def check(step_dir: Path) -> str | None:
+    """None when every file of a step directory is present and passes its digest; else what is wrong, naming it."""
+    failed = first_failure(step_dir)
+    return None if failed is None else failed[1]
+
+
+def first_failure(step_dir: Path, *, weights_only: bool = False) -> tuple[Path, str] | None:
+    """The first file of a step directory that is missing or fails its digest, and why; None when all verify.
+
+    Args:
+        weights_only: check the weights (and the head, when the step has one) but not the trainer state.
+    """
+    checks: list[tuple[str, Callable[[Path], object]]] = [(MODEL_FILE, checkpoint_io.read_info)]
+    if (step_dir / TRAINABLE_FILE).exists():  # a pretrained model's run: only the trainable tensors
+        checks = [(TRAINABLE_FILE, lambda p: integrity.load_sealed(p, "trainable parameters"))]
+    if not weights_only:
+        checks.append((TRAINER_FILE, lambda p: integrity.load_sealed(p, "training state")))
+    if (step_dir / HEAD_FILE).exists():
+        checks.append((HEAD_FILE, lambda p: integrity.load_sealed(p, "task head")))
+    for name, verify in checks:
+        try:
+            verify(step_dir / name)
+        except CheckpointError as error:
+            return step_dir / name, str(error)
+    return None
+
+
 def verifies(step_dir: Path) -> bool:
     """Whether every file of a step directory is present and passes its digest."""
-    try:
-        if (step_dir / TRAINABLE_FILE).exists():
-            integrity.load_sealed(step_dir / TRAINABLE_FILE, "trainable parameters")
-        else:
-            checkpoint_io.read_info(step_dir / MODEL_FILE)
-        integrity.load_sealed(step_dir / TRAINER_FILE, "training state")
-        if (step_dir / HEAD_FILE).exists():
-            integrity.load_sealed(step_dir / HEAD_FILE, "task head")
-    except CheckpointError:
-        return False
-    return True
+    return check(step_dir) is None
 
 
 def trainable_state(model: nn.Module) -> dict:

@@ -7,8 +7,10 @@ and a multi-byte character simply spans several tokens.
 
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,6 +53,11 @@ def read_text(path: str | Path | None) -> bytes:
             "convert it with iconv or pick another file"
         ) from None
     return data
+
+
+def fingerprint(path: str | Path | None, raw: bytes) -> dict[str, Any]:
+    """What identifies a text: its path (None for the shipped corpus), its length in bytes and its SHA-256."""
+    return {"text": None if path is None else str(path), "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
 def encode(text: str | bytes) -> Tensor:

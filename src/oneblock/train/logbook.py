@@ -8,19 +8,98 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oneblock.io import files
+
+# The numeric fields of a record; each holds a number, or the string ``_clean`` writes for NaN or infinity.
+NUMBER_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed")
+INTEGER_FIELDS = ("step", "tokens")
+_NON_FINITE = ("nan", "inf", "-inf")
+
+
+@dataclass
+class LogReading:
+    """The records of a log and the lines that were not well-formed records.
+
+    Attributes:
+        records: the well-formed records, in file order.
+        bad_lines: 1-based numbers of the lines skipped (bad bytes, not JSON, not an object, wrong field types).
+    """
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: list[int] = field(default_factory=list)
+
+    def describe(self, path: str | Path) -> str | None:
+        """One sentence naming the skipped lines, or None when there were none."""
+        if not self.bad_lines:
+            return None
+        shown = ", ".join(map(str, self.bad_lines[:10])) + (", ..." if len(self.bad_lines) > 10 else "")
+        return f"{str(path)!r}: skipped {len(self.bad_lines)} line(s) that are not well-formed records: {shown}"
+
+
+def scan_log(path: str | Path) -> LogReading:
+    """Every well-formed record of a JSONL log, and the numbers of the lines that are not.
+
+    The log is the one file of a run that carries no digest (it grows line by line), so it is read defensively:
+    a torn last line from a crash, bytes that are not UTF-8, JSON that is not an object or fields of the wrong
+    type skip their line and are counted, never raised.
+    """
+    reading = LogReading()
+    for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        record = _record(line)
+        if record is None:
+            reading.bad_lines.append(number)
+        else:
+            reading.records.append(record)
+    return reading
+
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:
-    """Every record of a JSONL log (a torn last line from a crash is skipped)."""
-    records = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    """Every well-formed record of a JSONL log (see ``scan_log`` for what is skipped)."""
+    return scan_log(path).records
+
+
+def last_counters(path: str | Path, step: int) -> tuple[int, float]:
+    """``(tokens, elapsed)`` of the last step record at or before ``step``; (0, 0.0) when the log has none."""
+    if not Path(path).is_file():
+        return 0, 0.0
+    for record in scan_log(path).records[::-1]:
+        tokens, elapsed = record.get("tokens"), record.get("elapsed")
+        if record["step"] <= step and isinstance(tokens, int) and isinstance(elapsed, (int, float)):
+            return tokens, float(elapsed)
+    return 0, 0.0
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    """The record a line holds, or None when it is not a well-formed one."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    if not all(_is_int(record[k]) and record[k] >= 0 for k in INTEGER_FIELDS if k in record) or "step" not in record:
+        return None
+    if not all(_is_number(record[k]) for k in NUMBER_FIELDS if k in record):
+        return None
+    scores = record.get("eval", {})
+    if not isinstance(scores, dict) or not all(_is_number(v) for v in scores.values()):
+        return None
+    return record
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in _NON_FINITE
 
 
 def _clean(value: Any) -> Any:
@@ -44,9 +123,16 @@ class StepLog:
     def __init__(self, path: str | Path, *, resume_step: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.note: str | None = None  # what was skipped when the log was read back on resume
         if resume_step is not None and self.path.exists():
-            kept = [r for r in read_log(self.path) if r.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            reading = scan_log(self.path)
+            if reading.bad_lines:  # the skipped lines stay readable in a copy of the log as it was
+                copy = _free_name(self.path.with_name(self.path.name + ".damaged"))
+                shutil.copyfile(self.path, copy)
+                self.note = f"{reading.describe(self.path)}; the log as it was is kept in {str(copy)!r}"
+            kept = [r for r in reading.records if r["step"] <= resume_step]
+            text = "".join(json.dumps(r) + "\n" for r in kept)
+            files.write_atomic(self.path, [text.encode()], what="training log")
         elif resume_step is None:
             self.path.write_text("")
         self._file = self.path.open("a")
@@ -57,3 +143,12 @@ class StepLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ...: the first name not taken."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate

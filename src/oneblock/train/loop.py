@@ -45,13 +45,14 @@ from torch import nn
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError
 from oneblock.io import files, integrity, limits
+from oneblock.io.runlock import RunLock
 from oneblock.models.build import build_model
 from oneblock.models.inputs import config_of
-from oneblock.train import distributed, sharding
+from oneblock.train import distributed, rundir, sharding
 from oneblock.train.checkpoints import CheckpointDir
 from oneblock.train.config import TrainConfig
 from oneblock.train.interrupts import InterruptGuard
-from oneblock.train.logbook import StepLog
+from oneblock.train.logbook import StepLog, last_counters
 from oneblock.train.objectives import Objective, make_objective
 from oneblock.train.optim import make_optimizer
 from oneblock.train.progress import TrainProgress
@@ -247,13 +248,21 @@ class Trainer:
         """This rank's step, generators and data position: what a resumed run needs to repeat a step."""
         return {"step": self.step, "rng": rng_state(), "data": self.objective.state_dict()}
 
-    def _resume(self) -> bool:
-        """Restore the newest complete checkpoint; False when the run has none and starts afresh (with a note)."""
+    def _resume(self, *, weights_only: bool = False) -> bool:
+        """Restore the newest complete checkpoint; False when the run has none and starts afresh (with a note).
+
+        A run whose every step failed its check (and was moved aside) is refused, unless ``weights_only``.
+        """
         if self.run_dir is not None:
             files.remove_leftovers(self.run_dir)  # a config.json write cut short
+            rundir.check_same_data(self.run_dir / CONFIG_FILE, self.objective.source)
         checkpoints = self.checkpoints
         latest = checkpoints.recover() if checkpoints else None
         self._take_notes()
+        if checkpoints is not None and latest is None and checkpoints.damaged_steps():
+            if weights_only:
+                return self._resume_weights(checkpoints)
+            raise CheckpointError(rundir.none_verifies(checkpoints, self.run_dir))
         if checkpoints is None or latest is None:
             where = str(self.run_dir / "checkpoints") if self.run_dir else "memory"
             if self.run_dir is not None and (self.run_dir / CONFIG_FILE).exists():
@@ -282,6 +291,22 @@ class Trainer:
         self.step, self.tokens, self.elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed"])
         return True
 
+    def _resume_weights(self, checkpoints: CheckpointDir) -> bool:
+        """Continue from the newest damaged step whose weights verify, with a fresh optimizer and data stream."""
+        found = checkpoints.newest_weights(head=self._head is not None)
+        if found is None:
+            raise CheckpointError(rundir.no_weights_verify(checkpoints))
+        path, step = found
+        checkpoints.load_weights(path, self.model, head=self._head)
+        self.step = step
+        if self.run_dir is not None:
+            self.tokens, self.elapsed = last_counters(self.run_dir / LOG_FILE, step)
+        self._note(
+            f"continuing from the weights of step {step} in {str(path)!r}, with a fresh optimizer state; the data "
+            "stream and the random generators start over, so the run will not match an uninterrupted one"
+        )
+        return True
+
     def _start_afresh(self, *, announce: bool = True) -> None:
         """Refuse to overwrite a run with a complete checkpoint; clear what an unfinished first save left."""
         if self.checkpoints is None:
@@ -293,6 +318,8 @@ class Trainer:
                 f"{str(self.run_dir)!r} already holds a run; pass --resume to continue it (its newest complete "
                 f"checkpoint is {found.name}) or choose another --out"
             )
+        if self.checkpoints.damaged_steps():
+            raise CheckpointError(rundir.none_verifies(self.checkpoints, self.run_dir))
         if self.checkpoints.root.exists():
             if announce:
                 self._note(f"{str(self.checkpoints.root)!r} holds no complete checkpoint: starting afresh")
@@ -312,12 +339,10 @@ class Trainer:
     def _write_config(self) -> None:
         if self.run_dir is None:  # an in-memory run keeps no files
             return
-        payload = {
-            "model": self.model_cfg.to_dict(),
-            "train": self.cfg.to_dict(),
-            "world": self.ctx.world,
-            **self.extra_config,
-        }
+        payload = {"model": self.model_cfg.to_dict(), "train": self.cfg.to_dict(), "world": self.ctx.world}
+        if self.objective.source is not None:
+            payload["data"] = self.objective.source
+        payload.update(self.extra_config)
         files.write_atomic(self.run_dir / CONFIG_FILE, integrity.dump_json(payload), what="run config")
 
     # Training.
@@ -369,14 +394,34 @@ class Trainer:
         """Held-out scores of the current model (computed by every rank on the same data)."""
         return self.objective.evaluate(self.module)
 
-    def train(self, *, resume: bool = False) -> TrainResult:
+    def train(self, *, resume: bool = False, weights_only: bool = False) -> TrainResult:
         """Train to ``cfg.steps``, from scratch or from the run's latest checkpoint.
 
+        The main process holds the run directory's lock (``oneblock.io.runlock``) from before it reads the
+        checkpoints until the last file is written.
+
+        Args:
+            resume: continue from the newest checkpoint that verifies.
+            weights_only: with ``resume``, when no checkpoint verifies whole (its steps were moved aside to
+                ``checkpoints/damaged``), continue from the newest weights that verify, with a fresh optimizer
+                state, data stream and random generators.
+
         Raises:
-            CheckpointError: ``resume`` without a checkpoint, or a checkpoint of another configuration.
+            CheckpointError: another process holds the run directory, ``resume`` without a checkpoint, or a
+                checkpoint of another configuration.
         """
+        lock = None
+        if self.run_dir is not None and self.ctx.is_main:
+            lock = RunLock(self.run_dir, command="oneblock train" + " --resume" * resume).acquire()
+        try:
+            return self._train(resume=resume, weights_only=weights_only)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _train(self, *, resume: bool, weights_only: bool) -> TrainResult:
         cfg, ctx = self.cfg, self.ctx
-        resumed = self._resume() if resume else False
+        resumed = self._resume(weights_only=weights_only) if resume else False
         run_dir = self.run_dir if ctx.is_main else None  # only the main rank writes the run's files
         if run_dir is not None and not resume:
             self._start_afresh()
@@ -384,6 +429,8 @@ class Trainer:
         if run_dir is not None and not resumed:
             self._write_config()
         log = StepLog(run_dir / LOG_FILE, resume_step=self.step if resumed else None) if run_dir is not None else None
+        if log is not None and log.note is not None:
+            self._note(log.note)
         result = TrainResult(step=self.step)
         self.module.train()
         rewind = None

@@ -39,11 +39,13 @@ class Objective:
 
     Attributes:
         arch, vocab_size, max_seq_len: what the model must be.
+        source: what the text was read from, recorded in the run so that a resume refuses other data.
     """
 
     arch: str
     vocab_size: int
     max_seq_len: int
+    source: dict[str, Any] | None = None  # data.fingerprint of the text; None for the synthetic tasks
 
     def __init__(self, cfg: TrainConfig) -> None:
         if cfg.seq_len is None:  # TrainConfig.__post_init__ sets the task's default
@@ -93,7 +95,9 @@ class LanguageModeling(Objective):
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__(cfg)
         self.max_seq_len = self.seq_len
-        ids = data.encode(data.read_text(cfg.text))
+        raw = data.read_text(cfg.text)
+        self.source = data.fingerprint(cfg.text, raw)
+        ids = data.encode(raw)
         train, held_out = data.split(ids, cfg.val_fraction, self.seq_len + 1)
         self.windows = data.TextWindows(train, self.seq_len + 1, seed=cfg.seed)
         self.eval_set = data.eval_windows(held_out, self.seq_len + 1, cfg.eval_examples)  # (W, T + 1)
@@ -138,7 +142,9 @@ class MaskedLanguageModeling(Objective):
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__(cfg)
         self.max_seq_len = self.seq_len
-        ids = data.encode(data.read_text(cfg.text))
+        raw = data.read_text(cfg.text)
+        self.source = data.fingerprint(cfg.text, raw)
+        ids = data.encode(raw)
         train, held_out = data.split(ids, cfg.val_fraction, self.seq_len)
         self.windows = data.TextWindows(train, self.seq_len, seed=cfg.seed)
         self.masking = torch.Generator().manual_seed(cfg.seed + 1)

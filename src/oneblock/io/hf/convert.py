@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, ConversionError
-from oneblock.io import limits
+from oneblock.io import files, limits
 from oneblock.io.hf import bart, bert, gpt2, llama, t5
 from oneblock.io.hf.common import TensorSource, load_exact
 from oneblock.models.build import Model, build_model
@@ -124,10 +125,15 @@ def save_hf(model: nn.Module, directory: str | os.PathLike[str]) -> Path:
 
     Args:
         model: a oneblock model whose config fits a family (see ``to_hf``).
-        directory: created if needed; existing files of the same names are replaced.
+        directory: created if needed; existing files of the same names are replaced, both or neither (other files
+            there are kept).
 
     Returns:
         The directory.
+
+    Raises:
+        ConversionError: the model fits no family, or the files cannot be written (disk full, permission), in
+            which case the directory's files are as they were.
     """
     cfg = _config_of(model)
     family = _family_for(cfg)
@@ -136,9 +142,14 @@ def save_hf(model: nn.Module, directory: str | os.PathLike[str]) -> Path:
     hf_dict["torch_dtype"] = str(_dtype_of(state)).removeprefix("torch.")
     tensors = {key: t.detach().cpu().contiguous() for key, t in family.weights_to_hf(cfg, state).items()}
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(hf_dict, indent=2, sort_keys=True) + "\n")
-    save_file(_unshare(tensors), str(path / "model.safetensors"), metadata={"format": "pt"})
+    try:
+        weights = save_safetensors_bytes(_unshare(tensors), metadata={"format": "pt"})
+    except (SafetensorError, ValueError, RuntimeError) as error:
+        raise ConversionError(f"cannot serialise the weights for {str(path)!r}: {error}") from None
+    config = (json.dumps(hf_dict, indent=2, sort_keys=True) + "\n").encode()
+    # Both files complete on disk before either replaces an old one: a full disk leaves the old pair whole.
+    contents = {"model.safetensors": [weights], "config.json": [config]}
+    files.replace_files(path, contents, what="Hugging Face model", error=ConversionError)
     return path
 
 

@@ -1,0 +1,136 @@
+"""``oneblock serve``: an OpenAI-compatible HTTP server (chat, completions, embeddings) with continuous batching.
+
+Any program that speaks OpenAI's API (the ``openai`` package, editors, chat front-ends) can use the model:
+``OpenAI(base_url="http://127.0.0.1:8080/v1", api_key="any")``. Needs the ``explore`` extra (Starlette, uvicorn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PORT = 8080
+DEFAULT_BATCH = 8
+DEFAULT_QUEUE = 32
+DEFAULT_MAX_TOKENS = 512
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_GRACE = 10.0
+KEY_VARIABLE = "ONEBLOCK_API_KEY"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve",
+        help="an OpenAI-compatible server (chat, completions, embeddings) with continuous batching",
+        description=(
+            "Serve a model over OpenAI's HTTP API: POST /v1/chat/completions, /v1/completions (streamed as "
+            'server-sent events with "stream": true), /v1/embeddings (all-MiniLM-L6-v2), GET /v1/models and '
+            "/health. Requests that arrive while others decode join the running batch at the next step. "
+            "Ctrl-C or SIGTERM stops it, letting requests in flight finish for --grace seconds."
+        ),
+    )
+    parser.add_argument(
+        "--model",
+        metavar="SOURCE",
+        help="a GGUF file, Hugging Face directory, oneblock checkpoint or preset (default: SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks one)")
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on /v1/ requests (default: ${KEY_VARIABLE}, else no key)",
+    )
+    parser.add_argument(
+        "--embedding-model",
+        default="minilm",
+        metavar="NAME",
+        help="'minilm' (all-MiniLM-L6-v2, when its package is installed), a sentence-transformers directory, or "
+        "'none' (default: minilm)",
+    )
+    limits = parser.add_argument_group("limits")
+    limits.add_argument(
+        "--max-batch", type=int, default=DEFAULT_BATCH, metavar="B",
+        help=f"requests decoded together (default: {DEFAULT_BATCH})",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-queue", type=int, default=DEFAULT_QUEUE, metavar="Q",
+        help=f"requests waiting for a row; beyond, 429 with Retry-After (default: {DEFAULT_QUEUE})",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
+        help=f"new tokens when a request sets no max_tokens (default: {DEFAULT_MAX_TOKENS}; always capped by the "
+        "context)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+        help=f"seconds of generation per request; then it ends with finish_reason 'length' "
+        f"(default: {DEFAULT_TIMEOUT:g})",
+    )  # fmt: skip
+    limits.add_argument(
+        "--grace", type=float, default=DEFAULT_GRACE, metavar="S",
+        help=f"seconds requests in flight get to finish when stopping (default: {DEFAULT_GRACE:g})",
+    )  # fmt: skip
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from oneblock.errors import InputError
+
+    if not 0 <= args.port <= 65535:
+        raise InputError(f"--port must lie in [0, 65535]; got {args.port}")
+    counts = (("--max-batch", args.max_batch), ("--max-queue", args.max_queue), ("--max-tokens", args.max_tokens))
+    for flag, value in counts:
+        if value < 1:
+            raise InputError(f"{flag} must be at least 1; got {value}")
+    for flag, number in (("--timeout", args.timeout), ("--grace", args.grace)):
+        if not number > 0:
+            raise InputError(f"{flag} must be a positive number of seconds; got {number}")
+    try:  # fail before the model loads for seconds
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        print("oneblock: error: serving needs the explore extra: pip install 'oneblock[explore]'", file=sys.stderr)
+        return 2
+    api_key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE) or None
+    from oneblock.inference.load import load_model
+    from oneblock.serve.app import Limits
+    from oneblock.serve.engine import Engine
+    from oneblock.serve.server import serve
+
+    source = args.model
+    if source is None:
+        from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+
+        source = smollm2_gguf_path()
+    if sys.stderr.isatty():  # a person waits seconds for SmolLM2; logs and errors stay clean
+        print(f"loading {source} ...", file=sys.stderr, flush=True)
+    loaded = load_model(source)
+    embedder = _embedder(args.embedding_model)
+    engine = Engine(loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue)
+    limits = Limits(default_max_tokens=args.max_tokens, request_seconds=args.timeout)
+    name = Path(str(source)).stem if loaded.kind != "preset" else str(source)
+    serve(
+        engine, model_name=name, host=args.host, port=args.port, embedder=embedder, api_key=api_key,
+        limits=limits, grace=args.grace,
+    )  # fmt: skip
+    return 0
+
+
+def _embedder(choice: str) -> Any:
+    """The embedding model of ``--embedding-model``: MiniLM when installed (silently none when it is not and was
+    not asked for by path), a directory, or none."""
+    from oneblock.inference.embedding import load_sentence_model
+
+    if choice == "none":
+        return None
+    if choice == "minilm":
+        try:
+            return load_sentence_model()
+        except ImportError as error:
+            print(f"note: no embedding model ({error}); /v1/embeddings answers 404", file=sys.stderr)
+            return None
+    return load_sentence_model(choice)

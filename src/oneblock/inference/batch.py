@@ -1,0 +1,168 @@
+"""Continuous batching: many independent generations sharing one decoding step.
+
+Shape notation: B active rows, T prompt length, L cached positions of one row, C model width, H query heads,
+Hkv key/value heads, Dh head width, V vocabulary.
+
+Each request owns a ``Slot``: its own key/value cache, allocated to the exact length it needs (prompt plus new
+tokens), and its own length. A new request is prefilled alone (``BatchDecoder.prefill``, the model's ``run`` on a
+batch of one); after that, ``BatchDecoder.step`` advances every active slot by one token in a single pass. Rows
+join and leave between steps, at any position.
+
+Exactness under batching: every per-row computation depends only on that row. Norms, rotary tables (looked up
+at each row's own position), the residual adds and the attention (run per row over that row's own cache, so no
+padded key ever enters a softmax) are row-wise by construction. The linear layers see all B rows in one product,
+so a row's output is independent of the others exactly when the layer's kernel is: the 4-bit (``Int4Linear``)
+and int8 (``Int8Linear``) kernels are, the tests check it; float32 GEMM (MKL) is not, it picks its blocking from
+the number of rows, so a float layer's row may differ from its value alone in the last bits (the tests bound the
+difference and check greedy tokens). With row-independent layers, a row's logits are bit-equal to those it gets
+alone, and equal to ``generate``'s lean step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from oneblock.errors import InputError
+from oneblock.inference.decode import _fused_qkv, lean_supported
+from oneblock.layers.block import Block
+from oneblock.layers.kv_cache import Cache
+from oneblock.layers.rotary import apply_rotary
+from oneblock.models.decoder import Decoder
+
+
+@dataclass
+class Slot:
+    """One generation's state between steps.
+
+    Attributes:
+        cache: its keys and values, (1, Hkv, capacity, Dh) per layer.
+        length: positions filled (the prompt, then every token fed back).
+        capacity: positions the cache holds; ``step`` refuses a slot that is full.
+    """
+
+    cache: Cache
+    length: int
+    capacity: int
+
+
+class BatchDecoder:
+    """Prefill requests one at a time, then decode every active request together, one token per step.
+
+    Args:
+        model: a pre-LN decoder-only ``Decoder`` (``lean_supported``), in eval mode.
+
+    Raises:
+        InputError: a model the lean step cannot run (encoder-decoder, post-LN, relative position bias).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        if not isinstance(model, Decoder) or not lean_supported(model):
+            raise InputError(
+                f"batched decoding needs a pre-LN decoder-only model without relative position bias; got "
+                f"{type(model).__name__}"
+            )
+        self.model = model
+        self.blocks: list[Block] = [model.block(i) for i in range(len(model.blocks))]
+        self.qkv = [_fused_qkv(block.attn) for block in self.blocks]
+        attn = self.blocks[0].attn
+        self.heads, self.kv_heads, self.d_head = attn.n_heads, attn.n_kv_heads, attn.d_head
+        self.sizes = (self.heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head)
+        self.device = model.embed.tok.weight.device
+
+    @property
+    def context(self) -> int:
+        """The model's ``max_seq_len``: prompt plus new tokens of one slot."""
+        return int(self.model.config.max_seq_len)
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int], max_new: int) -> tuple[Slot, Tensor]:
+        """Read a prompt alone; return its slot and the logits (V,) float32 of its first new token.
+
+        Args:
+            ids: the T prompt ids.
+            max_new: new tokens the slot will produce (the last is never fed back, so the cache holds
+                ``T + max_new - 1`` positions).
+
+        Raises:
+            InputError: an empty prompt, ids out of range, or ``T + max_new`` over the context.
+        """
+        t = len(ids)
+        vocab = self.model.config.vocab_size
+        if t == 0:
+            raise InputError("a prompt needs at least one token")
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+            raise InputError(f"max_new must be an int >= 1; got {max_new!r}")
+        if t + max_new > self.context:
+            raise InputError(
+                f"the prompt ({t} tokens) plus {max_new} new tokens is more than the context ({self.context}); "
+                "shorten the prompt or ask for fewer tokens"
+            )
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab for i in ids):
+            raise InputError(f"prompt ids must be ints in [0, {vocab}); got {list(ids)[:8]!r}...")
+        capacity = t + max_new - 1
+        cache = self.model.new_cache(1, max_len=capacity)
+        for layer in cache.layers:  # one allocation, of the exact length, as the lean step does
+            layer.chunk = layer.max_len
+        prompt = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
+        hidden = self.model.run(prompt, cache=cache)  # (1, T, C)
+        logits = self.model.logits(hidden[:, -1])[0]  # (V,)
+        return Slot(cache, t, capacity), logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    @torch.inference_mode()
+    def step(self, slots: Sequence[Slot], fed: Sequence[int] | Tensor) -> Tensor:
+        """Feed one token to every slot; return the logits (B, V) float32 of the next, row i for ``slots[i]``.
+
+        Each slot's token sits at its own position (``slot.length``) and attends over its own cache.
+
+        Raises:
+            InputError: no slots, a count of tokens that differs from the slots', or a slot already full.
+        """
+        b = len(slots)
+        fed = torch.as_tensor(fed, dtype=torch.long, device=self.device)
+        if b == 0 or tuple(fed.shape) != (b,):
+            raise InputError(f"step needs one token per slot; got {b} slots and tokens of shape {tuple(fed.shape)}")
+        full = [i for i, slot in enumerate(slots) if slot.length >= slot.capacity]
+        if full:
+            raise InputError(f"slots {full} are full ({slots[full[0]].capacity} positions); retire them first")
+        model = self.model
+        positions = torch.tensor([[slot.length] for slot in slots], device=self.device)  # (B, 1)
+        x = model.embed(fed[:, None], positions)  # (B, 1, C)
+        cos = sin = None
+        if model.rope is not None:
+            cos, sin = model.rope(positions, x.dtype)  # (B, 1, 1, Dh): each row's own position
+        for i, (block, qkv) in enumerate(zip(self.blocks, self.qkv, strict=True)):
+            h = block.attn_norm(x)
+            q, k, v = qkv(h).split(self.sizes, dim=-1)  # (B, 1, H Dh), (B, 1, Hkv Dh) x 2
+            q = q.view(b, 1, self.heads, self.d_head).transpose(1, 2)  # (B, H, 1, Dh)
+            k = k.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
+            v = v.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)
+            if cos is not None and sin is not None:  # set together
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            out = torch.cat([self._attend(block, slot, i, q[r : r + 1], k[r : r + 1], v[r : r + 1])
+                             for r, slot in enumerate(slots)])  # (B, H, 1, Dh)  # fmt: skip
+            x = x + block.attn.merge(out)  # heads side by side, then the output projection
+            x = x + block.ffn(block.ffn_norm(x))
+        for slot in slots:
+            slot.length += 1
+        if model.final_norm is not None:
+            x = model.final_norm(x)
+        logits = model.logits(x[:, 0])  # (B, V)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def _attend(self, block: Block, slot: Slot, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """One row's attention: store its key and value at its position, attend over its L + 1 keys (no mask:
+        a single query may see every cached key). q (1, H, 1, Dh), k and v (1, Hkv, 1, Dh) -> (1, H, 1, Dh)."""
+        cache = slot.cache.layers[layer]
+        position, end = slot.length, slot.length + 1
+        cache.k[:, :, position:end] = k
+        cache.v[:, :, position:end] = v
+        cache.length = end
+        keys, values = cache.k[:, :, :end], cache.v[:, :, :end]  # (1, Hkv, L + 1, Dh) views
+        return F.scaled_dot_product_attention(
+            q, keys, values, scale=block.attn.scale, enable_gqa=self.kv_heads != self.heads
+        )

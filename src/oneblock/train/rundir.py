@@ -1,0 +1,62 @@
+"""What a run directory promises on resume, and the one-line refusals when it cannot keep the promise.
+
+A run continues only on the data it trained on (``config.json`` records the text's path, length and SHA-256) and
+only from a checkpoint that verifies. When none does, its steps have been moved aside to ``checkpoints/damaged``
+(``oneblock.train.checkpoints``), never deleted, and the user chooses: continue from the newest weights that
+verify with a fresh optimizer state, or start again elsewhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from oneblock.errors import CheckpointError
+from oneblock.io import integrity
+from oneblock.train.checkpoints import DAMAGED, CheckpointDir
+
+
+def check_same_data(config_path: Path, source: dict[str, Any] | None) -> None:
+    """Refuse to resume on a text other than the one the run recorded.
+
+    Args:
+        config_path: the run's ``config.json``; a run from before the record (no ``data`` entry) passes.
+        source: ``oneblock.train.data.fingerprint`` of the text read now; None for a synthetic task.
+
+    Raises:
+        CheckpointError: the text's length or SHA-256 differs, naming both.
+    """
+    recorded = integrity.load_json(config_path, "run config").get("data") if config_path.exists() else None
+    if recorded is None or source is None or recorded == source:
+        return
+    what = "the shipped corpus" if source["text"] is None else f"the text file {source['text']!r}"
+    raise CheckpointError(
+        f"{what} is not the data this run trained on: the run recorded {_describe_text(recorded)}, it now has "
+        f"{source['bytes']} bytes with SHA-256 {source['sha256'][:16]}...; put the original text back, or start a "
+        "new run in another --out"
+    )
+
+
+def none_verifies(checkpoints: CheckpointDir, run_dir: Path | None) -> str:
+    """The refusal of a run whose every step fails its check: the files, and the user's two ways on."""
+    return (
+        f"no checkpoint of {str(run_dir)!r} verifies; the steps that fail their check were moved aside to "
+        f"{str(checkpoints.root / DAMAGED)!r}, not deleted ({checkpoints.describe_damaged()}). Continue from the "
+        f"newest weights that verify, with a fresh optimizer state: oneblock train --resume-weights-only --out "
+        f"{run_dir}; or start the run again in a new --out"
+    )
+
+
+def no_weights_verify(checkpoints: CheckpointDir) -> str:
+    """The refusal of ``--resume-weights-only`` when not even the weights of a damaged step verify."""
+    return (
+        f"no weights in {str(checkpoints.root / DAMAGED)!r} verify either "
+        f"({checkpoints.describe_damaged(weights_only=True)}); start the run again in a new --out"
+    )
+
+
+def _describe_text(recorded: Any) -> str:
+    """``1234 bytes with SHA-256 0123456789abcdef...`` from a run's record, however it was damaged."""
+    if isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str):
+        return f"{recorded.get('bytes')} bytes with SHA-256 {recorded['sha256'][:16]}..."
+    return f"{str(recorded)[:80]!r}"

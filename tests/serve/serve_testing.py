@@ -1,0 +1,59 @@
+"""A server on 127.0.0.1 (a free port) in a thread, for the tests to call with the real ``openai`` client."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import torch
+
+import oneblock as ob
+from oneblock.explore.server import bind, url_of
+from oneblock.inference.quantize import quantize_int8
+from oneblock.serve.app import create_app
+from oneblock.serve.engine import Engine
+from oneblock.serve.server import make_server
+
+KEY = "test-key"
+# A llama-style decoder over UTF-8 bytes; widths are multiples of 16 so the int8 kernel (whose rows are
+# independent of the batch) serves every product.
+TINY = {
+    "vocab_size": 256, "d_model": 64, "n_heads": 4, "n_kv_heads": 2, "d_ff": 128, "n_layers": 2,
+    "max_seq_len": 512, "norm": "rmsnorm", "ffn": "swiglu", "position": "rope", "bias": False,
+    "tie_embeddings": False,
+}  # fmt: skip
+
+
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = ob.build_model(ob.ModelConfig(**TINY))
+    with torch.no_grad():  # away from the tiny initial values, so sampling is far from uniform
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    return quantize_int8(model)
+
+
+class Running:
+    """A started server; ``url`` ends with ``/v1``. ``close()`` stops it as Ctrl-C would."""
+
+    def __init__(self, engine: Engine, **options: Any) -> None:
+        self.engine = engine
+        options.setdefault("model_name", "tiny")
+        app = create_app(engine, **options)
+        sock = bind("127.0.0.1", 0)
+        self.base = url_of(sock).rstrip("/")
+        self.url = self.base + "/v1"
+        self.server = make_server(app, engine, grace=5)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.engine.close(grace=5)

@@ -1,0 +1,108 @@
+"""The server on real weights: SmolLM2-135M-Instruct (4-bit GGUF) answers as ``oneblock chat --temperature 0``
+does, token for token, and all-MiniLM-L6-v2's embeddings equal ``ob.embed``'s."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import openai
+import pytest
+import torch
+from serve_testing import Running
+
+import oneblock as ob
+from oneblock.errors import CheckpointError
+from oneblock.inference.chat import ChatSession
+from oneblock.inference.sampling import Sampling
+from oneblock.serve.engine import Engine
+
+QUESTIONS = ["What is the capital of France?", "Name three colours.", "What is 2 + 2?"]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Iterator[Running]:
+    pytest.importorskip("gguf")
+    from oneblock.inference.embedding import load_sentence_model
+    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+
+    try:
+        loaded = ob.load_model(smollm2_gguf_path())
+        embedder = load_sentence_model()
+    except (CheckpointError, ImportError) as error:
+        pytest.skip(str(error))
+    engine = Engine(loaded.model, loaded.tokenizer, max_batch=4)
+    running = Running(engine, model_name="SmolLM2-135M-Instruct", embedder=embedder, embedding_name="minilm")
+    yield running
+    running.close()
+
+
+def client(running) -> openai.OpenAI:
+    return openai.OpenAI(base_url=running.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def chat_reply(running, question: str):
+    """What ``oneblock chat --temperature 0 --max-new-tokens 24 QUESTION`` computes: its session, its settings."""
+    decoder = running.engine.decoder
+    sampling = Sampling(temperature=0, top_p=0.9)  # the command's default top-p; greedy ignores it
+    session = ChatSession(decoder.model, running.engine.tokenizer, max_new_tokens=NEW_TOKENS, sampling=sampling)
+    text = session.send(question)
+    return text, session.last
+
+
+def test_greedy_chat_equals_oneblock_chat_token_for_token(smollm2):
+    text, reply = chat_reply(smollm2, QUESTIONS[0])
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    answer = client(smollm2).chat.completions.create(
+        model="gpt-4o", messages=messages, temperature=0, max_tokens=NEW_TOKENS
+    )
+    assert answer.choices[0].message.content == text
+    assert answer.usage.prompt_tokens == reply.prompt_tokens
+    assert answer.usage.completion_tokens == len(reply.ids)
+    assert answer.choices[0].finish_reason == ("stop" if reply.finished else "length")
+    chunks = client(smollm2).chat.completions.create(
+        model="gpt-4o", messages=messages, temperature=0, max_tokens=NEW_TOKENS, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+
+
+def test_concurrent_greedy_chats_give_their_answers_alone(smollm2):
+    alone = [chat_reply(smollm2, q)[0] for q in QUESTIONS]
+    got: list[str | None] = [None] * len(QUESTIONS)
+    barrier = threading.Barrier(len(QUESTIONS))
+
+    def ask(i: int) -> None:
+        barrier.wait()
+        answer = client(smollm2).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": QUESTIONS[i]}], temperature=0, max_tokens=NEW_TOKENS
+        )
+        got[i] = answer.choices[0].message.content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(QUESTIONS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == alone
+
+
+def test_embeddings_equal_ob_embed(smollm2):
+    texts = ["A cat sits on the mat.", "Der Hund bellt.", "embeddings"]
+    want = ob.embed(texts)
+    for encoding in ("float", "base64", None):  # None: the client asks for base64 and decodes it itself
+        options = {"encoding_format": encoding} if encoding else {}
+        answer = client(smollm2).embeddings.create(model="any", input=texts, **options)
+        rows = [d.embedding for d in answer.data]
+        if encoding == "base64":  # little-endian float32 bytes, as OpenAI sends them
+            rows = [np.frombuffer(base64.b64decode(r), dtype="<f4").tolist() for r in rows]
+        got = torch.tensor(rows)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        assert [d.index for d in answer.data] == [0, 1, 2]
+    from oneblock.inference.embedding import load_sentence_model
+
+    tokens = sum(len(ids) for ids in load_sentence_model().tokenize(texts))  # [CLS] and [SEP] included
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == tokens
+    assert [m.id for m in client(smollm2).models.list()] == ["SmolLM2-135M-Instruct", "minilm"]
