@@ -36,11 +36,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError
-from oneblock.finetune.lora import ALL_LINEAR, DEFAULT_TARGETS
+from oneblock.finetune.lora import ALL_LINEAR, DEFAULT_TARGETS, LoraConfig
 from oneblock.models.inputs import config_of
 
 ROLES = (*DEFAULT_TARGETS, "pooler")
@@ -221,6 +222,52 @@ def unfuse_after_unload(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, MultiHeadAttention) and isinstance(module.qkv_proj, nn.Linear):
             module.unfuse_qkv()
+
+
+def split_fused(model: nn.Module, chosen: dict[str, Site]) -> tuple[dict[str, Site], dict[str, dict[str, str]]]:
+    """The adapted sites whose layer the model has as such, and, per attention layer whose q, k and v are one
+    quantized matrix (a GGUF file's 4-bit ``qkv_proj``, which cannot be split), the roles adapted there."""
+    from oneblock.layers.attention import MultiHeadAttention
+
+    separate: dict[str, Site] = {}
+    fused: dict[str, dict[str, str]] = {}
+    for hf_name, site in chosen.items():
+        parent, _, child = site.ours.rpartition(".")
+        attn = model.get_submodule(parent)
+        quantized = isinstance(attn, MultiHeadAttention) and attn.qkv_proj is not None
+        if quantized and child in ("q_proj", "k_proj", "v_proj") and not isinstance(attn.qkv_proj, nn.Linear):
+            fused.setdefault(parent, {})[child[0]] = hf_name
+        else:
+            separate[hf_name] = site
+    return separate, fused
+
+
+def wrap_fused(model: nn.Module, attention: str, parts: dict[str, tuple[Tensor, Tensor]], cfg: LoraConfig) -> None:
+    """Put the q, k and v adapters ``parts`` (role -> (A (r, C), B (out, r))) on one fused quantized projection as
+    one adapter of rank ``len(parts) r``: A stacked (k r, C), B block-diagonal ((H + 2 Hkv) Dh, k r). It computes
+    exactly what the separate adapters do, for inference; it is frozen, since training it would fill the zero
+    blocks, and ``save_adapter`` refuses it."""
+    from oneblock.finetune.lora import LoraLinear
+    from oneblock.layers.attention import MultiHeadAttention
+
+    attn = model.get_submodule(attention)
+    if not isinstance(attn, MultiHeadAttention) or attn.qkv_proj is None:
+        raise ConfigError(f"{attention} has no fused query/key/value projection to adapt")
+    sizes = {"q": attn.n_heads * attn.d_head, "k": attn.n_kv_heads * attn.d_head, "v": attn.n_kv_heads * attn.d_head}
+    offsets = {"q": 0, "k": sizes["q"], "v": sizes["q"] + sizes["k"]}
+    roles = [role for role in "qkv" if role in parts]
+    r = cfg.rank
+    layer = LoraLinear(attn.qkv_proj, rank=r * len(roles), alpha=cfg.alpha, dropout=cfg.dropout, rslora=cfg.rslora)
+    layer.scale = cfg.scale  # each part's own alpha / r, not the stacked rank's
+    with torch.no_grad():
+        layer.lora_A.weight.zero_()
+        layer.lora_B.weight.zero_()
+        for j, role in enumerate(roles):
+            a, b = parts[role]
+            layer.lora_A.weight[j * r : (j + 1) * r].copy_(a)  # (r, C)
+            layer.lora_B.weight[offsets[role] : offsets[role] + sizes[role], j * r : (j + 1) * r].copy_(b)
+    layer.requires_grad_(False)
+    attn.qkv_proj = layer
 
 
 def _matches_hf(site: Site, name: str) -> bool:

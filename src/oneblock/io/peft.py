@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from oneblock.errors import CheckpointError, ConversionError
 from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
-from oneblock.finetune.targets import HF_PREFIX, Site, family_of, hf_target_modules, sites
+from oneblock.finetune.targets import HF_PREFIX, Site, family_of, hf_target_modules, sites, split_fused, wrap_fused
 from oneblock.io import integrity
 from oneblock.io.files import describe_os_error, fsync_directory, read_bytes
 from oneblock.models.inputs import config_of
@@ -200,16 +200,28 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike[str]) -> LoraCon
                 "another base model"
             )
     tensors = integrity.tensors_of(blob, name)
-    targets = tuple(s.hf for s in chosen.values() if s.hf is not None)
-    apply_lora(model, LoraConfig(cfg.rank, cfg.alpha, cfg.dropout, cfg.rslora, targets))
+    for key, value in tensors.items():
+        if not value.is_floating_point() or not torch.isfinite(value).all():
+            raise ConversionError(f"adapter {str(path)!r}: {key} holds NaN, inf or integers")
+    separate, fused = split_fused(model, chosen)
+    if separate:
+        targets = tuple(s.hf for s in separate.values() if s.hf is not None)
+        apply_lora(model, LoraConfig(cfg.rank, cfg.alpha, cfg.dropout, cfg.rslora, targets))
+    else:
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
     wrapped = lora_modules(model)
     with torch.no_grad():
-        for hf_name, site in chosen.items():
+        for hf_name, site in separate.items():
             for part in ("lora_A", "lora_B"):
-                value = tensors[_key(hf_name, part)]
-                if not value.is_floating_point() or not torch.isfinite(value).all():
-                    raise ConversionError(f"adapter {str(path)!r}: {_key(hf_name, part)} holds NaN, inf or integers")
-                getattr(wrapped[site.ours], part).weight.copy_(value)
+                getattr(wrapped[site.ours], part).weight.copy_(tensors[_key(hf_name, part)])
+    for attention, parts in fused.items():
+        wrap_fused(
+            model,
+            attention,
+            {role: (tensors[_key(n, "lora_A")], tensors[_key(n, "lora_B")]) for role, n in parts.items()},
+            cfg,
+        )
     return LoraConfig(
         cfg.rank, cfg.alpha, cfg.dropout, cfg.rslora, tuple(hf_target_modules(model_cfg, chosen.values()))
     )
