@@ -114,6 +114,10 @@ def test_resume_on_another_base_refused(tmp_path, base, capsys):
     assert "the run was trained on a base with identity" in capsys.readouterr().err
     assert main(["finetune", "--resume", "--out", str(out), "--steps", "3"]) == 2
     assert "drop --steps" in capsys.readouterr().err
+    save(load(tmp_path / "run" / "model.safetensors"), base)  # a base of the right shape again
+    data.write_text(data.read_text().replace("tac", "cat"))
+    assert main(["finetune", "--resume", "--out", str(out), "--quiet"]) == 2
+    assert "is not the data this run trained on" in capsys.readouterr().err
 
 
 def test_lora_run_writes_a_peft_adapter_that_reloads_to_the_same_logits(tmp_path, base, capsys):

@@ -30,6 +30,7 @@ from oneblock.finetune.tokenize import Example
 from oneblock.inference.tokenizer import Tokenizer
 from oneblock.io import integrity
 from oneblock.train.config import TrainConfig
+from oneblock.train.data import fingerprint
 from oneblock.train.loop import CONFIG_FILE, Trainer
 
 METHODS = ("lora", "full")
@@ -167,6 +168,7 @@ def prepare(
     objective = SupervisedObjective(
         cfg, train, held_out, vocab_size=config_of(model).vocab_size, pad_id=pad_id_of(tokenizer), packed=ft.pack
     )
+    objective.source = fingerprint(ft.data, Path(ft.data).read_bytes())  # a resume on other data is refused
     trainer = Trainer(
         config_of(model),
         cfg,
