@@ -61,8 +61,9 @@ def contenders(method: str, tokens: torch.Tensor) -> dict[str, Callable[[], None
 
     path = smollm2_gguf_path()
     ours = load_model(path, dtype=torch.float32).model.train()
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
-    theirs = theirs.float().train()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).train()
     if method == "lora":
         import peft
 

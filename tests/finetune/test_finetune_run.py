@@ -146,3 +146,13 @@ def test_lora_run_writes_a_peft_adapter_that_reloads_to_the_same_logits(tmp_path
     wider = build_model(load(base).config.replace(d_model=60))
     with pytest.raises(ConversionError, match=r"base"):  # both identities named
         load_adapter(wider, out)
+
+
+def test_bad_data_gives_one_line_naming_file_and_line(tmp_path, base, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n{broken\n")
+    argv = ["finetune", "--model", str(base), "--data", str(data), "--out", str(tmp_path / "r"), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "d.jsonl:2: malformed JSON" in err
+    assert not (tmp_path / "r" / "checkpoints").exists()  # refused before anything was written

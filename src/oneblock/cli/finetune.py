@@ -61,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     what.add_argument("--data", metavar="FILE", help="training data: .jsonl (chat or prompt/completion), .json, .txt")
     what.add_argument("--eval", dest="eval_data", metavar="FILE", help="held-out data scored during training")
     what.add_argument("--eval-share", type=options.finite_float, metavar="P", help="hold out this share instead")
-    what.add_argument("--seq-len", type=int, metavar="T", help="tokens per training row (512)")
+    what.add_argument("--seq-len", type=int, metavar="T", help="tokens per training row (512, or the context)")
     what.add_argument("--truncate", action="store_true", help="cut examples longer than --seq-len (default: refuse)")
     what.add_argument("--pack", action="store_true", help="pack short examples into one row (block-diagonal mask)")
     what.add_argument("--dtype", choices=("float32",), help="train over the dequantized float32 model")
@@ -162,7 +162,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         (ft, cfg), base = configs(args), None
     out = Path(args.out)
-    prepared = prepare(ft, cfg, run_dir=out, expect_base=base, device=args.device, quiet=args.quiet, on_note=_note)
+    fit = not args.resume and args.seq_len is None  # the default window shrinks to a shorter model context
+    prepared = prepare(
+        ft, cfg, run_dir=out, expect_base=base, fit_context=fit, device=args.device, quiet=args.quiet, on_note=_note
+    )
     trainer = prepared.trainer
     ctx = trainer.ctx
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

@@ -130,6 +130,7 @@ def prepare(
     *,
     run_dir: str | Path | None,
     expect_base: dict[str, Any] | None = None,
+    fit_context: bool = False,
     **trainer_kwargs: Any,
 ) -> FinetuneRun:
     """Load the model and the data, add adapters (or unfreeze everything), and build the trainer.
@@ -138,6 +139,7 @@ def prepare(
         ft, cfg: what to adapt and how to train.
         run_dir: the run directory (None: in memory).
         expect_base: the ``base_identity`` a resumed run recorded; another base is refused.
+        fit_context: shorten a ``seq_len`` longer than the model's context to it (a default, not a user's value).
         **trainer_kwargs: for ``Trainer`` (``device``, ``quiet``, ``on_step``, ``on_note``).
 
     Raises:
@@ -157,7 +159,10 @@ def prepare(
             f"the run was trained on a base with identity {expect_base}, but {ft.model!r} now loads one with "
             f"{identity}; resume on the run's own base model"
         )
-    if cfg.seq_len is not None and cfg.seq_len > config_of(model).max_seq_len:
+    context = config_of(model).max_seq_len
+    if fit_context and cfg.seq_len is not None and cfg.seq_len > context:
+        cfg = cfg.replace(seq_len=context)
+    if cfg.seq_len is not None and cfg.seq_len > context:
         raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
     train, held_out = _examples(ft, cfg, tokenizer)
     torch.manual_seed(cfg.seed)  # the adapters' initialization, the same on every rank and on resume
