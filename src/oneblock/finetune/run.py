@@ -166,10 +166,7 @@ def prepare(
         raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
     train, held_out = _examples(ft, cfg, tokenizer)
     torch.manual_seed(cfg.seed)  # the adapters' initialization, the same on every rank and on resume
-    if ft.method == "lora":
-        apply_lora(model, ft.lora)
-    else:
-        _unfreeze(model)
+    _adapt(model, ft)
     objective = SupervisedObjective(
         cfg, train, held_out, vocab_size=config_of(model).vocab_size, pad_id=pad_id_of(tokenizer), packed=ft.pack
     )
@@ -193,6 +190,14 @@ def _examples(ft: FinetuneConfig, cfg: TrainConfig, tokenizer: Tokenizer) -> tup
         held_out = build_examples(read_data(ft.eval_data), tokenizer, seq_len=cfg.seq_len, truncate=ft.truncate)
         return examples, held_out
     return split_examples(examples, ft.eval_share, cfg.seed)
+
+
+def _adapt(model: nn.Module, ft: FinetuneConfig) -> None:
+    """Add the adapters (LoRA), or make every parameter trainable (full)."""
+    if ft.method == "lora":
+        apply_lora(model, ft.lora)
+    else:
+        _unfreeze(model)
 
 
 def _unfreeze(model: nn.Module) -> None:
@@ -226,7 +231,7 @@ def read_run(run_dir: str | Path) -> tuple[FinetuneConfig, TrainConfig, dict[str
 def finish(run: FinetuneRun, out: str | Path) -> list[Path]:
     """Write the run's product into ``out``: the peft adapter (LoRA) or the whole model (full); the paths."""
     ft, trainer, out = run.config, run.trainer, Path(out)
-    model = trainer.model.eval()
+    model = trainer.model.eval() if not trainer.fsdp else _from_last_checkpoint(run)
     if ft.method == "lora":
         peft = importlib.import_module("oneblock.io.peft")  # peft's adapter format, beside the other converters
         return [peft.save_adapter(model, out, cfg=ft.lora, base=os.fspath(ft.model))]
@@ -235,3 +240,19 @@ def finish(run: FinetuneRun, out: str | Path) -> list[Path]:
     path = out / MODEL_FILE
     save(model, path, metadata={"finetuned_from": os.fspath(ft.model), "step": trainer.step})
     return [path]
+
+
+def _from_last_checkpoint(run: FinetuneRun) -> nn.Module:
+    """The trained model rebuilt in this one process from the run's last checkpoint (gathered on rank 0): what a
+    sharded run writes its product from, its own parameters being shards."""
+    from oneblock.inference.load import load_model
+    from oneblock.train.checkpoints import TRAINABLE_FILE, load_trainable
+
+    ft, checkpoints = run.config, run.trainer.checkpoints
+    latest = checkpoints.latest() if checkpoints is not None else None
+    if latest is None:
+        raise CheckpointError("a sharded run keeps its weights in its checkpoints, and this one has none")
+    model = load_model(ft.model, dtype=DTYPES[ft.dtype] if ft.dtype is not None else None).model
+    _adapt(model, ft)
+    load_trainable(latest / TRAINABLE_FILE, model)
+    return model.eval()
