@@ -223,7 +223,8 @@ def generate_stream(
         prompt_padding_mask: (B, T) bool, True = real token; padding must be on the left.
         return_logits: also return each step's next-token logits, before temperature and filtering.
         compile: compile the per-token step with ``torch.compile`` (pre-LN decoders with a cache): ``True``, or
-            a backend's name.
+            a backend's name. ``True`` runs the eager step on the CPU, where compiling measured slower, and says
+            so on stderr (``ONEBLOCK_COMPILE=force`` overrides; see :mod:`oneblock.inference.compile_policy`).
         cache_dtype: dtype of the stored keys and values (default the model's; ``torch.bfloat16`` halves a float32
             model's cache); pre-LN decoders with a cache only.
         stats: a dict to fill with ``prefill_seconds``, ``decode_seconds``, ``new_tokens`` and, with

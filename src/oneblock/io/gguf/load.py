@@ -31,6 +31,7 @@ from oneblock.inference.int4 import Int4Linear, int4_kernel_available
 from oneblock.io.gguf.dequant import INT4_TYPES, check_supported, dequantize, int4_parts
 from oneblock.io.gguf.layout import GGUFLayout, TensorRecord, read_layout
 from oneblock.io.limits import check_model_size
+from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.models.build import build_decoder
 from oneblock.models.decoder import Decoder
 
@@ -349,6 +350,7 @@ def from_gguf(
     model.load_state_dict(decoded, strict=False, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed.tok.weight
+    _check_materialized(model)
     if not on_cpu:
         model = model.to(device)
     return model.eval()
@@ -371,22 +373,23 @@ def _check_names_and_shapes(cfg: ModelConfig, expected: dict[str, Tensor], state
         raise ConversionError(f"tensor shapes disagree with the file's metadata: {'; '.join(wrong[:4])}")
 
 
-_INITS = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_")
-
-
 def _uninitialized(cfg: ModelConfig) -> Decoder:
-    """The model with its parameters allocated but never written.
+    """The model with its parameters on the meta device: shapes only, no memory, no initialization.
 
-    Every matrix is about to be replaced by the file's, so the random initialization is skipped; an allocation
-    that is never written occupies no memory, so the float32 matrices that 4-bit modules replace cost nothing.
-    (The meta device would avoid even the allocation, but its initializers import torch's symbolic-shape
-    machinery, seconds of start-up.)
+    Every matrix is about to be replaced by the file's (``load_state_dict(assign=True)``), so nothing is allocated
+    only to be overwritten. The meta device is chosen through ``torch.device`` as a context manager, which is
+    local to the calling thread: a model built at the same time in another thread is initialized as usual. The
+    rotary tables are not in the file and are computed here, on the CPU.
     """
-    saved = {name: getattr(nn.init, name) for name in _INITS}
-    for name in _INITS:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
-    try:
-        return build_decoder(cfg)
-    finally:
-        for name, init in saved.items():
-            setattr(nn.init, name, init)
+    with torch.device("meta"):
+        model = build_decoder(cfg)
+    if model.rope is not None:
+        model.rope = RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta)
+    return model
+
+
+def _check_materialized(model: nn.Module) -> None:
+    """Refuse a model that still holds a meta tensor after loading: it would fail at its first forward."""
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ConversionError(f"the GGUF file left {len(left)} tensor(s) of the model unset: {left[:4]}")
