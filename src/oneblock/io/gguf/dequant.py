@@ -22,6 +22,8 @@ The "K-quants" (Q2_K..Q6_K, 256-value super-blocks with 6-bit sub-scales) and Q5
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
@@ -30,6 +32,8 @@ from gguf.gguf_reader import ReaderTensor
 
 from oneblock.errors import ConversionError
 from oneblock.io.gguf.layout import TensorRecord
+from oneblock.kernels.formats import FORMATS, decode_blocks
+from oneblock.kernels.formats import f16 as _f16
 
 _BLOCK = 32
 _CHUNK = 1 << 16  # blocks decoded at once: 2M values, 8 MB of float32
@@ -55,41 +59,16 @@ SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = _NATIVE + _REFERENCE
 """Every GGML tensor type :func:`dequantize` accepts."""
 
 
-def _f16(raw: torch.Tensor) -> torch.Tensor:
-    """Reinterpret the last dim of a uint8 tensor, two bytes at a time, as little-endian float16 -> float32."""
-    return raw.contiguous().view(torch.float16).float()
+def _decoder(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    fmt = FORMATS[name]
+    return lambda blocks: decode_blocks(blocks, fmt)
 
 
-def _nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """Unpack (N, 16) bytes into (N, 32) 4-bit codes: low nibbles are values 0..15, high nibbles 16..31."""
-    low = codes & 0x0F  # (N, 16)
-    high = codes >> 4  # (N, 16)
-    return torch.cat([low, high], dim=-1)  # (N, 32)
-
-
-def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _f16(blocks[:, :2])  # (N, 1)
-    q = blocks[:, 2:].contiguous().view(torch.int8).float()  # (N, 32)
-    return d * q
-
-
-def _q4_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _f16(blocks[:, :2])  # (N, 1)
-    q = _nibbles(blocks[:, 2:]).float() - 8.0  # (N, 32), codes centred on zero
-    return d * q
-
-
-def _q4_1(blocks: torch.Tensor) -> torch.Tensor:
-    d = _f16(blocks[:, :2])  # (N, 1)
-    m = _f16(blocks[:, 2:4])  # (N, 1)
-    q = _nibbles(blocks[:, 4:]).float()  # (N, 32)
-    return d * q + m
-
-
+# The block layouts and their decoders live with the kernels that multiply them (oneblock.kernels.formats).
 _BLOCK_DECODERS = {
-    GGMLQuantizationType.Q8_0: _q8_0,
-    GGMLQuantizationType.Q4_0: _q4_0,
-    GGMLQuantizationType.Q4_1: _q4_1,
+    GGMLQuantizationType.Q8_0: _decoder("q8_0"),
+    GGMLQuantizationType.Q4_0: _decoder("q4_0"),
+    GGMLQuantizationType.Q4_1: _decoder("q4_1"),
 }
 
 
