@@ -127,7 +127,7 @@ class LeanDecode:
         self.run, self.model = run, model
         b, t = run.seen.shape
         total = t + max(run.max_new - 1, 0)  # the last new token is sampled, never fed back
-        dtype = model.embed.tok.weight.dtype
+        dtype = model.embed.dtype
         self.compute_dtype = dtype
         self.cache = model.new_cache(b, max_len=max(total, 1), dtype=cache_dtype)
         for layer in self.cache.layers:  # grow once, to the exact length, instead of in chunks

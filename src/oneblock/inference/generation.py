@@ -337,7 +337,7 @@ def _prepare(
         )
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
         raise InputError(f"max_new_tokens must be an int >= 0; got {max_new!r}")  # before the prompt's checks
-    device = decoder.embed.tok.weight.device
+    device = decoder.embed.device
     if _is_id_list(prompt):
         prompt = torch.tensor(prompt, dtype=torch.long)  # one prompt given as a list of ids
     flat = isinstance(prompt, Tensor) and prompt.dim() == 1
