@@ -20,10 +20,10 @@ import torch
 NAME = "oneblock_kernels"
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "dequantize.cpp", "dot_scalar.cpp", "dot_avx2.cpp", "dot_avx512.cpp")
-HEADERS = ("blocks.h", "dot.h")
+HEADERS = ("blocks.h", "dot.h", "dot_avx512.h")
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as
 # the NumPy reference (the vector paths call FMA explicitly).
-CFLAGS = ("-O3", "-ffp-contract=off", "-std=c++17")
+CFLAGS = ("-O3", "-ffp-contract=off")
 _MARKER = "complete"
 
 
@@ -93,9 +93,10 @@ def load_library() -> Path:
             is_python_module=False,
             verbose=False,
         )
-    except Exception as err:  # the compiler's output is already on stderr; keep the one-line cause
-        cause = str(err).strip().splitlines()
-        raise KernelBuildError(f"the build failed: {cause[-1] if cause else type(err).__name__}") from err
+    except Exception as err:  # keep one line: the first compiler error, else the exception's last line
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        cause = next((line for line in lines if "error:" in line), lines[-1])
+        raise KernelBuildError(f"the build in {directory} failed: {cause.strip()}") from err
     marker = directory / f"{_MARKER}.{os.getpid()}"
     marker.write_text(f"{torch.__version__}\n")
     marker.replace(directory / _MARKER)  # atomic: a reader sees no marker or a whole one

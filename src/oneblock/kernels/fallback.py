@@ -13,6 +13,10 @@ from torch import Tensor
 from oneblock.kernels.formats import QK, BlockFormat, block_parts, decode_blocks
 
 _TILE_VALUES = 1 << 21  # weights decoded at once: (tile rows x K) codes, 8 MB of float32
+GEMM_ROWS = 32
+"""From this many activation rows up, the product is ``x @ dequantize(W).T`` in float32, one tile of W at a time
+(``kGemmRows`` in csrc/ops.cpp: a float GEMM beats integer dots there)."""
+_GEMM_TILE_VALUES = 1 << 19  # weights dequantized at once by the GEMM path, as kGemmTileValues
 
 
 def quantize_activations(x: Tensor, with_sums: bool) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -35,6 +39,8 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
     """(M, K) float32 times the (N, K) block matrix transposed -> (M, N) float32."""
     m, k = x.shape
     n, nb = blocks.shape[0], k // QK
+    if m >= GEMM_ROWS:
+        return _block_mm_dense(x, blocks, fmt)
     qa, da, sa = quantize_activations(x, with_sums=fmt.name == "q4_1")
     qa_t = qa.permute(1, 0, 2)  # (K/32, M, 32)
     out = torch.empty(m, n)
@@ -55,6 +61,15 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
             acc = acc + term
         out[:, start : start + dw.shape[0]] = acc
     return out
+
+
+def _block_mm_dense(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
+    """x (M, K) @ W^T with W dequantized one tile of rows at a time -> (M, N)."""
+    rows = max(1, _GEMM_TILE_VALUES // x.shape[1])
+    parts = [
+        x @ decode_blocks(tile.reshape(-1, fmt.nbytes), fmt).reshape(tile.shape[0], -1).T for tile in blocks.split(rows)
+    ]
+    return torch.cat(parts, dim=1)  # (M, N)
 
 
 def dequantize_rows(blocks: Tensor, rows: Tensor, fmt: BlockFormat) -> Tensor:

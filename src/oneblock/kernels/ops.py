@@ -34,7 +34,7 @@ BACKENDS = ("torch", *ISAS)
 
 _BACKWARD_TILE_VALUES = 1 << 21  # weights dequantized at once by the backward: 8 MB of float32
 
-_NATIVE = False  # the C++ library is not part of the package yet
+
 _lock = threading.Lock()
 _backend: str | None = None
 _python_lib: torch.library.Library | None = None
@@ -60,7 +60,7 @@ def _requested() -> str:
 
 def _load() -> str:
     requested = _requested()
-    if requested != "torch" and _NATIVE:
+    if requested != "torch":
         from oneblock.kernels.build import KernelBuildError, load_library
 
         try:
