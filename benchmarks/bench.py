@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "rounds": rounds,
     }
+    report["cpu"] = machine.cpu_description()
+    print(f"{report['cpu']['model']}; vector extensions: {' '.join(report['cpu']['vector']) or 'none listed'}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {report['cpu_capability']}, {rounds} rounds")
     gpt2 = _gpt2() if {"prefill", "decode", "machine"} - set(args.skip) else None
     if "machine" not in args.skip:

@@ -82,7 +82,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     precision.add_argument("--bf16", action="store_true", help="dequantize every weight to bfloat16")
     parser.add_argument(
-        "--compile", action="store_true", help="compile the per-token step with torch.compile (slow first reply)"
+        "--compile",
+        action="store_true",
+        help="compile the per-token step with torch.compile (off on the CPU, where it measured slower; "
+        "ONEBLOCK_COMPILE=force compiles anyway)",
     )
     return parser
 

@@ -72,7 +72,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "and --dtype float32 is the exact dequantized model)",
     )
     parser.add_argument(
-        "--compile", action="store_true", help="compile the per-token step with torch.compile (slow first step)"
+        "--compile",
+        action="store_true",
+        help="compile the per-token step with torch.compile (off on the CPU, where it measured slower; "
+        "ONEBLOCK_COMPILE=force compiles anyway)",
     )
     parser.add_argument(
         "--cache-dtype",

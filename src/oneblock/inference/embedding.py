@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from oneblock.errors import CheckpointError, InputError
-from oneblock.io import jsontext
 from oneblock.inference.text import check_text
+from oneblock.io import jsontext
 from oneblock.models.encoder import Encoder
 from oneblock.models.inputs import config_of
 

@@ -76,15 +76,14 @@ class Stack(nn.Module):
         max_len = cfg.max_seq_len if max_len is None else max_len
         if not 0 < max_len <= cfg.max_seq_len:
             raise InputError(f"cache max_len ({max_len}) must lie in [1, max_seq_len={cfg.max_seq_len}]")
-        weight = self.embed.tok.weight
         return Cache(
             len(self.blocks),
             batch_size,
             cfg.n_kv_heads,
             max_len,
             cfg.d_head,
-            dtype=dtype or weight.dtype,
-            device=weight.device,
+            dtype=dtype or self.embed.dtype,
+            device=self.embed.device,
             cross_attention=self.cross_attention,
         )
 
