@@ -31,6 +31,7 @@ def loads(
     error: type[OneBlockError] = InputError,
     max_bytes: int = MAX_BYTES,
     max_depth: int = MAX_DEPTH,
+    max_digits: int | None = None,
 ) -> Any:
     """The JSON value of ``data``, checked against the size and depth limits.
 
@@ -40,6 +41,8 @@ def loads(
         error: the error class to raise.
         max_bytes: the most bytes (or characters, for a ``str``) accepted.
         max_depth: the most levels of nested arrays and objects accepted (``[]`` is depth 1).
+        max_digits: the most characters a number may have (``None``: Python's own limit on integers); a request
+            body sets it low, since no valid field needs more than an int64's 19 digits.
 
     Raises:
         ``error``: naming ``what`` and the problem: too large, too deep, an integer too long, not UTF-8, not JSON.
@@ -53,8 +56,11 @@ def loads(
             raise error(
                 f"{what} is not JSON: not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x})"
             ) from None
+    hooks: dict[str, Any] = {}
+    if max_digits is not None:
+        hooks = {"parse_int": _bounded(int, max_digits), "parse_float": _bounded(float, max_digits + 10)}
     try:
-        value = json.loads(data)
+        value = json.loads(data, **hooks)
     except RecursionError:
         raise error(f"{what} nests arrays or objects too deeply to read (the limit is {max_depth})") from None
     except json.JSONDecodeError as err:
@@ -65,6 +71,17 @@ def loads(
     if depth > max_depth:
         raise error(f"{what} nests arrays or objects more than {max_depth} deep; the limit is {max_depth}")
     return value
+
+
+def _bounded(kind: type, limit: int) -> Any:
+    """A ``json`` number hook that refuses numbers of more than ``limit`` characters before converting them."""
+
+    def parse(text: str) -> Any:
+        if len(text) > limit:
+            raise InputError(f"a number has {len(text)} digits; the limit is {limit}")
+        return kind(text)
+
+    return parse
 
 
 def nesting_depth(value: Any, *, stop_after: int | None = None) -> int:

@@ -1,4 +1,5 @@
-"""A request's JSON body, read with limits: bytes (before they are all read), time, nesting depth, digits.
+"""A request's JSON body, read with limits: bytes (before they are all read), time, nesting depth, digits (through
+``oneblock.io.jsontext``, the one JSON reader), and Unicode.
 
 Python's ``json`` recurses once per ``[`` or ``{`` (a body nested 100,000 deep raises ``RecursionError``) and
 turns any run of digits into an ``int`` (past 4,300 digits a ``ValueError``; below that, quadratic time). Both are
@@ -7,7 +8,6 @@ checked before or while parsing, and every problem is one ``InputError`` that th
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from oneblock.errors import InputError
 from oneblock.inference.text import check_text
+from oneblock.io import jsontext
 
 MAX_DEPTH = 32
 MAX_DIGITS = 40  # an int64 has 19; a float's mantissa 17
@@ -31,18 +32,6 @@ def nesting_depth(body: bytes) -> int:
         depth += 1 if bracket in b"[{" else -1
         deepest = max(deepest, depth)
     return deepest
-
-
-def _number(text: str) -> int:
-    if len(text) > MAX_DIGITS:
-        raise InputError(f"a number in the request has {len(text)} digits; the limit is {MAX_DIGITS}")
-    return int(text)
-
-
-def _real(text: str) -> float:
-    if len(text) > MAX_DIGITS + 10:
-        raise InputError(f"a number in the request has {len(text)} characters; the limit is {MAX_DIGITS + 10}")
-    return float(text)
 
 
 def _checked(value: Any, where: str = "body") -> Any:
@@ -64,19 +53,10 @@ def parse_json(body: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     """
     depth = nesting_depth(body)
     if depth > max_depth:
-        raise InputError(f"the request body is nested {depth} deep; the limit is {max_depth}")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as error:
         raise InputError(
-            f"the request body is not UTF-8: byte {body[error.start]:#04x} at offset {error.start}"
-        ) from None
-    try:
-        value = json.loads(text, parse_int=_number, parse_float=_real)
-    except json.JSONDecodeError as error:
-        raise InputError(f"the request body is not JSON: {error}") from None
-    except RecursionError:  # not reachable below max_depth; kept so no limit setting can produce a 500
-        raise InputError(f"the request body is nested too deeply; the limit is {max_depth}") from None
+            f"the request body nests arrays or objects too deeply: nested {depth} deep; the limit is {max_depth}"
+        )
+    value = jsontext.loads(body, what="the request body", error=InputError, max_depth=max_depth, max_digits=MAX_DIGITS)
     return _checked(value)
 
 
