@@ -73,6 +73,13 @@ constexpr int kRowsPerCall = 4;        // activation rows sharing a weight row, 
 constexpr int64_t kGrainBytes = 65536;  // the least work worth a thread
 constexpr int64_t kTileBytes = 16384;  // weight rows per tile: about 16 KB, resident in L1 while M is swept
 
+constexpr int64_t kPrefetchRows = 2 * kRowsPerCall;  // how far ahead decoding asks for weight rows
+constexpr int64_t kPrefetchRowBytes = 640;            // ... when they are this short or shorter
+
+inline void prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 0);
+}
+
 // x (M, K) @ W^T with W dequantized one tile of rows at a time (M >= kGemmRows).
 at::Tensor block_mm_dense(const at::Tensor& x, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t fmt) {
   const int64_t m = x.size(0), k = x.size(1), nb = k / QK;
@@ -128,15 +135,22 @@ at::Tensor block_mm(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t
   // A thread gets at least kGrainBytes of weights (times the rows of x): waking one costs microseconds.
   const int64_t grain = std::max<int64_t>(16, kGrainBytes / (row_bytes * m));
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    if (m == 1) {  // decoding: 4 weight rows at a time, independent accumulators keep the core busy
+      for (int64_t j = begin; j < end; j += kRowsPerCall) {
+        const int cols = static_cast<int>(std::min<int64_t>(kRowsPerCall, end - j));
+        // Rows of a few hundred bytes are too short for the hardware prefetcher to follow: ask for the rows
+        // two groups ahead, so they arrive from memory while these are multiplied. (Measured: faster for
+        // K = 576 rows, slower for K = 1536 rows, which the hardware follows alone.)
+        if (row_bytes <= kPrefetchRowBytes) {
+          const int64_t ahead = std::min(end, j + kPrefetchRows);
+          prefetch(w + ahead * row_bytes, std::min<int64_t>(end - ahead, kRowsPerCall) * row_bytes);
+        }
+        dot(w + j * row_bytes, row_bytes, cols, acts.data(), 1, nb, y + j, n);
+      }
+      return;
+    }
     for (int64_t n0 = begin; n0 < end; n0 += tile) {
       const int64_t n1 = std::min(end, n0 + tile);
-      if (m == 1) {  // decoding: 4 weight rows at a time, independent accumulators keep the core busy
-        for (int64_t j = n0; j < n1; j += kRowsPerCall) {
-          const int cols = static_cast<int>(std::min<int64_t>(kRowsPerCall, n1 - j));
-          dot(w + j * row_bytes, row_bytes, cols, acts.data(), 1, nb, y + j, n);
-        }
-        continue;
-      }
       for (int64_t m0 = 0; m0 < m; m0 += kRowsPerCall) {
         const int rows = static_cast<int>(std::min<int64_t>(kRowsPerCall, m - m0));
         for (int64_t j = n0; j < n1; ++j) {
