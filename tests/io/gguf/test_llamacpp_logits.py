@@ -31,6 +31,7 @@ PROMPTS = [
     "The three primary colors are",
     "<|im_start|>user\nWhat is a transformer block?<|im_end|>\n<|im_start|>assistant\n",
 ]
+pytestmark = pytest.mark.usefixtures("one_thread")  # oneblock's side; llama.cpp keeps its 2 threads
 NEW = 64
 F32 = 0  # GGML_TYPE_F32
 
