@@ -20,7 +20,8 @@ from oneblock.inference.chat import ChatSession
 
 pytest.importorskip("gguf")
 
-QUESTION = "What is the capital of France?"
+# "Answer in one sentence." leaves a clear margin at every token of the reply, also with 8-bit activations
+QUESTION = "What is the capital of France? Answer in one sentence."
 GREEDY = ["chat", "--temperature", "0", "--max-new-tokens", "12"]
 
 

@@ -28,7 +28,8 @@ CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-QUESTION = "What is the capital of France?"
+# "Answer in one sentence." leaves a clear margin at every token of the reply, also with 8-bit activations
+QUESTION = "What is the capital of France? Answer in one sentence."
 
 
 class ByteChat:

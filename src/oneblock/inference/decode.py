@@ -11,7 +11,7 @@ Two implementations compute the same logits:
   then each new token through ``step``: the same modules (norms, feed-forward, output projection) called directly,
   with everything that does not change between tokens made once, before the first: the key/value buffers of the
   exact length the generation needs, the rotary tables and padding masks of every position, and one fused
-  query/key/value matrix per layer (the file's 4-bit one for a GGUF model). A step then validates nothing and
+  query/key/value matrix per layer (the file's block matrix for a GGUF model). A step then validates nothing and
   builds no mask: a single new query attends to every cached key, so causality needs no mask, and padding is a
   view of the precomputed one. ``torch.compile`` can compile ``step`` (``compile=True``; off on the CPU, where it
 measured slower).
@@ -105,7 +105,7 @@ def _fusable(attn: MultiHeadAttention) -> bool:
 
 def _fused_qkv(attn: MultiHeadAttention) -> nn.Module:
     """One module computing q, k and v in one product: the model's own ``qkv_proj`` (``fuse_qkv``, a GGUF file's
-    4-bit one, ``quantize_int8``'s), or one made for this generation, leaving the model as it is."""
+    block matrix, ``quantize``'s), or one made for this generation, leaving the model as it is."""
     if attn.qkv_proj is not None:
         return attn.qkv_proj
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)

@@ -395,10 +395,12 @@ BENCH_TEXT = (
 
 
 def test_smollm2_fast_path_matches_transformers(smollm2):
-    """The default load keeps the 4-bit matrices 4-bit (bfloat16 activations in their products): logits within
-    3% of the logit range of transformers' float32 model, and the same greedy tokens on the benchmark's prompt
-    (32 tokens) and on the README's example."""
-    from oneblock.inference.generation import generate
+    """The default load keeps every block matrix as stored and multiplies it as llama.cpp does (activations rounded
+    to 8-bit blocks): logits within 5% of the logit range of transformers' float32 model (measured 3.2% on the
+    benchmark's prompt) and the same next token at >= 90% of its 64 positions. Greedy text is not compared: the
+    8-bit rounding flips near-ties (asked for the capital of France, llama.cpp and the default path both answer
+    "L'Étoile, ..." where float32 answers "The capital of France is Paris."); tests/io/gguf/test_llamacpp_logits.py
+    holds the default path to llama.cpp itself."""
     from oneblock.io.gguf.smollm2 import load_smollm2
 
     _, tokenizer, ref = smollm2
@@ -406,12 +408,6 @@ def test_smollm2_fast_path_matches_transformers(smollm2):
     prompt = torch.tensor([(tokenizer.encode(BENCH_TEXT) * 2)[:64]])
     with torch.no_grad():
         ours, theirs = fast(prompt), ref(prompt).logits
-        spread = (theirs.amax(-1) - theirs.amin(-1)).mean().item()
-        assert max_diff(ours, theirs) <= 0.03 * spread
-        expected = ref.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=2)
-    assert generate(fast, prompt, 32, greedy=True).tolist() == expected.tolist()
-    question = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], tokenize=True
-    )
-    answer = generate(fast, question, 12, greedy=True, eos_id=tokenizer.eos_id)[len(question) :].tolist()
-    assert tokenizer.decode(answer) == "The capital of France is Paris.<|im_end|>"
+    spread = (theirs.amax(-1) - theirs.amin(-1)).mean().item()
+    assert max_diff(ours, theirs) <= 0.05 * spread
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item() >= 0.9
