@@ -146,7 +146,7 @@ def test_chat_with_an_adapter_answers_as_the_adapted_model(tmp_path, capsys):
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for module in lora_modules(loaded.model).values():
-            module.lora_B.weight.copy_(0.5 * torch.randn(module.lora_B.weight.shape, generator=gen))
+            module.lora_B.weight.copy_(3.0 * torch.randn(module.lora_B.weight.shape, generator=gen))
     save_adapter(loaded.model, tmp_path, cfg=cfg)
     argv = ["chat", question, "--temperature", "0", "--max-new-tokens", "8", "--exact"]
     assert main([*argv, "--adapter", str(tmp_path)]) == 0
