@@ -92,18 +92,18 @@ def interleaved_steps(steps: dict[str, Callable[[], None]], rounds: int, warmup:
     return times
 
 
-def bench_finetune(*, quick: bool = False) -> dict:
+def bench_finetune(*, quick: bool = False, batch: int = B, seq_len: int = T, methods=("lora", "full")) -> dict:
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
-    tokens = torch.randint(0, 49152, (B, T + 1))
+    tokens = torch.randint(0, 49152, (batch, seq_len + 1))
     rounds = 2 if quick else 6
-    report: dict = {"batch": B, "seq_len": T, "threads": THREADS, "rounds": rounds}
-    for method in ("lora", "full"):
+    report: dict = {"batch": batch, "seq_len": seq_len, "threads": THREADS, "rounds": rounds}
+    for method in methods:
         steps = contenders(method, tokens)
         times = interleaved_steps(steps, rounds)
         ratio = statistics.median(t / o for o, t in zip(times["oneblock"], times["transformers"], strict=True))
         report[method] = {
-            name: {"tokens_per_s": B * T / statistics.median(v), "seconds": v} for name, v in times.items()
+            name: {"tokens_per_s": batch * seq_len / statistics.median(v), "seconds": v} for name, v in times.items()
         }
         report[method]["speedup"] = ratio
         del steps
@@ -120,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two measured rounds instead of six")
     parser.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    parser.add_argument("--batch", type=int, default=B, help=f"sequences per step ({B})")
+    parser.add_argument("--seq-len", type=int, default=T, help=f"tokens per sequence ({T})")
+    parser.add_argument("--methods", nargs="+", default=["lora", "full"], choices=["lora", "full"])
     args = parser.parse_args(argv)
-    report = bench_finetune(quick=args.quick)
+    report = bench_finetune(quick=args.quick, batch=args.batch, seq_len=args.seq_len, methods=tuple(args.methods))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
