@@ -105,6 +105,21 @@ def test_adapter_for_another_model_is_one_line(checkpoint_and_adapter, tmp_path,
     assert "was made for another base" in one_line_error(capsys, code)
 
 
+def test_serve_runs_the_adapted_model(checkpoint_and_adapter, monkeypatch):
+    from oneblock.serve import server
+
+    ckpt, adapter, reference = checkpoint_and_adapter
+    served = {}
+    monkeypatch.setattr(server, "serve", lambda engine, **options: served.update(engine=engine))
+    argv = ["serve", "--model", str(ckpt), "--adapter", str(adapter), "--embedding-model", "none", "--port", "0"]
+    assert main(argv) == 0
+    model = served["engine"].decoder.model
+    assert lora_modules(model)  # unmerged: the adapters are there
+    ids = torch.tensor([[5, 17, 3, 99, 42]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids), reference(ids), atol=1e-5, rtol=0)
+
+
 def test_convert_merges_the_adapter_into_a_directory_transformers_loads(checkpoint_and_adapter, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     path, adapter, model = checkpoint_and_adapter

@@ -75,6 +75,23 @@ def test_generate_takes_the_lean_path_and_matches_the_uncached_one(family):
     assert torch.equal(fast, slow)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lean_step_runs_lora_adapters_and_equals_the_full_forward(family):
+    from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
+
+    model = build(family, seed=2)
+    apply_lora(model, LoraConfig(rank=4, alpha=8.0, targets=("all-linear",)))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # a nonzero B, so the adapters change every projection's output
+        for module in lora_modules(model).values():
+            module.lora_B.weight.copy_(0.3 * torch.randn(module.lora_B.weight.shape, generator=gen))
+    model.eval()
+    assert lean_supported(model)
+    lean, full = decode_both(model, [[5, 17, 3, 99, 42], [7, 8]], steps=8)
+    assert (lean - full).abs().max().item() <= 1e-5
+    assert torch.equal(lean.argmax(-1), full.argmax(-1))
+
+
 def test_lean_step_is_not_used_where_it_would_differ():
     post = ob.build_model(ob.ModelConfig(**SMALL, norm_position="post"))
     seq2seq = ob.build_model(ob.ModelConfig(**SMALL, arch="encoder-decoder"))

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oneblock.cli.options import add_adapter_options, check_adapter_options
+
 DEFAULT_PORT = 8080
 DEFAULT_BATCH = 8
 DEFAULT_QUEUE = 32
@@ -37,6 +39,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SOURCE",
         help="a GGUF file, Hugging Face directory, oneblock checkpoint or preset (default: SmolLM2-135M-Instruct)",
     )
+    add_adapter_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks one)")
     parser.add_argument(
@@ -80,6 +83,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
 
+    check_adapter_options(args)
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must lie in [0, 65535]; got {args.port}")
     counts = (("--max-batch", args.max_batch), ("--max-queue", args.max_queue), ("--max-tokens", args.max_tokens))
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         source = smollm2_gguf_path()
     if sys.stderr.isatty():  # a person waits seconds for SmolLM2; logs and errors stay clean
         print(f"loading {source} ...", file=sys.stderr, flush=True)
-    loaded = load_model(source)
+    loaded = load_model(source, adapter=args.adapter, merge=args.merge)
     embedder = _embedder(args.embedding_model)
     engine = Engine(loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue)
     limits = Limits(default_max_tokens=args.max_tokens, request_seconds=args.timeout)

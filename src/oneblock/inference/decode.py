@@ -92,23 +92,31 @@ def lean_supported(model: nn.Module) -> bool:
         return False
     return all(
         block.pre_norm and block.cross_attn is None and hasattr(block.attn, "o_proj") and block.attn.n_heads
-        and _fusable(block.attn)
         for block in model.blocks
     )  # fmt: skip
 
 
-def _fusable(attn: MultiHeadAttention) -> bool:
-    """Whether ``_fused_qkv`` reproduces the layer's q, k and v: fused already, or three plain ``nn.Linear``s (a
-    wrapper such as a LoRA adapter computes more than its weight says)."""
-    return attn.qkv_proj is not None or all(type(p) is nn.Linear for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+class _SideBySide(nn.Module):
+    """q, k and v as three products, concatenated: for projections that compute more than a weight (a LoRA
+    adapter on each), which one stacked matrix cannot reproduce."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, C) -> (B, T, (H + 2 Hkv) Dh)
+        return torch.cat([part(x) for part in self.parts], dim=-1)
 
 
 def _fused_qkv(attn: MultiHeadAttention) -> nn.Module:
     """One module computing q, k and v in one product: the model's own ``qkv_proj`` (``fuse_qkv``, a GGUF file's
-    block matrix, ``quantize``'s), or one made for this generation, leaving the model as it is."""
+    block matrix, ``quantize``'s), or one made for this generation, leaving the model as it is; projections that
+    are not plain ``nn.Linear`` layers (LoRA wrappers) run side by side instead."""
     if attn.qkv_proj is not None:
         return attn.qkv_proj
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if not all(type(p) is nn.Linear for p in projections):
+        return _SideBySide(list(projections))
     weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=attn.q_proj.bias is not None, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)
