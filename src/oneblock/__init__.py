@@ -28,6 +28,12 @@ _WHERE: dict[str, str] = {
     "ConversionError": "oneblock.errors",
     "InputError": "oneblock.errors",
     "OneBlockError": "oneblock.errors",
+    "LoraConfig": "oneblock.finetune.lora",
+    "apply_lora": "oneblock.finetune.lora",
+    "merge_lora": "oneblock.finetune.lora",
+    "unmerge_lora": "oneblock.finetune.lora",
+    "load_adapter": "oneblock.io.peft",
+    "save_adapter": "oneblock.io.peft",
     "ChatSession": "oneblock.inference.chat",
     "Reply": "oneblock.inference.chat",
     "embed": "oneblock.inference.embedding",
@@ -68,6 +74,7 @@ __all__ = [
     "EncoderDecoder",
     "InputError",
     "Loaded",
+    "LoraConfig",
     "ModelConfig",
     "OneBlockError",
     "ParameterCount",
@@ -76,6 +83,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "Trainer",
+    "apply_lora",
     "build_model",
     "count_flops",
     "count_parameters",
@@ -87,19 +95,24 @@ __all__ = [
     "generate_stream",
     "get_preset",
     "load",
+    "load_adapter",
     "load_model",
+    "merge_lora",
     "pad_prompts",
     "quantize_int8",
     "save",
+    "save_adapter",
     "save_hf",
     "similarity",
     "to_hf",
+    "unmerge_lora",
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports on first use
     from oneblock.analysis.counting import ParameterCount, count_flops, count_parameters
     from oneblock.config import ModelConfig
     from oneblock.errors import CheckpointError, ConfigError, ConversionError, InputError, OneBlockError
+    from oneblock.finetune.lora import LoraConfig, apply_lora, merge_lora, unmerge_lora
     from oneblock.inference.chat import ChatSession, Reply
     from oneblock.inference.embedding import embed, similarity
     from oneblock.inference.generation import generate, generate_stream, pad_prompts
@@ -109,6 +122,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from oneblock.io.checkpoint import load, save
     from oneblock.io.gguf.load import from_gguf
     from oneblock.io.hf.convert import from_hf, save_hf, to_hf
+    from oneblock.io.peft import load_adapter, save_adapter
     from oneblock.models import Decoder, Encoder, EncoderDecoder, build_model
     from oneblock.presets import PRESETS, get_preset
     from oneblock.train import TrainConfig, Trainer, TrainResult, fit_model_config

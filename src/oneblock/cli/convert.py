@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from oneblock.cli.options import add_json_option
 
@@ -29,6 +30,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="read a oneblock checkpoint, write a Hugging Face directory (default: the other way round)",
     )
     parser.add_argument(
+        "--to",
+        choices=("checkpoint", "hf"),
+        help="what to write: a oneblock checkpoint or a Hugging Face directory (default: checkpoint from a Hugging "
+        "Face directory, hf with --to-hf)",
+    )
+    parser.add_argument(
+        "--adapter",
+        metavar="DIR",
+        help="merge this peft LoRA adapter into the model first; SRC is then anything load_model reads (a GGUF "
+        "file, a Hugging Face directory, a checkpoint), dequantized to float32 unless --dtype says otherwise",
+    )
+    parser.add_argument(
         "--dtype", choices=DTYPES, help="cast the weights before writing (default: keep the source's dtype)"
     )
     parser.add_argument("--force", action="store_true", help="replace DST if it exists")
@@ -45,13 +58,19 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.models.inputs import config_of
 
     src, dst = Path(args.src), Path(args.dst)
-    _check_paths(src, dst, to_hf=args.to_hf, force=args.force)
-    model = checkpoint.load(src) if args.to_hf else hf.from_hf(src)
+    if args.to_hf and args.to == "checkpoint":
+        raise ConversionError("--to-hf and --to checkpoint contradict each other; give one")
+    to_hf = args.to_hf or args.to == "hf"
+    if args.adapter is not None:
+        model = _merged(args, src, dst, to_hf=to_hf)
+    else:
+        _check_paths(src, dst, to_hf=to_hf, force=args.force)
+        model = checkpoint.load(src) if to_hf else hf.from_hf(src)
     if args.dtype is not None:
         model = model.to(getattr(torch, args.dtype))
     cfg = config_of(model)
     dtype = str(next(model.parameters()).dtype)
-    if args.to_hf:
+    if to_hf:
         try:
             hf.save_hf(model, dst)
         except ConversionError as error:
@@ -63,16 +82,42 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "source": str(src),
         "destination": str(dst),
-        "direction": "oneblock -> Hugging Face" if args.to_hf else "Hugging Face -> oneblock",
+        "direction": _direction(args, to_hf),
         "arch": cfg.arch,
         "parameters": count_parameters(cfg).total,
         "dtype": dtype.removeprefix("torch."),
         "bytes written": sum(p.stat().st_size for p in written),
     }
-    if not args.to_hf:
+    if not to_hf:
         summary["sha256"] = checkpoint.read_info(dst).sha256
     _report(summary, as_json=args.json)
     return 0
+
+
+def _direction(args: argparse.Namespace, to_hf: bool) -> str:
+    target = "Hugging Face" if to_hf else "oneblock"
+    if args.adapter is not None:
+        return f"model + adapter {args.adapter} (merged) -> {target}"
+    return "oneblock -> Hugging Face" if to_hf else "Hugging Face -> oneblock"
+
+
+def _merged(args: argparse.Namespace, src: Path, dst: Path, *, to_hf: bool) -> Any:
+    """The model at ``src`` with the adapter merged into its weights: a plain model, float32 unless ``--dtype``."""
+    import torch
+
+    from oneblock.errors import ConversionError
+    from oneblock.inference.load import load_model
+
+    if not src.exists():
+        raise ConversionError(f"convert: the source {str(src)!r} does not exist")
+    if dst.exists() and not args.force:
+        raise ConversionError(f"convert: {str(dst)!r} already exists; pass --force to replace it")
+    if to_hf and dst.is_file():
+        raise ConversionError(f"convert --to hf writes a directory; {str(dst)!r} is a file")
+    if not to_hf and dst.is_dir():
+        raise ConversionError(f"convert writes one checkpoint file; {str(dst)!r} is a directory")
+    dtype = getattr(torch, args.dtype) if args.dtype is not None else torch.float32
+    return load_model(src, dtype=dtype, adapter=args.adapter, merge=True).model
 
 
 def _check_paths(src: Path, dst: Path, *, to_hf: bool, force: bool) -> None:

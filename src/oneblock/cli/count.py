@@ -46,6 +46,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="store_true",
         help="build the model (on the meta device: no memory) and compare with sum(p.numel()); exit 1 on mismatch",
     )
+    lora = parser.add_argument_group("LoRA adapters")
+    lora.add_argument(
+        "--lora-rank", type=int, metavar="R", help="also count the trainable parameters of rank-R LoRA adapters"
+    )
+    lora.add_argument(
+        "--lora-targets",
+        metavar="NAMES",
+        default="q,k,v,o,gate,up,down",
+        help="comma-separated layers the adapters go on, or all-linear (default: q,k,v,o,gate,up,down)",
+    )
     options.add_json_option(parser)
     return parser
 
@@ -66,11 +76,29 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
         "flops_per_token": count_flops(cfg, args.seq_len),
         "memory_bytes": weight_memory(cfg),
     }
+    targets = tuple(t for t in args.lora_targets.split(",") if t.strip())
+    if args.lora_rank is not None:
+        from oneblock.analysis.counting import lora_parameters
+
+        trainable = lora_parameters(cfg, args.lora_rank, targets)
+        data["lora"] = {
+            "rank": args.lora_rank,
+            "targets": list(targets),
+            "trainable": trainable,
+            "share_of_base": trainable / count.total,
+        }
     if args.verify:
         model, _ = options.model_and_config(args, meta=True)
         measured = sum(p.numel() for p in model.parameters())  # parameters() yields a tied matrix once
         data["measured"] = measured
         data["verified"] = measured == count.total
+        if args.lora_rank is not None:
+            from oneblock.finetune.lora import LoraConfig, adapter_state_dict, apply_lora
+
+            apply_lora(model, LoraConfig(rank=args.lora_rank, targets=targets))
+            built = sum(p.numel() for p in adapter_state_dict(model).values())
+            data["lora"]["measured"] = built
+            data["verified"] = data["verified"] and built == data["lora"]["trainable"]
     return data
 
 
@@ -120,6 +148,15 @@ def _render(data: dict[str, Any]) -> None:
         ("weights at fp32", human_bytes(data["memory_bytes"]["fp32"]), f"{data['memory_bytes']['fp32']:,} bytes"),
         ("weights at bf16", human_bytes(data["memory_bytes"]["bf16"]), f"{data['memory_bytes']['bf16']:,} bytes"),
     ]
+    if "lora" in data:
+        lora = data["lora"]
+        summary.append(
+            (
+                f"LoRA rank {lora['rank']} (trainable)",
+                lora["trainable"],
+                f"{lora['share_of_base']:.2%} of the base; on {','.join(lora['targets'])}",
+            )
+        )
     if "measured" in data:
         summary.append(("measured sum(p.numel())", data["measured"], "equal" if data["verified"] else "MISMATCH"))
     out.print(table(None, ["figure", "value", "note"], summary))

@@ -32,6 +32,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     source.add_argument("--hf", metavar="DIR", help="a Hugging Face model directory with its tokenizer.json")
     source.add_argument("--preset", metavar="NAME", help="a preset with random weights and a byte tokenizer")
     source.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights (default: 0)")
+    source.add_argument("--adapter", metavar="DIR", help="a peft LoRA adapter directory to put on the model")
+    source.add_argument("--merge", action="store_true", help="fold the adapter into the weights")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks one)")
@@ -73,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     if sys.stderr.isatty():  # SmolLM2 takes seconds to read; say so to a person, keep logs and errors clean
         print("loading the model ...", file=sys.stderr, flush=True)
     explorable = load_explore_model(
-        model=args.model, checkpoint=args.checkpoint, hf=args.hf, preset=args.preset, seed=args.seed
-    )
+        model=args.model, checkpoint=args.checkpoint, hf=args.hf, preset=args.preset, seed=args.seed,
+        adapter=args.adapter, merge=args.merge,
+    )  # fmt: skip
     if args.html is not None:
         from oneblock.explore.page import write_html
 

@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any
 
+from oneblock.cli import options
+
 DTYPES = ("float32", "bfloat16")
 DEFAULT_NEW_TOKENS = 50
 
@@ -23,11 +25,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         ),
     )
     parser.add_argument(
+        "--model",
         "--checkpoint",
+        dest="model",
         required=True,
         metavar="PATH",
-        help="a oneblock .safetensors checkpoint, a Hugging Face model directory, or a .gguf file",
+        help="a oneblock .safetensors checkpoint, a Hugging Face model directory, or a .gguf file "
+        "(--checkpoint is the same flag)",
     )
+    options.add_adapter_options(parser)
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue (quote it)")
     parser.add_argument(
         "--max-new-tokens",
@@ -202,14 +208,15 @@ def _load(args: argparse.Namespace) -> Any:
     from oneblock.models import Decoder
     from oneblock.models.inputs import config_of
 
-    if not Path(args.checkpoint).exists():
-        raise CheckpointError(f"--checkpoint {args.checkpoint!r} does not exist")
+    if not Path(args.model).exists():
+        raise CheckpointError(f"--model {args.model!r} does not exist")
+    options.check_adapter_options(args)
     dtype = getattr(torch, args.dtype) if args.dtype is not None else None
-    loaded = load_model(args.checkpoint, dtype=dtype, tokenizer=args.tokenizer)
+    loaded = load_model(args.model, dtype=dtype, tokenizer=args.tokenizer, adapter=args.adapter, merge=args.merge)
     model = loaded.model
     if not isinstance(model, Decoder):
         raise InputError(
-            f"{args.checkpoint!r} holds a {config_of(model).arch} model; the generate command runs decoder-only models "
+            f"{args.model!r} holds a {config_of(model).arch} model; the generate command runs decoder-only models "
             "(use oneblock.generate(model, prompt, n, src=...) in Python for an encoder-decoder)"
         )
     if args.int8:

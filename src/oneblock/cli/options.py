@@ -94,6 +94,26 @@ def add_model_options(parser: argparse.ArgumentParser, *, checkpoint: bool = Tru
         )
 
 
+def add_adapter_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--adapter DIR`` (a peft LoRA adapter put on the model) and ``--merge`` (folded into its weights)."""
+    parser.add_argument(
+        "--adapter",
+        metavar="DIR",
+        help="a peft LoRA adapter directory (adapter_config.json + adapter_model.safetensors) to run the model with",
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="fold the adapter into the weights (as fast as the base model; needs float weights)",
+    )
+
+
+def check_adapter_options(args: argparse.Namespace) -> None:
+    """Refuse ``--merge`` without ``--adapter``."""
+    if getattr(args, "merge", False) and getattr(args, "adapter", None) is None:
+        raise ConfigError("--merge folds an adapter into the weights; give --adapter DIR too")
+
+
 def finite_float(text: str) -> float:
     """An argparse ``type``: a float that is neither NaN nor infinite (``--lr inf`` is refused at parse time)."""
     try:

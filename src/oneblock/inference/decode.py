@@ -90,8 +90,15 @@ def lean_supported(model: nn.Module) -> bool:
         return False
     return all(
         block.pre_norm and block.cross_attn is None and hasattr(block.attn, "o_proj") and block.attn.n_heads
+        and _fusable(block.attn)
         for block in model.blocks
-    )
+    )  # fmt: skip
+
+
+def _fusable(attn: MultiHeadAttention) -> bool:
+    """Whether ``_fused_qkv`` reproduces the layer's q, k and v: fused already, or three plain ``nn.Linear``s (a
+    wrapper such as a LoRA adapter computes more than its weight says)."""
+    return attn.qkv_proj is not None or all(type(p) is nn.Linear for p in (attn.q_proj, attn.k_proj, attn.v_proj))
 
 
 def _fused_qkv(attn: MultiHeadAttention) -> nn.Module:

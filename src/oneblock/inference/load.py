@@ -57,6 +57,8 @@ def load_model(
     device: torch.device | str | None = None,
     tokenizer: str | os.PathLike[str] | None = None,
     seed: int = 0,
+    adapter: str | os.PathLike[str] | None = None,
+    merge: bool = False,
 ) -> Loaded:
     """Turn a GGUF file, a Hugging Face directory, a oneblock checkpoint or a preset name into a model and its
     tokenizer.
@@ -68,6 +70,9 @@ def load_model(
         device: where to put the parameters.
         tokenizer: a ``tokenizer.json`` or ``vocab.json`` to use instead of the one found with the model.
         seed: seeds the random initialization of a preset.
+        adapter: a peft LoRA adapter directory (``oneblock.io.peft.load_adapter``) to put on the model, unmerged.
+        merge: fold the adapter into the weights (``merge_lora(..., unload=True)``): a plain model, as fast as the
+            base; needs float weights (load a GGUF file with ``dtype=torch.float32`` to merge).
 
     Returns:
         ``Loaded(model, tokenizer, source, kind, seconds)``.
@@ -76,7 +81,12 @@ def load_model(
         CheckpointError: a path that does not exist and is no preset name, or a file that cannot be read.
         ConversionError: a file whose model oneblock cannot represent.
         InputError: a tokenizer with more ids than the model has.
+        ConfigError: ``merge`` without ``adapter``, or merging into 4-bit weights.
     """
+    if merge and adapter is None:
+        from oneblock.errors import ConfigError
+
+        raise ConfigError("merge=True folds an adapter into the weights; give adapter=DIR too")
     start = time.perf_counter()
     path = Path(source)
     if path.is_file() and path.suffix.lower() == ".gguf":
@@ -94,7 +104,18 @@ def load_model(
     else:
         model, kind = _preset(str(source), dtype, device, seed), "preset"
         tok = load_tokenizer(None, tokenizer=tokenizer, vocab_size=_vocab(model))
+    if adapter is not None:
+        _adapt(model, adapter, merge)
     return Loaded(model.eval(), tok, str(source), kind, time.perf_counter() - start)
+
+
+def _adapt(model: nn.Module, adapter: str | os.PathLike[str], merge: bool) -> None:
+    from oneblock.finetune.lora import merge_lora
+    from oneblock.io.peft import load_adapter
+
+    load_adapter(model, adapter)
+    if merge:
+        merge_lora(model, unload=True)
 
 
 def _gguf(

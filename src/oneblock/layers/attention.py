@@ -229,6 +229,28 @@ class MultiHeadAttention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
         return fused
 
+    def unfuse_qkv(self) -> None:
+        """Undo ``fuse_qkv``: three ``nn.Linear`` projections holding the fused weight's rows, ``qkv_proj`` gone."""
+        fused = self.qkv_proj
+        if not isinstance(fused, nn.Linear):
+            raise ConfigError(
+                f"unfuse_qkv splits a fused nn.Linear; this layer has {type(fused).__name__}"
+                + (" (a quantized projection cannot be split; load the model in float to change it)" if fused else "")
+            )
+        sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
+        weights = fused.weight.detach().split(sizes)  # ((H + 2 Hkv) Dh, C) -> (H Dh, C), (Hkv Dh, C) x 2
+        biases = fused.bias.detach().split(sizes) if fused.bias is not None else (None, None, None)
+        for name, weight, bias in zip(("q_proj", "k_proj", "v_proj"), weights, biases, strict=True):
+            linear = nn.Linear(
+                weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype
+            )
+            with torch.no_grad():
+                linear.weight.copy_(weight)
+                if bias is not None:
+                    linear.bias.copy_(bias)
+            setattr(self, name, linear)
+        self.qkv_proj = None
+
     # -- helpers ---------------------------------------------------------------------------------------------
 
     def split_heads(self, x: Tensor, heads: int) -> Tensor:

@@ -1,0 +1,127 @@
+"""The LoRA flags of the commands: ``count --lora-rank``, ``generate/explore --adapter [--merge]``,
+``convert --adapter --to hf``, and ``generate --model`` beside its old spelling ``--checkpoint``."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from cli_testing import one_line_error
+
+from oneblock import build_model, generate, load_model
+from oneblock.cli.main import main
+from oneblock.config import ModelConfig
+from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules, merge_lora
+from oneblock.inference.tokenizer import ByteTokenizer
+from oneblock.io.checkpoint import save
+from oneblock.io.peft import save_adapter
+
+PROMPT = "the block"
+# A Llama-family decoder over bytes: small, and with a peft name for every adapted layer.
+LLAMA = ModelConfig(
+    vocab_size=260, d_model=36, n_heads=3, n_kv_heads=1, n_layers=2, d_ff=37, max_seq_len=64, norm="rmsnorm",
+    ffn="swiglu", position="rope", bias=False, activation="silu", tie_embeddings=False,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checkpoint_and_adapter(tmp_path_factory):
+    """A oneblock checkpoint, a peft adapter for it (random B), and the adapted model as the reference."""
+    root = tmp_path_factory.mktemp("adapted")
+    torch.manual_seed(0)
+    model = build_model(LLAMA).eval()
+    save(model, root / "model.safetensors")
+    cfg = LoraConfig(rank=4, alpha=8.0)
+    apply_lora(model, cfg)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for module in lora_modules(model).values():
+            module.lora_B.weight.copy_(0.5 * torch.randn(module.lora_B.weight.shape, generator=gen))
+    save_adapter(model, root / "adapter", cfg=cfg, base="model.safetensors")
+    return root / "model.safetensors", root / "adapter", model
+
+
+def test_count_prints_the_trainable_adapter_parameters(capsys):
+    assert main(["count", "--preset", "smollm2-135m", "--lora-rank", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA rank 8 (trainable)" in out and "2,442,240" in out and "1.82% of the base" in out
+
+
+def test_count_json_and_verify_across_families(capsys):
+    for preset, targets in (("gpt2", "all-linear"), ("bart-base", "q,k,v,o"), ("t5-v1_1-small", "gate,down")):
+        argv = ["count", "--preset", preset, "--lora-rank", "3", "--lora-targets", targets, "--verify", "--json"]
+        assert main(argv) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["verified"] and data["lora"]["measured"] == data["lora"]["trainable"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--lora-rank", "0"], r"rank must be an integer >= 1; got 0"),
+        (["--lora-rank", "4", "--lora-targets", "q,nope"], r"unknown LoRA target\(s\) \['nope'\]"),
+    ],
+)
+def test_count_refuses_bad_lora_flags(capsys, argv, match):
+    code = main(["count", "--preset", "smollm2-135m", *argv])
+    assert re.search(match, one_line_error(capsys, code))
+
+
+@pytest.mark.parametrize("flag", ["--model", "--checkpoint"])
+def test_generate_with_an_adapter_equals_the_library(checkpoint_and_adapter, capsys, flag):
+    path, adapter, model = checkpoint_and_adapter
+    argv = ["generate", flag, str(path), "--adapter", str(adapter), "--prompt", PROMPT, "--greedy"]
+    assert main([*argv, "--max-new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    ids = generate(model, ByteTokenizer().encode(PROMPT), 16, greedy=True)
+    assert out == ByteTokenizer().decode(ids.tolist()) + "\n"
+    base = generate(load_model(path).model, ByteTokenizer().encode(PROMPT), 16, greedy=True)
+    assert ids.tolist() != base.tolist()  # the adapter changes the text
+
+
+def test_generate_merged_equals_unmerged(checkpoint_and_adapter, capsys):
+    path, adapter, _ = checkpoint_and_adapter
+    argv = ["generate", "--model", str(path), "--adapter", str(adapter), "--prompt", PROMPT, "--greedy", "--json"]
+    assert main(argv) == 0
+    unmerged = json.loads(capsys.readouterr().out)["new_ids"]
+    assert main([*argv, "--merge"]) == 0
+    assert json.loads(capsys.readouterr().out)["new_ids"] == unmerged
+
+
+def test_merge_without_adapter_is_one_line(checkpoint_and_adapter, capsys):
+    path, _, _ = checkpoint_and_adapter
+    code = main(["generate", "--model", str(path), "--prompt", "x", "--merge"])
+    assert "--merge folds an adapter into the weights; give --adapter DIR too" in one_line_error(capsys, code)
+
+
+def test_adapter_for_another_model_is_one_line(checkpoint_and_adapter, tmp_path, capsys):
+    _, adapter, _ = checkpoint_and_adapter
+    other = build_model(LLAMA.replace(d_model=48))
+    save(other, tmp_path / "other.safetensors")
+    other_path = str(tmp_path / "other.safetensors")
+    code = main(["generate", "--model", other_path, "--adapter", str(adapter), "--prompt", "x"])
+    assert "was made for another base" in one_line_error(capsys, code)
+
+
+def test_convert_merges_the_adapter_into_a_directory_transformers_loads(checkpoint_and_adapter, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    path, adapter, model = checkpoint_and_adapter
+    out = tmp_path / "merged"
+    assert main(["convert", str(path), str(out), "--adapter", str(adapter), "--to", "hf"]) == 0
+    assert "merged" in capsys.readouterr().out
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    merged = merge_lora(load_model(path, adapter=adapter).model, unload=True)
+    x = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (theirs(x).logits - merged(x)).abs().max() <= 1e-5
+        assert (theirs(x).logits - model(x)).abs().max() <= 1e-5  # and the unmerged adapted model
+
+
+def test_explore_page_with_an_adapter(checkpoint_and_adapter, tmp_path, capsys):
+    path, adapter, _ = checkpoint_and_adapter
+    out = tmp_path / "page.html"
+    argv = ["explore", "--checkpoint", str(path), "--adapter", str(adapter), "--html", str(out), "--text", "abc"]
+    assert main(argv) == 0
+    assert "adapter" in out.read_text()
