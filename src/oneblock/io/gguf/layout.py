@@ -24,6 +24,8 @@ import torch
 
 from oneblock.errors import CheckpointError
 from oneblock.io.gguf.file import check_gguf_file, checked_value
+from oneblock.io.gguf.writer import verify_digest
+from oneblock.io.integrity import DIGEST_KEY
 
 _ALIGNMENT = 32
 
@@ -167,6 +169,8 @@ def read_layout(path: str | os.PathLike[str]) -> GGUFLayout:
             raw.append((name, tuple(reversed(dims)), cursor.scalar("<I"), cursor.scalar("<Q")))
     except (struct.error, ValueError, UnicodeDecodeError, OverflowError, MemoryError) as error:
         raise CheckpointError(f"{str(path)!r} is a corrupt or truncated GGUF file: {error}") from error
+    if DIGEST_KEY in metadata:  # written by oneblock: every byte is checked before any is used
+        verify_digest(mapped, metadata[DIGEST_KEY], repr(str(path)))
     alignment = int(metadata.get("general.alignment", _ALIGNMENT))
     start = -(-cursor.pos // alignment) * alignment
     tensors = {}
