@@ -33,16 +33,19 @@ def run(args: argparse.Namespace, src: Path, dst: Path) -> int:
     from oneblock.inference.load import load_model
     from oneblock.io.gguf.adapter import save_gguf_adapter
     from oneblock.io.gguf.write import save_gguf
+    from oneblock.models.inputs import config_of
 
     _check(args, src, dst)
-    loaded = load_model(src, dtype=torch.float32, adapter=args.adapter, merge=not args.adapter_only)
+    merge = args.adapter is not None and not args.adapter_only
+    loaded = load_model(src, dtype=torch.float32, adapter=args.adapter, merge=merge)
     if args.adapter_only:
         if args.type == "q8_0":
             raise ConversionError("--adapter-only writes f32 or f16 LoRA tensors; --type q8_0 is for models")
         save_gguf_adapter(loaded.model, dst, tensor_type=args.type, name=Path(args.adapter).name)
         what = f"LoRA adapter {args.adapter} -> GGUF adapter"
     else:
-        save_gguf(loaded.model, dst, tensor_type=args.type, vocabulary=vocabulary_of(src), name=_name(src, args))
+        vocabulary = vocabulary_of(src, config_of(loaded.model).vocab_size)
+        save_gguf(loaded.model, dst, tensor_type=args.type, vocabulary=vocabulary, name=_name(src, args))
         what = f"{loaded.kind} -> GGUF" + (f" (adapter {args.adapter} merged)" if args.adapter else "")
     summary: dict[str, Any] = {
         "source": str(src),
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace, src: Path, dst: Path) -> int:
     return 0
 
 
-def vocabulary_of(src: Path) -> list[Any]:
+def vocabulary_of(src: Path, vocab_size: int | None = None) -> list[Any]:
     """The ``tokenizer.*`` entries for the file: copied, typed, from a GGUF source; built from a Hugging Face
     directory's tokenizer.json; refused otherwise."""
     from oneblock.errors import ConversionError
@@ -68,7 +71,7 @@ def vocabulary_of(src: Path) -> list[Any]:
     if src.is_dir():
         from oneblock.io.gguf.vocab import vocabulary_from_hf
 
-        return vocabulary_from_hf(src)
+        return vocabulary_from_hf(src, vocab_size)
     raise ConversionError(
         f"{str(src)!r} carries no tokenizer llama.cpp can use; convert --to gguf reads a GGUF file or a Hugging Face "
         "directory with a tokenizer.json"
@@ -89,6 +92,8 @@ def _check(args: argparse.Namespace, src: Path, dst: Path) -> None:
         raise ConversionError("--adapter-only writes the adapter given by --adapter DIR; give it")
     if args.dtype is not None:
         raise ConversionError("--dtype casts checkpoints; for --to gguf say --type f32, f16 or q8_0")
+    if not args.adapter_only and not (src.is_dir() or src.suffix.lower() == ".gguf"):
+        vocabulary_of(src)  # refused before the model is read
     if dst.is_dir():
         raise ConversionError(f"convert --to gguf writes one file; {str(dst)!r} is a directory")
     if dst.exists() and not args.force:
