@@ -13,6 +13,7 @@ Sections (same weights and inputs for every contender; random weights, nothing i
 * minilm: ``oneblock.inference.embedding.embed`` vs sentence-transformers on all-MiniLM-L6-v2;
 * smollm2: ``benchmarks/bench_smollm2.py``: SmolLM2 GGUF in cold processes, oneblock vs llama.cpp vs transformers.
 * serve: ``benchmarks/bench_serve.py``: ``oneblock serve`` vs llama-cpp-python's server, 1 and 8 clients.
+* finetune: ``benchmarks/bench_finetune.py``: SmolLM2 training steps, LoRA vs peft and full vs transformers.
 
 Timings are medians of interleaved rounds (see ``timing.py``); ratios are what to read, absolute figures move
 with the machine's load. For the same reason the ceilings that fractions are taken of (the matmul throughput at
@@ -48,7 +49,7 @@ import oneblock as ob  # noqa: E402
 from oneblock.inference.generation import generate  # noqa: E402
 from oneblock.inference.quantize import quantize_int8  # noqa: E402
 
-SECTIONS = ("machine", "prefill", "decode", "bert", "minilm", "smollm2", "serve")
+SECTIONS = ("machine", "prefill", "decode", "bert", "minilm", "smollm2", "serve", "finetune")
 PREFILL_SHAPES = ((4, 256), (1, 1024))
 PROMPT, NEW = 64, 128
 BF16 = torch.bfloat16
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "rounds": rounds,
     }
+    report["cpu"] = machine.cpu_description()
+    print(f"{report['cpu']['model']}; vector extensions: {' '.join(report['cpu']['vector']) or 'none listed'}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {report['cpu_capability']}, {rounds} rounds")
     gpt2 = _gpt2() if {"prefill", "decode", "machine"} - set(args.skip) else None
     if "machine" not in args.skip:
@@ -97,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
 
         _heading("oneblock serve vs llama-cpp-python's server (benchmarks/bench_serve.py)")
         report["serve"] = bench_serve.bench_serve(quick=args.quick)
+    if "finetune" not in args.skip:
+        import bench_finetune
+
+        _heading("oneblock finetune vs transformers + peft (benchmarks/bench_finetune.py)")
+        report["finetune"] = bench_finetune.bench_finetune(quick=args.quick)
     report["targets"] = targets(report)
     report["seconds"] = time.perf_counter() - start
     _print_targets(report["targets"])

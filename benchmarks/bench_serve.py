@@ -8,8 +8,8 @@ one client, then with eight at once. Every client streams a greedy ``/v1/complet
 to ``--new`` tokens (64). Figures are medians over rounds:
 
 * time to first token (the first chunk with text), single client; p99 over every eight-client request;
-* tokens/s: one client's tokens over its time from first to last token; for eight clients, all tokens over the
-  wall time from the first request sent to the last token received (aggregate);
+* tokens/s: all tokens received over the wall time from the requests sent to the last token received (for eight
+  clients, the aggregate), prefill included;
 * peak RSS: the server process's largest resident size sampled during each phase.
 
 Tokens are counted as the streamed chunks that carry text (both servers send one per token). The clients run
@@ -30,6 +30,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -69,19 +70,29 @@ class Server:
     def __init__(self, name: str, argv: list[str], port: int, threads: int) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(SRC)}
         self.name, self.url = name, f"http://127.0.0.1:{port}/v1"
-        self.process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # A file, not a pipe: llama.cpp's loading log would fill a pipe nobody reads, and block. It lives as long
+        # as the server, so no context manager.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115
+        self.process = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                error = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"{name} exited: {error[-2000:]}")
+                self.log.seek(0)
+                raise RuntimeError(f"{self.name} exited: {self.log.read().decode(errors='replace')[-2000:]}")
             try:
                 if httpx.get(self.url + "/models", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"{name} did not start in 300 s")
+        raise RuntimeError(f"{self.name} did not start in 300 s")
 
     def rss(self) -> int:
         """Resident bytes now."""
@@ -96,6 +107,7 @@ class Server:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
             self.process.kill()
+        self.log.close()
 
 
 def oneblock_server(model: Path, threads: int) -> Server:
@@ -108,7 +120,8 @@ def oneblock_server(model: Path, threads: int) -> Server:
 def llamacpp_server(model: Path, threads: int) -> Server:
     port = free_port()
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port),
-            "--n_threads", str(threads), "--n_ctx", "2048"]  # fmt: skip
+            "--n_threads", str(threads), "--n_ctx", "2048",
+            "--interrupt_requests", "False"]  # fmt: skip  # by default a new request cuts the running one off
     return Server("llama.cpp", argv, port, threads)
 
 
@@ -145,7 +158,11 @@ def phase(server: Server, clients: int, new: int) -> dict[str, Any]:
     sent = time.perf_counter()
 
     def run(i: int) -> None:
-        results[i] = one_request(server.url, PROMPTS[i % len(PROMPTS)], new, sent)
+        try:
+            results[i] = one_request(server.url, PROMPTS[i % len(PROMPTS)], new, sent)
+        except httpx.HTTPError as error:  # counted, not fatal: a server that drops requests shows it in the table
+            print(f"{server.name}: request {i} failed: {error}", file=sys.stderr)
+            results[i] = {"ttft": 0.0, "last": 0.0, "tokens": 0}
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -156,11 +173,10 @@ def phase(server: Server, clients: int, new: int) -> dict[str, Any]:
     sampler.join()
     tokens = sum(r["tokens"] for r in results)
     wall = max(r["last"] for r in results)
-    single = results[0]
-    per_client = (single["tokens"] - 1) / max(single["last"] - single["ttft"], 1e-9)
     return {
-        "ttft": [r["ttft"] for r in results],
-        "tokens_per_s": per_client if clients == 1 else tokens / wall,
+        "ttft": [r["ttft"] for r in results if r["tokens"]],
+        "failed": sum(1 for r in results if not r["tokens"]),
+        "tokens_per_s": tokens / wall if wall else 0.0,
         "rss": max(peak),
         "tokens": tokens,
     }
@@ -171,15 +187,16 @@ def bench_serve(*, quick: bool = False, rounds: int | None = None, new: int = 64
 
     model = smollm2_gguf_path()
     rounds = rounds or (2 if quick else 5)
-    servers = [oneblock_server(model, threads)]
+    servers: list[Server] = []
     note = None
-    if llamacpp_server_available():
-        servers.append(llamacpp_server(model, threads))
-    else:
-        note = f"llama-cpp-python's server is not installed ({INSTALL}); oneblock alone"
-        print(note)
-    figures: dict[str, dict[str, list[Any]]] = {s.name: {} for s in servers}
     try:
+        servers.append(oneblock_server(model, threads))
+        if llamacpp_server_available():
+            servers.append(llamacpp_server(model, threads))
+        else:
+            note = f"llama-cpp-python's server is not installed ({INSTALL}); oneblock alone"
+            print(note)
+        figures: dict[str, dict[str, list[Any]]] = {s.name: {} for s in servers}
         for server in servers:  # warm-up: first requests pay one-off costs in both
             phase(server, 1, 8)
         for r in range(rounds):
@@ -190,6 +207,7 @@ def bench_serve(*, quick: bool = False, rounds: int | None = None, new: int = 64
                     into.setdefault(f"ttft_{clients}", []).extend(result["ttft"])
                     into.setdefault(f"tps_{clients}", []).append(result["tokens_per_s"])
                     into.setdefault(f"rss_{clients}", []).append(result["rss"])
+                    into.setdefault("failed", []).append(result["failed"])
     finally:
         for server in servers:
             server.close()
@@ -199,7 +217,7 @@ def bench_serve(*, quick: bool = False, rounds: int | None = None, new: int = 64
 
 
 def summarize(f: dict[str, list[Any]]) -> dict[str, float]:
-    ttft8 = sorted(f["ttft_8"])
+    ttft8 = sorted(f["ttft_8"]) or [float("nan")]
     return {
         "ttft_1_s": statistics.median(f["ttft_1"]),
         "tokens_per_s_1": statistics.median(f["tps_1"]),
@@ -207,6 +225,7 @@ def summarize(f: dict[str, list[Any]]) -> dict[str, float]:
         "ttft_8_p99_s": ttft8[min(len(ttft8) - 1, int(0.99 * len(ttft8)))],
         "rss_1_mb": statistics.median(f["rss_1"]) / 1e6,
         "rss_8_mb": statistics.median(f["rss_8"]) / 1e6,
+        "failed_requests": sum(f["failed"]),
     }
 
 
@@ -217,6 +236,7 @@ def print_table(report: dict[str, dict[str, float]], rounds: int, new: int, thre
         print(
             f"{name:<10} {r['ttft_1_s'] * 1e3:>6.0f}ms {r['tokens_per_s_1']:>8.1f} {r['tokens_per_s_8']:>8.1f} "
             f"{r['ttft_8_p99_s'] * 1e3:>9.0f}ms {r['rss_1_mb']:>6.0f}MB {r['rss_8_mb']:>6.0f}MB"
+            + (f"  ({r['failed_requests']} requests failed)" if r["failed_requests"] else "")
         )
     ours = report["oneblock"]
     print(f"oneblock: 8 clients / 1 client tokens/s = {ours['tokens_per_s_8'] / ours['tokens_per_s_1']:.2f}x "

@@ -7,11 +7,40 @@ weight once, so its ceiling is the memory bandwidth divided by the bytes of the 
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from timing import interleaved
+
+# The instruction-set extensions that decide which kernels run (the int8 dot products of the block kernels, the
+# bf16/AMX matmuls), in the order a reader compares them.
+VECTOR_FLAGS = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
+)  # fmt: skip
+
+
+def cpu_description(cpuinfo: str | None = None) -> dict[str, object]:
+    """The CPU's model name and the vector extensions it lists, from ``/proc/cpuinfo`` (Linux); elsewhere the
+    processor string Python reports and no flags.
+
+    Returns:
+        ``{"model": str, "vector": [flag, ...]}``, the flags in ``VECTOR_FLAGS`` order.
+    """
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.exists() else ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:  # the first processor speaks for all
+            fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    model = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    return {"model": model, "vector": [flag for flag in VECTOR_FLAGS if flag in flags]}
 
 
 def matmul_peak(rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype, *, rounds: int = 5) -> dict[str, float]:

@@ -45,6 +45,7 @@ _WHERE: dict[str, str] = {
     "load_model": "oneblock.inference.load",
     "Sampling": "oneblock.inference.sampling",
     "quantize_int8": "oneblock.inference.quantize",
+    "quantize": "oneblock.inference.quantize_blocks",
     "load": "oneblock.io.checkpoint",
     "save": "oneblock.io.checkpoint",
     "from_gguf": "oneblock.io.gguf.load",
@@ -99,6 +100,7 @@ __all__ = [
     "load_model",
     "merge_lora",
     "pad_prompts",
+    "quantize",
     "quantize_int8",
     "save",
     "save_adapter",
@@ -118,6 +120,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getatt
     from oneblock.inference.generation import generate, generate_stream, pad_prompts
     from oneblock.inference.load import Loaded, load_model
     from oneblock.inference.quantize import quantize_int8
+    from oneblock.inference.quantize_blocks import quantize
     from oneblock.inference.sampling import Sampling
     from oneblock.io.checkpoint import load, save
     from oneblock.io.gguf.load import from_gguf

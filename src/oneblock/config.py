@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oneblock.errors import ConfigError
+from oneblock.io import jsontext
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
 NORM_POSITIONS = ("pre", "post")
@@ -234,11 +235,7 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, text: str) -> ModelConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"config is not valid JSON: {error}") from error
-        return cls.from_dict(data)
+        return cls.from_dict(jsontext.loads(text, what="the config", error=ConfigError))
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed; a derived field (``d_ff``, ``d_head``, ``n_kv_heads``,

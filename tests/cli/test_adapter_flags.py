@@ -125,3 +125,65 @@ def test_explore_page_with_an_adapter(checkpoint_and_adapter, tmp_path, capsys):
     argv = ["explore", "--checkpoint", str(path), "--adapter", str(adapter), "--html", str(out), "--text", "abc"]
     assert main(argv) == 0
     assert "adapter" in out.read_text()
+
+
+def test_chat_with_an_adapter_answers_as_the_adapted_model(tmp_path, capsys):
+    """``chat --adapter`` on SmolLM2 (exact float32): the answer equals a chat session over the adapted model."""
+    pytest.importorskip("gguf")
+    from oneblock.errors import CheckpointError
+    from oneblock.inference.chat import ChatSession
+    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+
+    try:
+        path = smollm2_gguf_path()
+    except CheckpointError as error:
+        pytest.skip(str(error))
+    loaded = load_model(path, dtype=torch.float32)
+    question = "What is the capital of France?"
+    base_answer = "".join(ChatSession(loaded.model, loaded.tokenizer, max_new_tokens=8).stream(question))
+    cfg = LoraConfig(rank=2, alpha=4.0, targets=("v", "down"))
+    apply_lora(loaded.model, cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in lora_modules(loaded.model).values():
+            module.lora_B.weight.copy_(0.5 * torch.randn(module.lora_B.weight.shape, generator=gen))
+    save_adapter(loaded.model, tmp_path, cfg=cfg)
+    argv = ["chat", question, "--temperature", "0", "--max-new-tokens", "8", "--exact"]
+    assert main([*argv, "--adapter", str(tmp_path)]) == 0
+    answer = capsys.readouterr().out
+    session = ChatSession(loaded.model, loaded.tokenizer, max_new_tokens=8)  # greedy, as temperature 0
+    assert answer == "".join(session.stream(question)) + "\n"
+    assert answer != base_answer + "\n"
+
+
+def test_convert_a_gguf_file_with_its_adapter_for_transformers(tmp_path, capsys):
+    """SmolLM2's GGUF file + an adapter -> a merged Hugging Face directory: transformers' logits equal the unmerged
+    adapted model's, and its greedy tokens are oneblock's."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from oneblock.errors import CheckpointError
+    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+
+    try:
+        path = smollm2_gguf_path()
+    except CheckpointError as error:
+        pytest.skip(str(error))
+    adapted = load_model(path, dtype=torch.float32).model
+    cfg = LoraConfig(rank=2, alpha=4.0, targets=("q", "k", "up"))
+    apply_lora(adapted, cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in lora_modules(adapted).values():
+            module.lora_B.weight.copy_(0.05 * torch.randn(module.lora_B.weight.shape, generator=gen))
+    save_adapter(adapted, tmp_path / "adapter", cfg=cfg)
+    out = tmp_path / "merged"
+    assert main(["convert", str(path), str(out), "--adapter", str(tmp_path / "adapter"), "--to", "hf", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["arch"] == "decoder"
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    prompt = [1, 9690, 198, 504, 3575, 282, 4649]
+    with torch.no_grad():
+        x = torch.tensor([prompt])
+        assert (theirs(x).logits - adapted(x)).abs().max() <= 1e-4
+        greedy = theirs.generate(x, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(x))
+    ours = generate(adapted, prompt, 12, greedy=True)
+    assert greedy[0].tolist() == ours.tolist()

@@ -139,6 +139,24 @@ def test_bad_flags(argv, match, capsys):
     assert re.search(match, line), line
 
 
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"hi \xff there", "the text on stdin is not valid UTF-8: byte 0xff at byte offset 3"),
+        (b"caf\xc3", "the text on stdin is not valid UTF-8: byte 0xc3 at byte offset 3"),
+        ("\ufeffhi \ud800".encode("utf-8", "surrogatepass"), "not valid UTF-8: byte 0xed at byte offset 6"),
+    ],
+)
+def test_piped_stdin_that_is_not_utf8(data, match, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert re.search(match, one_line_error(capsys, main(["chat", "--model", "none.gguf"]))), match
+
+
+def test_a_prompt_argument_that_is_not_utf8(capsys):
+    line = one_line_error(capsys, main(["chat", "caf\udcff", "--model", "none.gguf"]))
+    assert "PROMPT is not valid UTF-8: byte 0xff at character offset 3" in line
+
+
 def test_empty_piped_stdin(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("  \n"))
     assert "the prompt is empty" in one_line_error(capsys, main(["chat"]))

@@ -104,3 +104,21 @@ def test_too_small_for_the_causality_check(flag, capsys):
     err = capsys.readouterr().err
     field = flag[2:].replace("-", "_")
     assert err.count("\n") == 1 and f"needs {field} >= 2; got {field} 1" in err
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
+def test_a_half_precision_checkpoint_is_checked_in_its_own_dtype(arch, dtype, tmp_path, capsys):
+    import torch
+
+    import oneblock as ob
+
+    cfg = ob.ModelConfig(arch=arch, vocab_size=50, d_model=36, n_heads=3, d_ff=37, n_layers=2, max_seq_len=16)
+    torch.manual_seed(0)
+    path = ob.save(ob.build_model(cfg).to(getattr(torch, dtype)), tmp_path / "half.safetensors")
+    assert main(["check", "--checkpoint", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] is True and all(c["passed"] for c in data["checks"])
+    if arch == "decoder":  # exact properties stay exact in any dtype
+        causality = next(c for c in data["checks"] if c["name"] == "causality")
+        assert causality["figures"]["earlier_max_change"] == 0.0

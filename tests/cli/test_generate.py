@@ -147,6 +147,19 @@ def test_bad_flags_are_one_line_errors(byte_checkpoint, capsys, flags, match):
     assert re.search(match, one_line_error(capsys, code, empty_stdout=False))
 
 
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [
+        ("caf\udcff", "--prompt is not valid UTF-8: byte 0xff at character offset 3"),
+        ("a\ud800b", r"--prompt holds a lone surrogate U\+D800 at character offset 1"),
+    ],
+)
+def test_a_prompt_that_is_not_unicode_is_one_line(byte_checkpoint, capsys, prompt, match):
+    path, _ = byte_checkpoint
+    code = main(["generate", "--checkpoint", str(path), "--prompt", prompt])
+    assert re.search(match, one_line_error(capsys, code, empty_stdout=False))
+
+
 def test_missing_checkpoint_and_crop(byte_checkpoint, tmp_path, capsys):
     code = main(["generate", "--checkpoint", str(tmp_path / "nope.safetensors"), "--prompt", "x"])
     assert "does not exist" in one_line_error(capsys, code, empty_stdout=False)

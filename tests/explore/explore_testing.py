@@ -37,16 +37,21 @@ def tiny(arch: str, **changes) -> Explorable:
 
 
 class LiveServer:
-    """uvicorn serving an app on 127.0.0.1 in a thread; ``url`` ends with a slash."""
+    """uvicorn serving an app on 127.0.0.1 in a thread, as ``serve`` configures it; ``url`` ends with a slash.
 
-    def __init__(self, app) -> None:
+    ``options`` go to ``oneblock.web.transport.server_config`` (``header_seconds``, ``max_connections``).
+    """
+
+    def __init__(self, app, **options) -> None:
         import uvicorn
 
         from oneblock.explore.server import bind, url_of
+        from oneblock.web.transport import server_config
 
         self.sock = bind("127.0.0.1", 0)
         self.url = url_of(self.sock)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(server_config(app, **options))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20

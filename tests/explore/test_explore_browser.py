@@ -160,7 +160,8 @@ def _analysis_via_client(explorable) -> dict:
 
     from oneblock.explore.server import create_app
 
-    return TestClient(create_app(explorable)).post("/api/analyze", json={"text": SENTENCE}).json()
+    test_client = TestClient(create_app(explorable), base_url="http://127.0.0.1:8000")
+    return test_client.post("/api/analyze", json={"text": SENTENCE}).json()
 
 
 def test_text_that_looks_like_html_stays_text(decoder, live, page):

@@ -72,6 +72,9 @@ def test_html_of_an_encoder_decoder_takes_a_target(tmp_path):
         (["--preset", "lesson", "--html", "x.html", "--text", "a", "--target", "b"], "apply to encoder-decoder"),
         (["--port", "70000"], r"--port must lie in \[0, 65535\]"),
         (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["--host", ""], "--host is empty, which would listen on every network interface"),
+        (["--host", " "], "--host is empty"),
+        (["--html", "x.html", "--text", "caf\udcff", "--preset", "lesson"], "not valid UTF-8: byte 0xff at character"),
     ],
 )
 def test_bad_flags_give_one_line(argv, match, capsys, tmp_path, monkeypatch):
@@ -116,3 +119,21 @@ def test_serve_warns_off_loopback(monkeypatch, capsys):
     server_module.serve(tiny("decoder"), host="0.0.0.0", port=0)
     assert bound == ["0.0.0.0"]
     assert "warning: serving on 0.0.0.0, reachable from other machines" in capsys.readouterr().err
+
+
+def test_serve_answers_its_own_port_only_and_bounds_connections(monkeypatch):
+    import uvicorn
+    from starlette.testclient import TestClient
+
+    from oneblock.web.transport import GuardedH11
+
+    seen = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: seen.append((self.config, sockets[0])))
+    server_module.serve(tiny("decoder"), port=0)
+    config, sock = seen[0]
+    port = sock.getsockname()[1]
+    sock.close()
+    assert config.http is GuardedH11 and config.max_connections == 64 and config.timeout_keep_alive == 5
+    assert TestClient(config.app, base_url=f"http://localhost:{port}").get("/api/card").status_code == 200
+    other = TestClient(config.app, base_url=f"http://localhost:{port + 1}").get("/api/card")
+    assert other.status_code == 400 and "is not this server's" in other.json()["error"]

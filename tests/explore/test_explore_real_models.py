@@ -30,14 +30,14 @@ def _load(**source):
 def smollm2():
     pytest.importorskip("gguf")
     explorable = _load()
-    return explorable, TestClient(create_app(explorable))
+    return explorable, TestClient(create_app(explorable), base_url="http://127.0.0.1:8000")
 
 
 @pytest.fixture(scope="module")
 def minilm():
     pytest.importorskip("tokenizers")
     explorable = _load(model="minilm")
-    return explorable, TestClient(create_app(explorable))
+    return explorable, TestClient(create_app(explorable), base_url="http://127.0.0.1:8000")
 
 
 def test_smollm2_card(smollm2):

@@ -156,6 +156,10 @@ def test_bad_inputs(model):
         embed(["a"], model=model, batch_size=0)
     with pytest.raises(InputError, match=r"max_length must be an integer in \[2, 256\].*got 1000"):
         embed(["a"], model=model, max_length=1000)
+    with pytest.raises(InputError, match=r"texts\[1\] holds a lone surrogate U\+D800 at character offset 2"):
+        embed(["fine", "ok\ud800"], model=model)
+    with pytest.raises(InputError, match=r"the text is not valid UTF-8: byte 0xff at character offset 0"):
+        embed("\udcff", model=model)
 
 
 def test_bad_model_directories(tmp_path):

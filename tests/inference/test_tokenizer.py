@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -99,3 +100,90 @@ def test_a_tokenizer_too_large_for_the_model_is_refused(tmp_path):
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(CheckpointError, match=r"is not a readable tokenizer\.json"):
         load_tokenizer(tokenizer=tmp_path / "broken.json")
+
+
+class CountingBytes(ByteTokenizer):
+    """A byte tokenizer that records how many ids each decode call reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lengths: list[int] = []
+
+    def decode(self, ids):
+        self.lengths.append(len(ids))
+        return super().decode(ids)
+
+
+def test_streaming_decodes_a_window_not_everything_so_far():
+    tokenizer = CountingBytes()
+    stream = TextStream(tokenizer)
+    text = "caf\u00e9 \U0001f642 " * 500  # 3,500 characters, 6,000 bytes
+    pieces = [stream.push([b]) for b in text.encode()] + [stream.flush()]
+    assert "".join(pieces) == text
+    assert max(tokenizer.lengths) <= TextStream.HOLD + 1  # the window, never the whole history
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_streamed_text_equals_the_full_decode_with_split_characters(seed):
+    rng = random.Random(seed)
+    text = "".join(rng.choice(["a", " ", "\u00e9", "\u20ac", "\U0001f642", "\n"]) for _ in range(300))
+    data = bytearray(text.encode())
+    stream = TextStream(ByteTokenizer())
+    pieces, i = [], 0
+    while i < len(data):  # tokens of 1 to 3 bytes, cutting characters anywhere
+        n = rng.randint(1, 3)
+        pieces.append(stream.push(list(data[i : i + n])))
+        i += n
+    pieces.append(stream.flush())
+    assert "".join(pieces) == bytes(data).decode() == text
+    assert all(not piece.endswith("\ufffd") for piece in pieces)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_invalid_bytes_do_not_hold_the_stream_or_lose_characters(seed):
+    rng = random.Random(seed)
+    text = "".join(rng.choice(["a", "\u00e9", "\u20ac", "\U0001f642"]) for _ in range(200))
+    data = bytearray(text.encode())
+    for _ in range(10):  # stray continuation and lead bytes a model may sample
+        data.insert(rng.randrange(len(data)), rng.choice([0x80, 0xBF, 0xE2, 0xF0, 0xFF]))
+    tokenizer = CountingBytes()
+    stream = TextStream(tokenizer)
+    pieces = [stream.push([b]) for b in data] + [stream.flush()]
+    full = bytes(data).decode("utf-8", errors="replace")
+    # Every valid character comes out, in order; only the count of U+FFFD may differ at a split invalid sequence.
+    assert "".join(pieces).replace("\ufffd", "") == full.replace("\ufffd", "")
+    assert max(tokenizer.lengths) <= 2 * TextStream.HOLD + 2
+
+
+def test_streamed_bpe_text_equals_the_full_decode(tmp_path):
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+
+    hf = Tokenizer(BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    corpus = ["caf\u00e9 na\u00efve \u20ac5 \U0001f642 stra\u00dfe"] * 20
+    hf.train_from_iterator(corpus, BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = BPETokenizer(hf, name="trained")
+    text = "\u00e9\u20ac \U0001f642\U0001f642 na\u00efve caf\u00e9 \u00df" * 30
+    ids = tok.encode(text)
+    stream = TextStream(tok)
+    assert "".join(stream.push([i]) for i in ids) + stream.flush() == tok.decode(ids) == text
+
+
+def test_a_model_with_more_than_256_ids_and_no_tokenizer_decodes_the_extra_ids_as_replacement(tmp_path):
+    tok = load_tokenizer(tmp_path / "model.safetensors", vocab_size=300)
+    assert tok.vocab_size == 300
+    ids = [72, 105, 271, 0xC3, 299, 0xA9, 33]  # an extra id even inside a character
+    assert (
+        tok.decode(ids)
+        == "Hi\ufffd\ufffd\ufffd\ufffd!"
+        == bytes([72, 105, 0xFF, 0xC3, 0xFF, 0xA9, 33]).decode(errors="replace")
+    )
+    stream = TextStream(tok)
+    assert "".join(stream.push([i]) for i in ids) + stream.flush() == tok.decode(ids)
+    with pytest.raises(InputError, match=r"byte token ids must lie in \[0, 300\); got \[300\]"):
+        tok.decode([1, 300])
+    with pytest.raises(InputError, match="a byte tokenizer has at least 256 ids; got vocab_size=10"):
+        ByteTokenizer(10)

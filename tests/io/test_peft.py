@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "finetune"))
 from lora_testing import (
@@ -25,7 +27,7 @@ from lora_testing import (
     run_theirs,
 )
 
-from oneblock import CheckpointError, ConversionError
+from oneblock import CheckpointError, ConversionError, OneBlockError
 from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
 from oneblock.io.hf.convert import from_hf
 from oneblock.io.peft import CONFIG_NAME, WEIGHTS_NAME, load_adapter, save_adapter
@@ -216,7 +218,7 @@ def test_a_full_disk_leaves_the_previous_adapter(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(CheckpointError, match=r"the disk is full.*any previous adapter there is intact"):
+    with pytest.raises(CheckpointError, match=r"the disk is full.*the files there before are intact"):
         save_adapter(model, tmp_path, cfg=cfg)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)
@@ -230,3 +232,43 @@ def test_save_refusals():
         save_adapter(model, "unused", cfg=LoraConfig(rank=4, alpha=5.0))
     with pytest.raises(ConversionError, match="has no LoRA adapters to save"):
         save_adapter(from_hf(hf_model("llama")), "unused", cfg=cfg)
+
+
+@pytest.fixture(scope="module")
+def peft_written(tmp_path_factory):
+    """A peft-written Llama adapter's two files, as bytes."""
+    root = tmp_path_factory.mktemp("peft")
+    theirs = peft.get_peft_model(hf_model("llama"), peft.LoraConfig(r=2, target_modules=["q_proj", "down_proj"]))
+    theirs.save_pretrained(str(root))
+    return {name: (root / name).read_bytes() for name in (CONFIG_NAME, WEIGHTS_NAME)}
+
+
+VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 70), st.floats(allow_nan=True), st.text(max_size=6),
+    st.lists(st.text(max_size=4), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)  # fmt: skip
+FIELDS = ["r", "lora_alpha", "lora_dropout", "use_rslora", "peft_type", "target_modules", "use_dora", "bias",
+          "rank_pattern", "modules_to_save", "layers_to_transform"]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    changes=st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=3),
+    cut=st.integers(0, 4000),
+    flip=st.booleans(),
+)
+def test_random_configs_and_damage_give_only_oneblock_errors(peft_written, tmp_path, changes, cut, flip):
+    """Random config values and a truncated or flipped weights file: loaded, or one oneblock error."""
+    config = {**json.loads(peft_written[CONFIG_NAME]), **changes}
+    weights = bytearray(peft_written[WEIGHTS_NAME])
+    if flip:
+        weights[cut % len(weights)] ^= 0x40
+    elif cut:
+        weights = weights[: len(weights) - cut]
+    (tmp_path / CONFIG_NAME).write_text(json.dumps(config))
+    (tmp_path / WEIGHTS_NAME).write_bytes(bytes(weights))
+    model = from_hf(hf_model("llama"))
+    try:
+        load_adapter(model, tmp_path)
+    except OneBlockError:
+        assert not lora_modules(model)

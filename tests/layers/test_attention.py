@@ -295,6 +295,20 @@ def test_fused_qkv_gives_the_same_numbers(n_kv_heads):
             torch.testing.assert_close(fused_w, w, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+def test_unfuse_restores_the_three_projections_exactly(n_kv_heads):
+    torch.manual_seed(7)
+    layer = MultiHeadAttention(C, H, n_kv_heads=n_kv_heads)
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    layer.fuse_qkv()
+    layer.unfuse_qkv()
+    assert layer.qkv_proj is None
+    assert state.keys() == layer.state_dict().keys()
+    assert all(torch.equal(state[k], v) for k, v in layer.state_dict().items())
+    with pytest.raises(ConfigError, match=r"unfuse_qkv splits a fused nn\.Linear; this layer has NoneType"):
+        layer.unfuse_qkv()
+
+
 def test_bad_score_bias_is_refused():
     layer = MultiHeadAttention(C, H).double()
     x = torch.randn(B, T, C, dtype=torch.float64)

@@ -79,3 +79,22 @@ def test_position_wise(kind):
 def test_unknown_kind_is_refused():
     with pytest.raises(ConfigError, match="ffn must be 'mlp', 'swiglu' or 'gated'; got 'moe'"):
         FeedForward(8, 16, kind="moe")
+
+
+@pytest.mark.parametrize(("kind", "activation"), [("swiglu", "silu"), ("gated", "gelu_tanh")])
+def test_fused_gate_up_equals_the_two_products(kind, activation):
+    torch.manual_seed(5)
+    ffn = FeedForward(36, 37, kind=kind, activation=activation, bias=True)
+    x = torch.randn(3, 7, 36, dtype=torch.float64)
+    ffn = ffn.double()
+    before = ffn(x)
+    fused = ffn.fuse_gate_up()
+    assert isinstance(fused, torch.nn.Linear) and fused.weight.shape == (74, 36)
+    assert not hasattr(ffn, "w1") and not hasattr(ffn, "w3")
+    assert torch.allclose(ffn(x), before, rtol=0, atol=1e-12)
+    assert ffn.fuse_gate_up() is fused  # fusing twice is a no-op
+
+
+def test_fuse_gate_up_refuses_a_plain_mlp():
+    with pytest.raises(ConfigError, match="fuse_gate_up applies to gated feed-forwards"):
+        FeedForward(36, 37, kind="mlp").fuse_gate_up()

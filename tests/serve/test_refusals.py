@@ -80,8 +80,8 @@ def test_wrong_or_missing_key_is_401(tiny):
 
 def test_oversized_malformed_and_untyped_bodies(tiny):
     assert_error(post(tiny, "/chat/completions", b"x" * (2 << 20)), 413, "the limit is 1048576")
-    assert_error(post(tiny, "/chat/completions", b'{"model": "m", "messages": ['), 400, "not valid JSON")
-    assert_error(post(tiny, "/chat/completions", b"\xff\xfe"), 400, "not valid JSON")
+    assert_error(post(tiny, "/chat/completions", b'{"model": "m", "messages": ['), 400, "is not JSON")
+    assert_error(post(tiny, "/chat/completions", b"\xff\xfe"), 400, "is not JSON")
     assert_error(post(tiny, "/chat/completions", b"[1, 2]"), 400, "must be a JSON object; got list")
     untyped = {"Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"}
     assert_error(post(tiny, "/chat/completions", b"{}", untyped), 415, "Content-Type: application/json")
@@ -213,3 +213,19 @@ def engine_sampling():
     from oneblock.inference.sampling import Sampling
 
     return Sampling(temperature=0)
+
+
+def test_a_model_failure_is_500_and_the_next_request_is_served(tiny, monkeypatch):
+    step = tiny.engine.decoder.step
+    calls = []
+
+    def failing_once(slots, fed):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return step(slots, fed)
+
+    monkeypatch.setattr(tiny.engine.decoder, "step", failing_once)
+    with pytest.raises(openai.InternalServerError, match=r"internal error \(RuntimeError\)"):
+        client(tiny).chat.completions.create(**CHAT)
+    still_serving(tiny)

@@ -54,8 +54,9 @@ def check_attention_shapes(weights: list[Tensor], expected: tuple[int, ...]) -> 
     )
 
 
-def check_rows_sum_to_one(weights: list[Tensor], *, atol: float = 1e-5) -> CheckResult:
-    """Each query's weights over the keys sum to one."""
+def check_rows_sum_to_one(weights: list[Tensor], *, atol: float | None = None) -> CheckResult:
+    """Each query's weights over the keys sum to one (to ``tolerance`` of the weights' dtype by default)."""
+    atol = tolerance(weights[0].dtype) if atol is None else atol
     err = max(float((w.double().sum(-1) - 1).abs().max()) for w in weights)
     return CheckResult(
         "rows sum to one",
@@ -99,22 +100,38 @@ def check_causality(model: Callable[..., Any], tokens: Tensor, vocab_size: int) 
     )
 
 
+def tolerance(dtype: torch.dtype) -> float:
+    """How far two computations of the same value may differ in ``dtype``: 1e-5 for float32 and float64, eight
+    units of the last place for narrower types (float16: 7.8e-3, bfloat16: 6.3e-2)."""
+    return max(1e-5, 8 * torch.finfo(dtype).eps) if dtype.is_floating_point else 1e-5
+
+
 def check_batch_independence(model: Callable[..., Any], tokens: Tensor) -> CheckResult:
-    """A sequence gives the same output alone as inside a batch."""
+    """A sequence gives the same output alone as inside a batch (relative to the output's size, in its dtype)."""
     with torch.no_grad():
         batched = _output(model, tokens)
         alone = _output(model, tokens[:1])
-    err = float((batched[:1] - alone).abs().max())
-    return CheckResult("batch row equals run alone", err <= 1e-5, f"max difference {err:.2e}", {"max_error": err})
+    err = float((batched[:1].double() - alone.double()).abs().max())
+    atol = tolerance(alone.dtype) * max(1.0, float(alone.double().abs().max()))
+    return CheckResult(
+        "batch row equals run alone",
+        err <= atol,
+        f"max difference {err:.2e} (tolerance {atol:.1e})",
+        {"max_error": err, "atol": atol},
+    )
 
 
 def check_position_wise(ffn: nn.Module, d_model: int, *, length: int = 5, seed: int = 0) -> CheckResult:
-    """Change one token's input to the feed-forward network: the other positions' outputs stay identical."""
+    """Change one token's input to the feed-forward network: the other positions' outputs stay identical.
+
+    The probe has the network's own dtype and device (a float16 model gets a float16 input).
+    """
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(1, length, d_model, generator=g)
+    weight = next(ffn.parameters())
+    x = torch.randn(1, length, d_model, generator=g).to(weight.device, weight.dtype)
     y = x.clone()
     j = length // 2
-    y[:, j] = torch.randn(d_model, generator=g)
+    y[:, j] = torch.randn(d_model, generator=g).to(weight.device, weight.dtype)
     with torch.no_grad():
         a, b = ffn(x), ffn(y)
     others = [i for i in range(length) if i != j]

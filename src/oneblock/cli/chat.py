@@ -82,7 +82,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     precision.add_argument("--bf16", action="store_true", help="dequantize every weight to bfloat16")
     parser.add_argument(
-        "--compile", action="store_true", help="compile the per-token step with torch.compile (slow first reply)"
+        "--compile",
+        action="store_true",
+        help="compile the per-token step with torch.compile (off on the CPU, where it measured slower; "
+        "ONEBLOCK_COMPILE=force compiles anyway)",
     )
     return parser
 
@@ -91,14 +94,17 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
     from oneblock.inference.chat import ChatSession
     from oneblock.inference.sampling import Sampling
+    from oneblock.inference.text import check_text, decode_utf8
 
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1; got {args.max_new_tokens}")
-    prompt = args.prompt
+    prompt: str | None = args.prompt if args.prompt is None else check_text(args.prompt, "PROMPT")
     interactive = prompt is None and sys.stdin.isatty()
-    if prompt is None and not interactive:
-        prompt = sys.stdin.read()
+    if prompt is None and not interactive:  # bytes, so that text that is not UTF-8 is named, not guessed
+        raw = getattr(sys.stdin, "buffer", None)
+        what = "the text on stdin"
+        prompt = decode_utf8(raw.read(), what) if raw is not None else check_text(sys.stdin.read(), what)
     if prompt is not None and not prompt.strip():
         raise InputError("the prompt is empty; give PROMPT, pipe text on stdin, or run at a terminal to chat")
     path = model_path(args.model)
@@ -118,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if interactive:
         return converse(session, path.name)
-    for piece in session.stream(prompt.strip()):
+    for piece in session.stream((prompt or "").strip()):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

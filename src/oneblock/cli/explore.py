@@ -60,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--text and --target describe the --html page; add --html FILE, or drop them to serve")
     if args.html is not None and not args.text:
         raise InputError("--html needs --text TEXT: the text the page shows")
+    if args.html is None:
+        from oneblock.web.transport import check_bind_host
+
+        check_bind_host(args.host)
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must lie in [0, 65535]; got {args.port}")
     if args.max_tokens < 1:

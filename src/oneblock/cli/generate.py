@@ -72,7 +72,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "and --dtype float32 is the exact dequantized model)",
     )
     parser.add_argument(
-        "--compile", action="store_true", help="compile the per-token step with torch.compile (slow first step)"
+        "--compile",
+        action="store_true",
+        help="compile the per-token step with torch.compile (off on the CPU, where it measured slower; "
+        "ONEBLOCK_COMPILE=force compiles anyway)",
     )
     parser.add_argument(
         "--cache-dtype",
@@ -100,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.inference.generation import fit_new_tokens, generate
     from oneblock.inference.process import peak_rss_bytes, process_seconds
     from oneblock.inference.sampling import Sampling
+    from oneblock.inference.text import check_text
     from oneblock.inference.tokenizer import TextStream
 
+    check_text(args.prompt, "--prompt")
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
     sampling = Sampling(

@@ -27,6 +27,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "generate",
     "chat",
     "train",
+    "finetune",
     "experiment",
     "explore",
     "serve",

@@ -12,9 +12,13 @@ from typing import Any
 
 from oneblock.errors import InputError
 from oneblock.explore.loading import Explorable
+from oneblock.inference.text import check_text
 
 FIELDS = ("text", "ids", "target", "target_ids", "temperature", "top_k", "seed", "greedy")
 MAX_TEMPERATURE = 10.0
+# Below this, logits / temperature can overflow to inf (1e-310 is a legal JSON number) and softmax gives NaN;
+# the page's slider stops at 0.1, and 0.01 is already indistinguishable from greedy.
+MIN_TEMPERATURE = 0.01
 MAX_TOP_K = 50
 
 
@@ -95,6 +99,7 @@ def _sequence(
         text = body[text_key]
         if not isinstance(text, str):
             raise InputError(f"{text_key} must be a string; got {type(text).__name__}")
+        check_text(text, text_key)
         if not text.strip():
             raise InputError(f"{text_key} is empty; type some text")
         if len(text) > limits.max_chars:
@@ -129,8 +134,11 @@ def _sequence(
 def _temperature(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InputError(f"temperature must be a number; got {_short(value)}")
-    if not 0 < value <= MAX_TEMPERATURE:
-        raise InputError(f"temperature must lie in (0, {MAX_TEMPERATURE:g}]; got {value}")
+    if not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:
+        raise InputError(
+            f"temperature must lie in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]; got {value} "
+            "(greedy takes the most likely token)"
+        )
     return float(value)
 
 

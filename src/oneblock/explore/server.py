@@ -7,98 +7,97 @@ API (every answer is JSON; a bad request is a 400 ``{"error": "..."}`` naming th
   encoder-decoder, ``temperature``, ``top_k``) -> tokens, block, attention, logit lens, next token;
 * ``POST /api/generate``: the same body plus ``greedy`` and ``seed`` -> the appended token and the new analysis.
 
-One computation runs at a time (a lock), so memory stays that of one forward pass; bodies, texts and token
-counts are capped (``Limits``).
+One computation runs at a time and one more may wait (``oneblock.web.gate``; beyond, a 503 with ``Retry-After``),
+so memory stays that of one forward pass and the page's files always load; bodies, texts and token counts are
+capped (``Limits``). Requests must be addressed to the server by a loopback name (or the host it was bound to)
+and its port, and POSTs must be JSON (``oneblock.web.guards``); connections and header time are bounded
+(``oneblock.web.transport``).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
+import math
 import socket
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from oneblock.errors import InputError, OneBlockError
+from oneblock.errors import OneBlockError
 from oneblock.explore.analysis import analyze, generate_step
 from oneblock.explore.card import model_card
 from oneblock.explore.loading import Explorable
 from oneblock.explore.requests import Limits, parse_request, token_cap
+from oneblock.web.body import read_json
+from oneblock.web.gate import Busy, Gate, Gone
+from oneblock.web.guards import HostCheck, HostPolicy, JSONOnly
+from oneblock.web.transport import check_bind_host, server_config
 
 STATIC = Path(__file__).parent / "static"
-BUSY_TIMEOUT_S = 60.0
 # The page loads nothing from anywhere else: scripts, styles and requests stay on this server.
 PAGE_POLICY = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:"
 log = logging.getLogger("oneblock.explore")
 
 
-class Busy(Exception):
-    """Another computation held the lock for longer than ``BUSY_TIMEOUT_S``."""
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"error": message}, status_code=status, headers={"Cache-Control": "no-store", **(headers or {})}
+    )
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers={"Cache-Control": "no-store"})
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None`` (JSON has no NaN), so an answer always encodes."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
 
 
-async def read_json(request: HTTPRequest, limit: int) -> Any:
-    """The request's JSON body, refused past ``limit`` bytes before it is all read.
+def create_app(
+    explorable: Explorable, limits: Limits | None = None, *, hosts: HostPolicy | None = None, queue: int = 1
+) -> Starlette:
+    """The explorer for one loaded model; the model card (with its checks) is computed here, once.
 
-    Raises:
-        InputError: too large, not UTF-8 or not JSON.
+    Args:
+        explorable: the model, its tokenizer and names.
+        limits: caps on one request.
+        hosts: the ``Host`` headers answered (default: loopback names, any port; ``serve`` passes the bound one).
+        queue: analyses that may wait while one runs; more get a 503.
     """
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise InputError(f"the request body is {declared} bytes; the limit is {limit}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise InputError(f"the request body is over the limit of {limit} bytes")
-    try:
-        return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(f"the request body is not JSON: {error}") from None
-
-
-def create_app(explorable: Explorable, limits: Limits | None = None) -> Starlette:
-    """The explorer for one loaded model; the model card (with its checks) is computed here, once."""
     limits = limits or Limits()
-    lock = threading.Lock()
+    gate = Gate(queue)
     card = model_card(explorable, limits)
     cap = token_cap(explorable, limits)
-
-    def locked(work: Callable[[], Any]) -> Any:
-        if not lock.acquire(timeout=BUSY_TIMEOUT_S):
-            raise Busy
-        try:
-            return work()
-        finally:
-            lock.release()
 
     async def compute(request: HTTPRequest, work: Callable[[Any], Any]) -> Response:
         try:
             parsed = parse_request(await read_json(request, limits.max_body), explorable, limits)
-            result = await run_in_threadpool(locked, lambda: work(parsed))
+            result = await gate.run(lambda: _finite(work(parsed)), abandoned=request.is_disconnected)
+            return JSONResponse(result, headers={"Cache-Control": "no-store"})
         except OneBlockError as error:
             return _error(400, str(error))
-        except Busy:
-            return _error(503, "the server is busy with another computation; try again")
+        except Busy as busy:
+            message = "the server is busy with another computation; try again"
+            return _error(503, message, {"Retry-After": str(busy.retry_after)})
+        except (ClientDisconnect, Gone):  # the client hung up: nothing to answer, nothing to log
+            return Response(status_code=499)
         except Exception as error:  # a bug, not the user's input: log it here, answer without a traceback
             log.exception("explore: computation failed")
             return _error(500, f"internal error ({type(error).__name__}); the server's log has the details")
-        return JSONResponse(result, headers={"Cache-Control": "no-store"})
 
     async def page(request: HTTPRequest) -> Response:
         html = (STATIC / "index.html").read_text(encoding="utf-8")
@@ -124,7 +123,10 @@ def create_app(explorable: Explorable, limits: Limits | None = None) -> Starlett
         Route("/api/generate", generate_route, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    checks = [Middleware(HostCheck, policy=hosts or HostPolicy()), Middleware(JSONOnly)]  # the host first
+    app = Starlette(routes=routes, middleware=checks, exception_handlers={HTTPException: http_error})
+    app.state.gate = gate
+    return app
 
 
 def is_loopback(host: str) -> bool:
@@ -160,13 +162,14 @@ def serve(explorable: Explorable, *, host: str = "127.0.0.1", port: int = 8000, 
     """Serve the explorer until Ctrl-C; prints the URL first, and a warning when ``host`` is not loopback."""
     import uvicorn
 
+    check_bind_host(host)
     if not is_loopback(host):
         print(
             f"warning: serving on {host}, reachable from other machines; the explorer has no authentication",
             file=sys.stderr,
         )
-    app = create_app(explorable, limits)
     sock = bind(host, port)
+    app = create_app(explorable, limits, hosts=HostPolicy(host, sock.getsockname()[1]))
     print(f"oneblock explore: {explorable.name} at {url_of(sock)} (Ctrl-C stops)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(server_config(app))
     server.run(sockets=[sock])

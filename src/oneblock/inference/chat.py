@@ -30,6 +30,7 @@ from torch import Tensor
 from oneblock.errors import InputError
 from oneblock.inference.generation import generate_stream
 from oneblock.inference.sampling import Sampling
+from oneblock.inference.text import check_text
 from oneblock.inference.tokenizer import TextStream, Tokenizer
 from oneblock.models.decoder import Decoder
 
@@ -142,6 +143,7 @@ class ChatSession:
         if not isinstance(text, str) or not text.strip():
             got = repr(text) if isinstance(text, str) else type(text).__name__
             raise InputError(f"a chat message must be a non-empty str; got {got}")
+        check_text(text, "the chat message")
         budget = self.context - self.max_new_tokens
         for dropped in range(len(self.history) // 2 + 1):
             ids = self._render(self._conversation(self.history[2 * dropped :], text))

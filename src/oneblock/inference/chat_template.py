@@ -1,25 +1,30 @@
 """Chat templates: the Jinja programs that turn a conversation into the one string a chat model was trained on.
 
-A template comes from a downloaded file, so it is untrusted code: it runs in Jinja's immutable sandbox, under a
+A template comes from a downloaded file, so it is untrusted code: it runs in Jinja's immutable sandbox with every
+operation that builds a string or list bounded before it runs (``oneblock.inference.template_bounds``), under a
 time limit (``MAX_SECONDS``, checked on every line the template executes, so an empty loop of 10^10 turns stops
-too), an output limit (``MAX_CHARS``), and with ``*`` and ``**`` bounded (``"x" * 10**9`` and ``10**10**10``
-would allocate or compute for ever before any limit could look). Whatever goes wrong inside (``{{ 1/0 }}``, a
-recursive macro, a template that does not parse) is an ``InputError``.
+too) and an output limit (``MAX_CHARS``). The template itself is at most ``MAX_TEMPLATE_CHARS`` long (published
+ones are under 20 KB), its compilation is timed (``MAX_COMPILE_SECONDS``), and it is compiled once per process for
+each distinct text (a chat renders every turn). Whatever goes wrong inside (``{{ 1/0 }}``, a recursive macro, a
+template that does not parse) is an ``InputError``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from oneblock.errors import InputError
+from oneblock.inference.template_bounds import MAX_CHARS, TooLarge, bounded_concat, bounded_environment
 
 MAX_SECONDS = 2.0
-MAX_CHARS = 1_000_000
+MAX_COMPILE_SECONDS = 2.0
+MAX_TEMPLATE_CHARS = 65_536
+__all__ = ["MAX_CHARS", "MAX_COMPILE_SECONDS", "MAX_SECONDS", "MAX_TEMPLATE_CHARS", "render_chat"]
 
 
 class _TimeUp(Exception):
@@ -54,28 +59,26 @@ def render_chat(
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
             raise InputError(f"message {i} must be a mapping with 'role' and 'content'; got {message!r}")
-
-    def raise_exception(text: str) -> None:
-        raise jinja2.exceptions.TemplateError(text)
-
-    def tojson(
-        x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
-    ) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = _bounded_environment()
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    if not isinstance(template, str):
+        raise InputError(f"the chat template must be a str; got {type(template).__name__}")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise InputError(
+            f"the chat template is {len(template):,} characters long; the limit is {MAX_TEMPLATE_CHARS:,} "
+            "(published templates are under 20,000); it is broken or hostile"
+        )
     try:
-        compiled = env.from_string(template)
+        compiled = _compile(template)
         return _render_bounded(
             compiled, messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **variables
         )
     except jinja2.exceptions.TemplateError as error:
         raise InputError(f"the chat template rejected the conversation: {error}") from None
-    except _TimeUp:
-        raise InputError(f"the chat template ran for more than {MAX_SECONDS} s; it is broken or hostile") from None
+    except _TimeUp as late:
+        raise InputError(
+            f"the chat template {late} for more than {_seconds(late)} s; it is broken or hostile"
+        ) from None
+    except TooLarge as error:
+        raise InputError(f"the chat template is too large to run: {error}; it is broken or hostile") from None
     except RecursionError:
         raise InputError("the chat template recursed too deeply; it is broken or hostile") from None
     except InputError:
@@ -84,13 +87,48 @@ def render_chat(
         raise InputError(f"the chat template failed: {type(error).__name__}: {error}") from None
 
 
+def _seconds(late: _TimeUp) -> float:
+    return MAX_COMPILE_SECONDS if str(late) == "compiled" else MAX_SECONDS
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str) -> Any:
+    """The compiled template, once per text; compilation is stopped after ``MAX_COMPILE_SECONDS``.
+
+    Its ``~`` is bounded by replacing the compiled module's ``str_join`` (``template_bounds.bounded_concat``).
+    """
+    import jinja2
+
+    def raise_exception(text: str) -> None:
+        raise jinja2.exceptions.TemplateError(text)
+
+    env = bounded_environment()
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    deadline = time.monotonic() + MAX_COMPILE_SECONDS
+
+    def on_call(frame: Any, event: str, arg: Any) -> None:  # calls only: the lexer and parser call often
+        if time.monotonic() > deadline:
+            raise _TimeUp("compiled")
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        compiled = env.from_string(template)
+    finally:
+        sys.settrace(previous)
+    namespace = compiled.root_render_func.__globals__
+    namespace["str_join"] = namespace["markup_join"] = bounded_concat
+    return compiled
+
+
 def _render_bounded(compiled: Any, **context: Any) -> str:
     """Render under the time and output limits."""
     deadline = time.monotonic() + MAX_SECONDS
 
     def trace(frame: Any, event: str, arg: Any) -> Any:
         if time.monotonic() > deadline:
-            raise _TimeUp
+            raise _TimeUp("ran")
         return trace if frame.f_code.co_filename == "<template>" else None
 
     previous = sys.gettrace()
@@ -105,27 +143,3 @@ def _render_bounded(compiled: Any, **context: Any) -> str:
         return "".join(parts)
     finally:
         sys.settrace(previous)
-
-
-def _bounded_environment() -> Any:
-    """Jinja's immutable sandbox, with ``*`` and ``**`` refused when their result would be enormous."""
-    from jinja2.exceptions import SecurityError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Bounded(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**"})
-
-        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-            if operator == "**" and _is_number(left) and _is_number(right) and abs(left) > 1 and abs(right) > 1024:
-                raise SecurityError(f"{left!r} ** {right!r} is too large for a chat template")
-            if operator == "*":
-                for seq, n in ((left, right), (right, left)):
-                    if isinstance(seq, (str, list, tuple)) and _is_number(n) and len(seq) * n > MAX_CHARS:
-                        raise SecurityError(f"a sequence of {len(seq)} repeated {n} times is too long")
-            return super().call_binop(context, operator, left, right)
-
-    return Bounded(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -13,7 +13,8 @@ Two implementations compute the same logits:
   exact length the generation needs, the rotary tables and padding masks of every position, and one fused
   query/key/value matrix per layer (the file's 4-bit one for a GGUF model). A step then validates nothing and
   builds no mask: a single new query attends to every cached key, so causality needs no mask, and padding is a
-  view of the precomputed one. ``torch.compile`` can compile ``step`` (``compile=True``).
+  view of the precomputed one. ``torch.compile`` can compile ``step`` (``compile=True``; off on the CPU, where it
+measured slower).
 
 Tests prove the lean step's logits equal the full forward's within 1e-5 in float32, with identical greedy tokens.
 """
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from oneblock.inference.compile_policy import compile_backend
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
@@ -120,9 +122,10 @@ class LeanDecode:
 
     Args:
         run: the validated generation (prompt, mask, number of new tokens).
-        compile: compile ``step`` with ``torch.compile``: ``True`` for its default backend (inductor), or a
-            backend's name (``"aot_eager"`` traces without generating code, in seconds). The first call pays the
-            compilation; ``compile_seconds`` records that first call's time.
+        compile: compile ``step`` with ``torch.compile``: ``True`` for inductor where it is faster (not on the
+            CPU, unless ``ONEBLOCK_COMPILE=force``: see :mod:`oneblock.inference.compile_policy`), or a backend's
+            name, always honoured (``"aot_eager"`` traces without generating code, in seconds). The first call
+            pays the compilation; ``compile_seconds`` records that first call's time.
         cache_dtype: dtype of the stored keys and values (default: the model's).
     """
 
@@ -131,7 +134,7 @@ class LeanDecode:
         self.run, self.model = run, model
         b, t = run.seen.shape
         total = t + max(run.max_new - 1, 0)  # the last new token is sampled, never fed back
-        dtype = model.embed.tok.weight.dtype
+        dtype = model.embed.dtype
         self.compute_dtype = dtype
         self.cache = model.new_cache(b, max_len=max(total, 1), dtype=cache_dtype)
         for layer in self.cache.layers:  # grow once, to the exact length, instead of in chunks
@@ -156,12 +159,9 @@ class LeanDecode:
         self.sizes = (self.heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head)
         self.end = 0
         self.compile_seconds: float | None = None
-        if compile:
-            backend = compile if isinstance(compile, str) else "inductor"
-            self._step = torch.compile(self.step, dynamic=True, backend=backend)
-        else:
-            self._step = self.step
-        self._compiled = bool(compile)
+        backend = compile_backend(compile, run.seen.device)  # None on the CPU unless forced: see compile_policy
+        self._step = self.step if backend is None else torch.compile(self.step, dynamic=True, backend=backend)
+        self._compiled = backend is not None
 
     def next(self, fed: Tensor | None) -> Tensor:
         """The logits (B, V) in float32 after ``fed`` (B,) (``None`` on the first call: the prompt)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from oneblock.errors import CheckpointError, InputError
+from oneblock.inference.text import check_text
+from oneblock.io import jsontext
 from oneblock.models.encoder import Encoder
 from oneblock.models.inputs import config_of
 
@@ -236,12 +237,13 @@ def similarity(
 
 def _check_texts(texts: object) -> list[str]:
     if isinstance(texts, str):
-        return [texts]
+        return [check_text(texts, "the text")]
     if not isinstance(texts, Sequence):
         raise InputError(f"texts must be a string or a sequence of strings; got {type(texts).__name__}")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise InputError(f"texts[{i}] must be a string; got {type(text).__name__} {text!r:.40}")
+        check_text(text, f"texts[{i}]")
     return list(texts)
 
 
@@ -268,10 +270,7 @@ def _pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 def _read_json(path: Path, *, default: Any) -> Any:
     if not path.is_file():
         return default
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{str(path)!r} is not valid JSON: {error}") from error
+    return jsontext.loads(path.read_bytes(), what=repr(str(path)), error=CheckpointError)
 
 
 def _module_path(modules: Any, kind: str, default: str) -> str:

@@ -223,7 +223,8 @@ def generate_stream(
         prompt_padding_mask: (B, T) bool, True = real token; padding must be on the left.
         return_logits: also return each step's next-token logits, before temperature and filtering.
         compile: compile the per-token step with ``torch.compile`` (pre-LN decoders with a cache): ``True``, or
-            a backend's name.
+            a backend's name. ``True`` runs the eager step on the CPU, where compiling measured slower, and says
+            so on stderr (``ONEBLOCK_COMPILE=force`` overrides; see :mod:`oneblock.inference.compile_policy`).
         cache_dtype: dtype of the stored keys and values (default the model's; ``torch.bfloat16`` halves a float32
             model's cache); pre-LN decoders with a cache only.
         stats: a dict to fill with ``prefill_seconds``, ``decode_seconds``, ``new_tokens`` and, with
@@ -336,7 +337,9 @@ def _prepare(
         )
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
         raise InputError(f"max_new_tokens must be an int >= 0; got {max_new!r}")  # before the prompt's checks
-    device = decoder.embed.tok.weight.device
+    device = decoder.embed.device
+    if isinstance(prompt, Sequence) and any(isinstance(i, bool) for i in prompt):  # bool is an int to Python
+        raise InputError(f"prompt_ids must hold integer token ids, not booleans; got {list(prompt)[:6]!r}")
     if _is_id_list(prompt):
         prompt = torch.tensor(prompt, dtype=torch.long)  # one prompt given as a list of ids
     flat = isinstance(prompt, Tensor) and prompt.dim() == 1

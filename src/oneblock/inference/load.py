@@ -8,7 +8,9 @@
 * a oneblock checkpoint file: ``oneblock.load``, and a tokenizer found beside it;
 * a preset name (``"gpt2"``, ``"lesson"``, ...): a freshly initialized model (seeded), with UTF-8 bytes as tokens.
 
-Without a vocabulary file, text is UTF-8 bytes (ids 0..255). Every command of the CLI loads through here.
+Without a vocabulary file, text is UTF-8 bytes (ids 0..255). ``adapter=DIR`` puts a peft LoRA adapter on any of
+them (``oneblock.io.peft.load_adapter``), ``merge=True`` folds it into the weights. Every command of the CLI loads
+through here.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from oneblock.errors import CheckpointError
+from oneblock.errors import CheckpointError, InputError
 from oneblock.inference.tokenizer import Tokenizer, load_tokenizer
 from oneblock.models.inputs import config_of
 
@@ -80,9 +82,14 @@ def load_model(
     Raises:
         CheckpointError: a path that does not exist and is no preset name, or a file that cannot be read.
         ConversionError: a file whose model oneblock cannot represent.
-        InputError: a tokenizer with more ids than the model has.
+        InputError: a tokenizer with more ids than the model has, or a ``dtype`` that is not floating point.
         ConfigError: ``merge`` without ``adapter``, or merging into 4-bit weights.
     """
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise InputError(
+            f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16, torch.float16, "
+            f"torch.float64) or None; got {dtype!r} (for 8-bit weights, load then call oneblock.quantize_int8)"
+        )
     if merge and adapter is None:
         from oneblock.errors import ConfigError
 

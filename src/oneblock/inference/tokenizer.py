@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from oneblock.errors import CheckpointError, InputError
+from oneblock.inference.text import check_text
 
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILES = ("vocab.json", "merges.txt")
@@ -66,26 +67,40 @@ class _NoChatTemplate:
 
 
 class ByteTokenizer(_NoChatTemplate):
-    """UTF-8 bytes as token ids 0..255; decoding replaces invalid byte sequences with U+FFFD."""
+    """UTF-8 bytes as token ids 0..255; decoding replaces invalid byte sequences with U+FFFD.
+
+    Args:
+        vocab_size: the model's vocabulary when it has more than 256 ids (a checkpoint without a tokenizer);
+            ids 256 and above stand for no byte, so decoding masks each to U+FFFD, as it does an invalid byte,
+            and a stream of generated text never stops on one.
+    """
 
     name = "bytes"
     eos_id: int | None = None
 
+    def __init__(self, vocab_size: int = 256) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 256:
+            raise InputError(f"a byte tokenizer has at least 256 ids; got vocab_size={vocab_size!r}")
+        self._vocab_size = vocab_size
+
     @property
     def vocab_size(self) -> int:
-        return 256
+        return self._vocab_size
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise InputError(f"encode expects a str; got {type(text).__name__}")
-        return list(text.encode("utf-8"))
+        return list(check_text(text).encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < 256]
+        bad = [i for i in ids if not 0 <= i < self._vocab_size]
         if bad:
-            raise InputError(f"byte token ids must lie in [0, 256); got {bad[:5]}")
-        return bytes(ids).decode("utf-8", errors="replace")
+            raise InputError(f"byte token ids must lie in [0, {self._vocab_size}); got {bad[:5]}")
+        if self._vocab_size == 256:
+            return bytes(ids).decode("utf-8", errors="replace")
+        # 0xFF never occurs in UTF-8, so it decodes to exactly one U+FFFD wherever an id names no byte
+        return bytes(i if i < 256 else 0xFF for i in ids).decode("utf-8", errors="replace")
 
 
 class BPETokenizer(_NoChatTemplate):
@@ -136,7 +151,7 @@ class BPETokenizer(_NoChatTemplate):
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise InputError(f"encode expects a str; got {type(text).__name__}")
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(check_text(text), add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``; a partial multi-byte character decodes to U+FFFD."""
@@ -181,8 +196,8 @@ def load_tokenizer(
             raise CheckpointError(f"the tokenizer file {str(path)!r} does not exist")
     else:
         path = find_tokenizer(checkpoint) if checkpoint is not None else None
-    if path is None:
-        result: Tokenizer = ByteTokenizer()
+    if path is None:  # a larger model's ids past 255 decode to U+FFFD (see ByteTokenizer)
+        result: Tokenizer = ByteTokenizer(max(vocab_size or 256, 256))
     elif path.name.endswith(VOCAB_FILES[0]):
         merges = path.with_name(VOCAB_FILES[1])
         if not merges.is_file():
@@ -204,33 +219,52 @@ def load_tokenizer(
 
 
 class TextStream:
-    """Decode generated ids as they come, emitting text only once it is complete.
+    """Decode generated ids as they come, emitting text only once it is complete, in constant time per token.
 
     Decoding one token at a time can cut a UTF-8 character (or, for byte-level BPE, a token) in half, which
-    would print U+FFFD. The stream decodes all ids so far and holds back text that ends in an incomplete
-    character until the next token completes it.
+    would print U+FFFD; decoding all ids so far at every token costs time quadratic in the length. The stream
+    decodes a short window instead (as vLLM's incremental detokenizer does): the ids from ``prefix`` (already
+    printed, kept as context for tokenizers whose text depends on the previous token) to the end, and prints what
+    the window adds beyond the text of ``ids[prefix:read]``. Text ending in an incomplete character is held until
+    the next token completes it, for at most ``HOLD`` tokens (a character has at most 4 bytes, a token at least
+    one): beyond that the bytes are invalid and printed as U+FFFD, as the full decode would. The pieces join to
+    ``tokenizer.decode(all ids)``.
 
     >>> stream = TextStream(ByteTokenizer())
     >>> stream.push([0xC3]), stream.push([0xA9])
     ('', 'é')
     """
 
+    HOLD = 4
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.printed = 0  # characters of the decoded text already handed out
+        self.prefix = 0  # ids before this are printed and no longer decoded
+        self.read = 0  # ids before this are printed
 
     def push(self, ids: Sequence[int]) -> str:
         """Add ids; return the new text that is ready."""
         self.ids.extend(int(i) for i in ids)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # possibly an unfinished character: wait for more
-            return ""
-        new, self.printed = text[self.printed :], len(text)
-        return new
+        text = self.tokenizer.decode(self.ids[self.prefix :])
+        if not text.endswith("\ufffd"):
+            return self._advance(text, len(self.ids))
+        if len(self.ids) - self.read <= self.HOLD:
+            return ""  # possibly an unfinished character: wait for more
+        # Invalid bytes: print up to the last cut whose text the whole window agrees with, keeping back the last
+        # three ids unless they end a character (a character started there may still be completed).
+        for end in range(len(self.ids) - 1, self.read, -1):
+            head = self.tokenizer.decode(self.ids[self.prefix : end])
+            if text.startswith(head) and (not head.endswith("\ufffd") or end <= len(self.ids) - 3):
+                return self._advance(head, end)
+        return ""
 
     def flush(self) -> str:
         """Whatever is left, complete or not (call once generation ends)."""
-        text = self.tokenizer.decode(self.ids)
-        new, self.printed = text[self.printed :], len(text)
-        return new
+        return self._advance(self.tokenizer.decode(self.ids[self.prefix :]), len(self.ids))
+
+    def _advance(self, text: str, end: int) -> str:
+        """Print ``text``, the decoding of ``ids[prefix:end]``, beyond what was printed."""
+        printed = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        self.prefix, self.read = self.read, end
+        return text[len(printed) :]

@@ -9,9 +9,11 @@ metadata:
   a flipped bit anywhere (tensor data, config, metadata, header) is caught;
 - ``oneblock.metadata``: the caller's own JSON (training step, source model, ...).
 
-Loading checks, in this order and before any model is built: the digest; the config's size against the limits of
-``oneblock.io.limits``; the tensors' names, shapes and dtypes against a model built on the meta device (no memory);
-then that the values are finite. Only then is the model allocated.
+The file is mapped, not read (``oneblock.io.files.map_file``), so a checkpoint costs its model's memory once.
+Loading checks, in this order and before any model is built: the header's declared sizes against the file's;
+the digest; the config's size against the limits of ``oneblock.io.limits``; the tensors' names, shapes and dtypes
+against a model built on the meta device (no memory); then that the values are finite. Only then is the model
+allocated.
 
 Tied and shared weights (the LM head that *is* the token embedding, the decoder's token embedding that *is*
 the encoder's) are stored once, under the first name ``state_dict`` gives them; ``load`` builds the model from
@@ -35,7 +37,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError
-from oneblock.io import files, integrity, limits
+from oneblock.io import files, integrity, jsontext, limits
 from oneblock.models.build import Model, build_model
 
 FORMAT = "oneblock-checkpoint"
@@ -179,12 +181,12 @@ def load(
     expected = skeleton.state_dict()
     aliases = _aliases(skeleton, expected)
     _check_listing(name, info.tensors, {key: expected[key] for key in set(aliases.values())})
-    tensors = integrity.tensors_of(blob, name)
-    del blob
+    tensors = integrity.tensors_of(blob, name, copy=False)  # views of the mapping, copied into the model below
     check_finite(tensors, f"{name} is unusable")
     model = build_model(cfg, dtype=stored)
     # Every alias of a tied tensor gets the stored value, so load_state_dict can be strict.
     model.load_state_dict({key: tensors[aliases[key]] for key in expected}, strict=True)
+    del tensors, blob
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
     return model.eval()
@@ -207,27 +209,24 @@ def _source(path: object) -> Path:
     return Path(path)
 
 
-def _read(path: Path) -> tuple[CheckpointInfo, bytes]:
+def _read(path: Path) -> tuple[CheckpointInfo, integrity.Buffer]:
     entries, meta, blob = _load_verified(path)
     name = repr(str(path))
     try:
         cfg = ModelConfig.from_json(meta[_KEY_CONFIG])
     except ConfigError as error:
         raise CheckpointError(f"{name} holds a config that cannot be built: {error}") from error
-    try:
-        user = json.loads(meta.get(_KEY_USER, "{}"))
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{name} has metadata that is not valid JSON: {error}") from error
+    user = jsontext.loads(meta.get(_KEY_USER, "{}"), what=f"the metadata of {name}", error=CheckpointError)
     if not isinstance(user, dict):
         raise CheckpointError(f"{name} has metadata that is not a JSON object")
     listing = {key: (str(e["dtype"]), tuple(e["shape"])) for key, e in entries.items()}
     return CheckpointInfo(cfg, user, int(meta[_KEY_VERSION]), meta[_KEY_SHA], listing), blob
 
 
-def _load_verified(path: Path) -> tuple[dict[str, Any], dict[str, str], bytes]:
+def _load_verified(path: Path) -> tuple[dict[str, Any], dict[str, str], integrity.Buffer]:
     """The verified header entries, metadata and bytes of a oneblock checkpoint."""
     name = repr(str(path))
-    blob = files.read_bytes(path, "checkpoint")
+    blob = files.map_file(path, "checkpoint")  # mapped: the header's sizes are checked before the body is read
     _, meta, _ = integrity.parse_header(blob, name)  # a pickle or a foreign file is named before the digest
     if meta.get(_KEY_FORMAT) != FORMAT:
         raise CheckpointError(

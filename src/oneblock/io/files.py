@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import re
 import secrets
@@ -143,16 +144,50 @@ def replace_files(
     fsync_directory(directory)
 
 
-def read_bytes(path: Path, what: str, error: type[OneBlockError] = CheckpointError) -> bytes:
-    """All bytes of the regular file ``path``; a missing path, a directory or an unreadable file is ``error``."""
+def read_bytes(
+    path: Path, what: str, error: type[OneBlockError] = CheckpointError, *, limit: int | None = None
+) -> bytes:
+    """All bytes of the regular file ``path``; a missing path, a directory or an unreadable file is ``error``.
+
+    Args:
+        limit: refuse a file of more bytes than this, having read at most one byte more.
+    """
     if not path.exists():
         raise error(f"no {what} at {str(path)!r}: the file does not exist")
     if not path.is_file():
         raise error(f"{str(path)!r} is not a file (a directory or a device); a {what} is one regular file")
     try:
-        return path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read() if limit is None else f.read(limit + 1)
     except OSError as err:
         raise error(describe_os_error(err, path, f"read the {what}")) from None
+    if limit is not None and len(data) > limit:
+        raise error(f"the {what} {str(path)!r} is over the limit of {limit:,} bytes; is it the right file?")
+    return data
+
+
+def map_file(path: Path, what: str, error: type[OneBlockError] = CheckpointError) -> mmap.mmap | bytes:
+    """The regular file ``path`` mapped into memory (copy-on-write, never written back), or ``b""`` when empty.
+
+    Nothing is read until used: a reader checks the header's declared sizes against ``len()`` first, and the pages
+    it then reads are the operating system's file cache, shared and reclaimable, not a private copy of the file.
+
+    Raises:
+        ``error``: a missing path, a directory or device, or a file that cannot be opened or mapped.
+    """
+    if not path.exists():
+        raise error(f"no {what} at {str(path)!r}: the file does not exist")
+    if not path.is_file():
+        raise error(f"{str(path)!r} is not a file (a directory or a device); a {what} is one regular file")
+    try:
+        with path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError) as err:
+        if isinstance(err, OSError):
+            raise error(describe_os_error(err, path, f"read the {what}")) from None
+        raise error(f"cannot map the {what} {str(path)!r}: {err}") from None
 
 
 def remove_leftovers(directory: Path) -> list[Path]:

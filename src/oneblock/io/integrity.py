@@ -5,28 +5,35 @@ JSON value). Writing puts 64 zeros where the digest goes, hashes the whole file,
 zeros; checking finds the recorded digest, puts the zeros back, hashes and compares. So a change to any byte
 (header, config, metadata, tensor data, or the digest) is refused before anything is built from the file.
 
-Safetensors files are read from memory after the check, so the bytes verified are the bytes used.
+Safetensors files are mapped, not read (``oneblock.io.files.map_file``): the 8-byte header length and the JSON
+header are checked against the file's size before any other byte is touched, the digest is computed over the
+mapping, and the tensors are built from the same mapping, so the bytes verified are the bytes used (unless
+another process rewrites the file in place meanwhile; oneblock itself only ever replaces files by renaming).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import mmap
 import struct
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor
 
 from oneblock.errors import CheckpointError
-from oneblock.io.files import read_bytes
+from oneblock.io import jsontext
+from oneblock.io.files import map_file, read_bytes
 
 PLACEHOLDER = "0" * 64
+Buffer = bytes | mmap.mmap  # a file's bytes, or its mapping
 DIGEST_KEY = "oneblock.sha256"
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
 # First bytes of formats that must not be unpickled: pickle protocol 2+ starts with PROTO (0x80, version 2-5),
@@ -45,7 +52,7 @@ def seal(blob: bytes, start: int = 0, end: int | None = None) -> list[memoryview
     return [view[:at], memoryview(digest), view[at + len(digest) :]]
 
 
-def verify(blob: bytes, recorded: object, name: str, start: int = 0, end: int | None = None) -> None:
+def verify(blob: Buffer, recorded: object, name: str, start: int = 0, end: int | None = None) -> None:
     """Refuse ``blob`` unless ``recorded`` is the digest of its bytes with the digest replaced by zeros.
 
     Args:
@@ -83,22 +90,22 @@ def dump_safetensors(tensors: Mapping[str, Tensor], metadata: Mapping[str, str])
     return seal(blob, 8, 8 + n)
 
 
-def load_sealed(path: Path, what: str) -> tuple[dict[str, Any], dict[str, str], bytes]:
+def load_sealed(path: Path, what: str) -> tuple[dict[str, Any], dict[str, str], Buffer]:
     """Read a file written from ``dump_safetensors`` and check its digest; nothing is built from it yet.
 
     Returns:
         ``(entries, metadata, blob)``: the header's tensor entries (name -> ``{"dtype", "shape",
-        "data_offsets"}``), its string metadata, and the file's bytes (for ``tensors_of``).
+        "data_offsets"}``), its string metadata, and the file's mapped bytes (for ``tensors_of``).
 
     Raises:
         CheckpointError: missing, empty, a pickle, truncated, not safetensors, no digest, or a digest mismatch.
     """
-    blob = read_bytes(path, what)
+    blob = map_file(path, what)
     entries, metadata = verify_sealed(blob, repr(str(path)))
     return entries, metadata, blob
 
 
-def verify_sealed(blob: bytes, name: str) -> tuple[dict[str, Any], dict[str, str]]:
+def verify_sealed(blob: Buffer, name: str) -> tuple[dict[str, Any], dict[str, str]]:
     """The tensor entries and metadata of the safetensors bytes ``blob``, after checking its digest."""
     entries, metadata, n = parse_header(blob, name)
     if DIGEST_KEY not in metadata:
@@ -109,15 +116,54 @@ def verify_sealed(blob: bytes, name: str) -> tuple[dict[str, Any], dict[str, str
     return entries, metadata
 
 
-def tensors_of(blob: bytes, name: str) -> dict[str, Tensor]:
-    """The tensors of a verified safetensors file's bytes."""
-    try:
-        return load_safetensors_bytes(blob)
-    except (SafetensorError, ValueError, RuntimeError) as error:
-        raise CheckpointError(f"{name} is not a readable safetensors file: {error}") from None
+def tensors_of(blob: Buffer, name: str, *, copy: bool = True) -> dict[str, Tensor]:
+    """The tensors of a verified safetensors file's bytes (or mapping), in the header's order.
+
+    Args:
+        blob: the file's bytes, or its mapping from ``map_file``.
+        name: the file, for messages.
+        copy: return tensors of their own; ``False`` returns views of a mapping, for a caller that copies them
+            at once (``load_state_dict``) and so never holds the file twice in memory.
+
+    Raises:
+        CheckpointError: a dtype oneblock does not know, or tensors that do not tile the data exactly (gaps,
+            overlaps, a byte count that does not match the shape), as safetensors refuses them.
+    """
+    entries, _, n = parse_header(blob, name)
+    out: dict[str, Tensor] = {}
+    spans = []
+    writable = not isinstance(blob, bytes)
+    for key, entry in entries.items():
+        dtype = _DTYPES_BY_NAME.get(entry["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{name} stores tensor {key!r} as {entry['dtype']!r}, a dtype oneblock does not read")
+        shape = tuple(entry["shape"])
+        low, high = entry["data_offsets"]
+        count = math.prod(shape)
+        if high - low != count * dtype.itemsize:
+            raise CheckpointError(
+                f"{name} is not a readable safetensors file: tensor {key!r} ({entry['dtype']}, shape {shape}) "
+                f"needs {count * dtype.itemsize} bytes, its offsets give {high - low}"
+            )
+        spans.append((low, high, key))
+        with warnings.catch_warnings():  # a read-only buffer (bytes) is cloned below, never written
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.frombuffer(blob, dtype=torch.uint8, count=high - low, offset=8 + n + low) if count else None
+        tensor = torch.empty(0, dtype=torch.uint8) if raw is None else raw
+        tensor = tensor.view(dtype).reshape(shape) if count else torch.empty(shape, dtype=dtype)
+        out[key] = tensor.clone() if copy or not writable else tensor
+    position = 0
+    for low, high, key in sorted(spans):
+        if low != position:
+            raise CheckpointError(
+                f"{name} is not a readable safetensors file: tensor {key!r} starts at data byte {low}, expected "
+                f"{position} (tensors overlap or leave a gap)"
+            )
+        position = high
+    return out
 
 
-def parse_header(blob: bytes, name: str) -> tuple[dict[str, Any], dict[str, str], int]:
+def parse_header(blob: Buffer, name: str) -> tuple[dict[str, Any], dict[str, str], int]:
     """Check a safetensors file's layout and split its JSON header.
 
     Layout: 8 bytes little-endian header length N, N bytes of JSON, then the tensor data; every tensor's
@@ -131,8 +177,8 @@ def parse_header(blob: bytes, name: str) -> tuple[dict[str, Any], dict[str, str]
         raise CheckpointError(f"{name} is empty (0 bytes); it was never written or was truncated")
     n = struct.unpack("<Q", blob[:8])[0] if size >= 8 else 0
     looks_safetensors = size >= 9 and 8 + n <= size and blob[8:9] == b"{"
-    if not looks_safetensors and (is_pickle(blob[:2]) or blob.startswith(_ZIP_MAGIC)):
-        kind = "a torch.save zip archive" if blob.startswith(_ZIP_MAGIC) else "a pickle"
+    if not looks_safetensors and (is_pickle(blob[:2]) or blob[:4] == _ZIP_MAGIC):
+        kind = "a torch.save zip archive" if blob[:4] == _ZIP_MAGIC else "a pickle"
         raise CheckpointError(
             f"{name} is {kind}: refusing to unpickle (unpickling can run arbitrary code); oneblock reads "
             "safetensors files only"
@@ -143,10 +189,7 @@ def parse_header(blob: bytes, name: str) -> tuple[dict[str, Any], dict[str, str]
         raise CheckpointError(f"{name} is not a safetensors file: its first 8 bytes declare a {n}-byte header")
     if 8 + n > size:
         raise CheckpointError(f"{name} is truncated: its header declares {n} bytes but the file has {size} in all")
-    try:
-        header = json.loads(blob[8 : 8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{name} is not a safetensors file: its header is not JSON ({error})") from None
+    header = jsontext.loads(blob[8 : 8 + n], what=f"the safetensors header of {name}", error=CheckpointError)
     if not isinstance(header, dict):
         raise CheckpointError(f"{name} is not a safetensors file: its header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -186,12 +229,9 @@ def dump_json(payload: Mapping[str, Any]) -> list[memoryview]:
 
 def load_json(path: Path, what: str) -> dict[str, Any]:
     """The JSON object of a file written from ``dump_json``, after checking its digest (the key is dropped)."""
-    blob = read_bytes(path, what)
+    blob = read_bytes(path, what, limit=jsontext.MAX_BYTES)
     name = repr(str(path))
-    try:
-        data = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"the {what} {name} is not JSON ({error})") from None
+    data = jsontext.loads(blob, what=f"the {what} {name}", error=CheckpointError)
     if not isinstance(data, dict) or "sha256" not in data:
         raise CheckpointError(f"the {what} {name} is not a JSON object with its 'sha256' digest")
     verify(blob, data.pop("sha256"), f"the {what} {name}")
@@ -215,3 +255,4 @@ _DTYPE_NAMES = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
+_DTYPES_BY_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}

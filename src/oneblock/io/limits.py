@@ -11,6 +11,14 @@ refuses, in microseconds, a model over the limits:
 - ``max_layers``: blocks in all stacks together, default ``DEFAULT_MAX_LAYERS`` (1024; published models have at
   most a few hundred), or ``ONEBLOCK_MAX_LAYERS``: building modules takes time even when each is small.
 
+Two more limits bound what a file may make oneblock read into Python objects:
+
+- ``max_vocab``: the strings of any one GGUF metadata array (the vocabulary, the merges), default
+  ``DEFAULT_MAX_VOCAB`` (2**19 = 524,288; the largest published vocabularies have 262,144 tokens), or
+  ``ONEBLOCK_MAX_VOCAB``;
+- ``max_text_bytes``: a training text (``oneblock train --text``), default ``DEFAULT_MAX_TEXT_BYTES`` (256 MiB,
+  which become 2 GiB of int64 token ids), or ``ONEBLOCK_MAX_TEXT_BYTES``.
+
 An argument overrides the environment, which overrides the default. Raise a limit to load a genuine large model.
 """
 
@@ -26,8 +34,12 @@ from oneblock.errors import CheckpointError, ConfigError, OneBlockError
 ENV_MAX_PARAMETERS = "ONEBLOCK_MAX_PARAMETERS"
 ENV_MAX_BYTES = "ONEBLOCK_MAX_BYTES"
 ENV_MAX_LAYERS = "ONEBLOCK_MAX_LAYERS"
+ENV_MAX_VOCAB = "ONEBLOCK_MAX_VOCAB"
+ENV_MAX_TEXT_BYTES = "ONEBLOCK_MAX_TEXT_BYTES"
 DEFAULT_MAX_PARAMETERS = 2**32
 DEFAULT_MAX_LAYERS = 1024
+DEFAULT_MAX_VOCAB = 2**19
+DEFAULT_MAX_TEXT_BYTES = 2**28
 
 
 def model_bytes(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> tuple[int, int]:
@@ -95,6 +107,18 @@ def check_model_size(
             f"if it is genuine, raise the limit with max_bytes= or {ENV_MAX_BYTES}"
         )
     return n
+
+
+def vocab_limit(given: int | None = None) -> tuple[int, str]:
+    """``(limit, where it comes from)`` for the strings of one GGUF metadata array: ``given``, else
+    ``ONEBLOCK_MAX_VOCAB``, else ``DEFAULT_MAX_VOCAB``."""
+    return _limit(given, ENV_MAX_VOCAB, DEFAULT_MAX_VOCAB, "max_vocab")
+
+
+def text_limit(given: int | None = None) -> tuple[int, str]:
+    """``(limit, where it comes from)`` for the bytes of a training text: ``given``, else
+    ``ONEBLOCK_MAX_TEXT_BYTES``, else ``DEFAULT_MAX_TEXT_BYTES``."""
+    return _limit(given, ENV_MAX_TEXT_BYTES, DEFAULT_MAX_TEXT_BYTES, "max_text_bytes")
 
 
 def _limit(given: int | None, env: str, default: int, name: str) -> tuple[int, str]:

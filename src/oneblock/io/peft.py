@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from oneblock.errors import CheckpointError, ConversionError
 from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
 from oneblock.finetune.targets import HF_PREFIX, Site, family_of, hf_target_modules, sites, split_fused, wrap_fused
 from oneblock.io import integrity
-from oneblock.io.files import describe_os_error, fsync_directory, read_bytes
+from oneblock.io.files import read_bytes, replace_files
 from oneblock.models.inputs import config_of
 
 CONFIG_NAME = "adapter_config.json"
@@ -151,7 +150,7 @@ def save_adapter(
     }
     weights = integrity.dump_safetensors(tensors, metadata)
     path = Path(directory)
-    _write_both(path, {WEIGHTS_NAME: weights, CONFIG_NAME: [memoryview(config_bytes)]})
+    replace_files(path, {WEIGHTS_NAME: weights, CONFIG_NAME: [config_bytes]}, what="LoRA adapter")
     return path
 
 
@@ -339,28 +338,3 @@ def _describe(identity: dict[str, Any]) -> str:
         f"{identity.get('n_layers')} layers, vocab {identity.get('vocab_size')}, layers digest "
         f"{str(identity.get('linears_sha256'))[:12]}"
     )
-
-
-def _write_both(directory: Path, files: dict[str, list[memoryview]]) -> None:
-    """Write every file to a temporary name, then rename them all: a failure on the way (a full disk) leaves what
-    was there before untouched and no temporary file behind."""
-    temporary: dict[str, Path] = {}
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        for name, chunks in files.items():
-            tmp = directory / f".{secrets.token_hex(4)}.tmp"
-            temporary[name] = tmp
-            with open(tmp, "xb") as handle:
-                for chunk in chunks:
-                    handle.write(chunk)
-                handle.flush()
-                os.fsync(handle.fileno())
-        for name, tmp in temporary.items():
-            os.replace(tmp, directory / name)
-    except OSError as err:
-        for tmp in temporary.values():
-            tmp.unlink(missing_ok=True)
-        raise CheckpointError(
-            f"{describe_os_error(err, directory, 'write the adapter to')}; any previous adapter there is intact"
-        ) from None
-    fsync_directory(directory)

@@ -8,6 +8,7 @@ same gate with any activation, e.g. T5 v1.1's gated GELU ``wo(gelu_tanh(wi_0 x) 
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -41,10 +42,48 @@ class FeedForward(nn.Module):
             self.w3 = nn.Linear(d_model, d_ff, bias=bias)  # the gate's linear half
         if kind != "swiglu":
             self.act = make_activation(activation)
+        # After ``fuse_gate_up``: one product (B, T, C) -> (B, T, 2 d_ff), gate then up, in place of w1 and w3.
+        self.w13: nn.Module | None = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.w13 is not None:
+            gate, up = self.w13(x).chunk(2, dim=-1)  # (B, T, 2 d_ff) -> (B, T, d_ff) x 2
+            return self.w2((F.silu(gate) if self.kind == "swiglu" else self.act(gate)) * up)  # (B, T, C)
         if self.kind == "swiglu":
             return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, d_ff) -> (B, T, C)
         if self.kind == "gated":
             return self.w2(self.act(self.w1(x)) * self.w3(x))  # (B, T, d_ff) -> (B, T, C)
         return self.w2(self.act(self.w1(x)))  # (B, T, d_ff) -> (B, T, C)
+
+    def fuse_gate_up(self) -> nn.Module:
+        """Replace the gated FFN's ``w1`` (gate) and ``w3`` (up) by one ``w13`` holding their stacked weights.
+
+        One product per token instead of two, so the activations are read (and, in a block format, quantized)
+        once; same numbers up to the rounding of a wider product. The state dict changes (``w13.*``), so fuse for
+        inference, after loading weights.
+
+        Returns:
+            ``w13``, an ``nn.Linear`` (C -> 2 d_ff).
+
+        Raises:
+            ConfigError: a plain (ungated) MLP, or ``w1``/``w3`` that are not ``nn.Linear``.
+        """
+        if self.w13 is not None:
+            return self.w13
+        if self.kind == "mlp":
+            raise ConfigError("fuse_gate_up applies to gated feed-forwards (swiglu, gated); this one is a plain MLP")
+        if not (isinstance(self.w1, nn.Linear) and isinstance(self.w3, nn.Linear)):
+            kinds = f"{type(self.w1).__name__}, {type(self.w3).__name__}"
+            raise ConfigError(f"fuse_gate_up needs w1 and w3 to be nn.Linear; got {kinds}. Fuse before quantizing")
+        w1, w3 = self.w1, self.w3
+        weight = torch.cat([w1.weight.detach(), w3.weight.detach()])  # (2 d_ff, C)
+        fused = nn.Linear(
+            weight.shape[1], weight.shape[0], bias=w1.bias is not None, device=weight.device, dtype=weight.dtype
+        )
+        with torch.no_grad():
+            fused.weight.copy_(weight)
+            if fused.bias is not None and w1.bias is not None and w3.bias is not None:
+                fused.bias.copy_(torch.cat([w1.bias.detach(), w3.bias.detach()]))
+        self.w13 = fused
+        del self.w1, self.w3
+        return fused

@@ -56,6 +56,7 @@ class Decoder(Stack):
         memory_mask: Tensor | None = None,
         return_attention: bool = False,
         last_only: bool = False,
+        segment_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Next-token logits.
 
@@ -68,6 +69,7 @@ class Decoder(Stack):
                 only).
             return_attention: also return the self-attention weights, one (B, H, T, S) per block.
             last_only: compute the head on the last position only (B, 1, V), as generation needs.
+            segment_ids: (B, T) ids of examples packed into one row; each attends only within itself.
 
         Returns:
             Logits (B, T, V), or ``(logits, weights)``.
@@ -90,6 +92,7 @@ class Decoder(Stack):
             memory=memory,
             memory_mask=memory_mask,
             recorder=recorder,
+            segment_ids=segment_ids,
         )
         logits = self.logits(x[:, -1:] if last_only else x)
         return (logits, recorder.self_weights) if recorder is not None else logits

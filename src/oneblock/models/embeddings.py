@@ -32,6 +32,18 @@ class Embeddings(nn.Module):
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.embed_norm else None
         self.drop = nn.Dropout(cfg.dropout)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the token vectors: the table's, or float32 for a table kept in a block format."""
+        weight = getattr(self.tok, "weight", None)
+        return weight.dtype if isinstance(weight, Tensor) else torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        """Where the token table lives."""
+        weight = getattr(self.tok, "weight", None)
+        return weight.device if isinstance(weight, Tensor) else next(self.tok.buffers()).device
+
     def forward(self, tokens: Tensor, positions: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """Embed.
 

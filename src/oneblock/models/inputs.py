@@ -76,3 +76,15 @@ def check_positions(positions: object, cfg: ModelConfig, b: int, t: int) -> Tens
         bad = low if low < 0 else high
         raise InputError(f"positions contain {bad}, outside [0, max_seq_len={cfg.max_seq_len})")
     return positions
+
+
+def check_segments(segment_ids: object, b: int, t: int, past: int) -> Tensor:
+    """Refuse segment ids that are not (B, T) integers, or that come with a cache (packing is for training)."""
+    if not isinstance(segment_ids, Tensor) or segment_ids.dtype not in (torch.int64, torch.int32):
+        what = segment_ids.dtype if isinstance(segment_ids, Tensor) else type(segment_ids).__name__
+        raise InputError(f"segment_ids must be an int64 tensor; got {what}")
+    if tuple(segment_ids.shape) != (b, t):
+        raise InputError(f"segment_ids must have shape (B, T) = ({b}, {t}); got {tuple(segment_ids.shape)}")
+    if past:
+        raise InputError(f"segment_ids cannot be combined with a cache holding {past} positions; run without one")
+    return segment_ids

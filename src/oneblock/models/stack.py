@@ -21,7 +21,7 @@ from oneblock.layers.relative_position import RelativePositionBias
 from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.layers.state import AttentionRecorder, AttentionState
 from oneblock.models.embeddings import Embeddings
-from oneblock.models.inputs import check_positions
+from oneblock.models.inputs import check_positions, check_segments
 
 
 class Stack(nn.Module):
@@ -76,15 +76,14 @@ class Stack(nn.Module):
         max_len = cfg.max_seq_len if max_len is None else max_len
         if not 0 < max_len <= cfg.max_seq_len:
             raise InputError(f"cache max_len ({max_len}) must lie in [1, max_seq_len={cfg.max_seq_len}]")
-        weight = self.embed.tok.weight
         return Cache(
             len(self.blocks),
             batch_size,
             cfg.n_kv_heads,
             max_len,
             cfg.d_head,
-            dtype=dtype or weight.dtype,
-            device=weight.device,
+            dtype=dtype or self.embed.dtype,
+            device=self.embed.device,
             cross_attention=self.cross_attention,
         )
 
@@ -99,6 +98,7 @@ class Stack(nn.Module):
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
         recorder: AttentionRecorder | None = None,
+        segment_ids: Tensor | None = None,
     ) -> Tensor:
         """Embed ``tokens`` (B, T) and run every block; the one place where call inputs become the state.
 
@@ -110,6 +110,8 @@ class Stack(nn.Module):
             memory: encoder output (B, S_src, C) for cross-attention.
             memory_mask: (B, S_src) bool, True = real source token.
             recorder: collects the attention weights, one (B, H, T, S) tensor per block and kind.
+            segment_ids: (B, T) ids of the examples packed into one row: a token attends only to its own
+                segment (a block-diagonal mask); pass restarted ``positions`` with it. No cache.
 
         Returns:
             hidden (B, T, C) after the closing norm.
@@ -124,6 +126,10 @@ class Stack(nn.Module):
         if padding_mask is not None:
             check_padding_mask(padding_mask, b, past + t)
             mask = padding_to_attention_mask(padding_mask)  # (B, 1, 1, S)
+        if segment_ids is not None:
+            check_segments(segment_ids, b, t, past)
+            same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]  # (B, 1, T, T)
+            mask = same if mask is None else mask & same
         if memory_mask is not None and memory is None:
             raise InputError(
                 "memory_mask is the padding mask of memory, but memory is None; pass the encoder output as "

@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from oneblock.errors import OneBlockError
 from oneblock.inference.embedding import SentenceEncoder
+from oneblock.io import jsontext
 from oneblock.serve.engine import Delta, Done, Engine, Event, Job, QueueFull, Stopping
 from oneblock.serve.protocol import ApiError, parse_completion, parse_embeddings
 from oneblock.serve.responses import Answer, embeddings_body, model_entry
@@ -107,9 +108,9 @@ async def read_json(request: HTTPRequest, limit: int) -> Any:
         if len(body) > limit:
             raise ApiError(413, f"the request body is over the limit of {limit} bytes")
     try:
-        return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ApiError(400, f"the request body is not valid JSON: {error}") from None
+        return jsontext.loads(body, what="the request body")
+    except OneBlockError as error:  # not UTF-8, not JSON, nested too deeply, a number too long
+        raise ApiError(400, str(error)) from None
 
 
 def sse(body: dict[str, Any] | str) -> str:
@@ -196,7 +197,7 @@ def create_app(
                 elif isinstance(event, Done):
                     return JSONResponse(answer.whole("".join(pieces), event))
                 else:
-                    return error_response(ApiError(503, event.message, kind="server_error"))
+                    return error_response(ApiError(event.status, event.message, kind="server_error"))
         finally:
             job.cancel()  # a no-op once finished; frees the row if this handler was cancelled
 
@@ -213,7 +214,7 @@ def create_app(
                         yield sse(answer.usage_chunk(event))
                     break
                 else:
-                    yield sse(ApiError(503, event.message, kind="server_error").body())
+                    yield sse(ApiError(event.status, event.message, kind="server_error").body())
                     break
             yield sse("[DONE]")
         finally:

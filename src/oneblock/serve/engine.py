@@ -52,9 +52,10 @@ class Done:
 
 @dataclass(frozen=True)
 class Failed:
-    """A request that could not be completed (the server is stopping, or the model failed)."""
+    """A request that could not be completed: the server is stopping (``status`` 503), or the model failed (500)."""
 
     message: str
+    status: int = 500
 
 
 Event = Delta | Done | Failed
@@ -193,7 +194,7 @@ class Engine:
         with self.wake:
             leftover, self.waiting, self.active = [*self.active, *self.waiting], collections.deque(), []
         for job in leftover:
-            job.emit(Failed("the server is shutting down; retry the request"))
+            job.emit(Failed("the server is shutting down; retry the request", status=503))
 
     def _run(self, admitted: list[Job]) -> None:
         for job in admitted:

@@ -6,6 +6,7 @@ finish (the engine keeps decoding them), then the rest are ended and the process
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -42,7 +43,7 @@ class GracefulServer(uvicorn.Server):
 def make_server(app: Any, engine: Engine, *, grace: float) -> GracefulServer:
     """A uvicorn server for ``app``: bounded connections, a bounded request head, ``grace`` seconds to finish."""
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="off", timeout_graceful_shutdown=int(grace), timeout_keep_alive=5,
+        app, log_level="warning", lifespan="off", timeout_graceful_shutdown=math.ceil(grace), timeout_keep_alive=5,
         limit_concurrency=4 * (engine.max_batch + engine.max_queue), h11_max_incomplete_event_size=HEADER_BYTES,
     )  # fmt: skip
     return GracefulServer(config, engine.refuse)

@@ -3,6 +3,8 @@
 ::
 
     RUN/checkpoints/step-000200/model.safetensors    oneblock.io.checkpoint.save: weights + ModelConfig
+                               /trainable.safetensors  instead, for a pretrained model: only the parameters that
+                                                     train (``requires_grad``), e.g. the LoRA adapters
                                /head.safetensors     the task head (classifier or masked-LM), when there is one
                                /trainer.safetensors  optimizer, schedule, data position, random generators
     RUN/checkpoints/latest.json                      {"step": 200, "dir": "step-000200", "sha256": ...}
@@ -39,6 +41,8 @@ from oneblock.train.state import load_state, save_state
 
 MODEL_FILE = "model.safetensors"
 HEAD_FILE = "head.safetensors"
+TRAINABLE_FILE = "trainable.safetensors"
+TRAINABLE_FORMAT = "oneblock-trainable"
 TRAINER_FILE = "trainer.safetensors"
 LATEST = "latest.json"
 DAMAGED = "damaged"
@@ -53,14 +57,17 @@ class CheckpointDir:
     Args:
         root: the run's ``checkpoints`` directory (created on first save).
         keep: how many step directories to keep; older ones are deleted after a successful save.
+        trainable_only: store only the parameters with ``requires_grad`` (a pretrained model whose frozen part is
+            loaded again from its source on resume) instead of the whole model and its config.
 
     Attributes:
         notes: what ``recover`` found and did, one sentence each (an interrupted save finished, a fallback).
     """
 
-    def __init__(self, root: str | Path, *, keep: int = 2) -> None:
+    def __init__(self, root: str | Path, *, keep: int = 2, trainable_only: bool = False) -> None:
         self.root = Path(root)
         self.keep = keep
+        self.trainable_only = trainable_only
         self.notes: list[str] = []
 
     def save(
@@ -94,7 +101,10 @@ class CheckpointDir:
             _remove(tmp)
             tmp.mkdir(parents=True)
         try:
-            checkpoint_io.save(model, tmp / MODEL_FILE, metadata={"step": step, **(metadata or {})})
+            if self.trainable_only:
+                save_trainable(model, tmp / TRAINABLE_FILE)
+            else:
+                checkpoint_io.save(model, tmp / MODEL_FILE, metadata={"step": step, **(metadata or {})})
             if head is not None:
                 save_head(head, tmp / HEAD_FILE)
             save_state(state, tmp / TRAINER_FILE)
@@ -178,6 +188,9 @@ class CheckpointDir:
 
     def load(self, path: Path, model: nn.Module, *, head: nn.Module | None = None) -> dict[str, Any]:
         """Copy the weights of checkpoint ``path`` into ``model`` (and ``head``); return the trainer state."""
+        if self.trainable_only:
+            load_trainable(path / TRAINABLE_FILE, model)
+            return load_state(path / TRAINER_FILE)
         stored = checkpoint_io.load(path / MODEL_FILE)
         if stored.config != model.config:
             raise CheckpointError(
@@ -288,6 +301,8 @@ def first_failure(step_dir: Path, *, weights_only: bool = False) -> tuple[Path, 
         weights_only: check the weights (and the head, when the step has one) but not the trainer state.
     """
     checks: list[tuple[str, Callable[[Path], object]]] = [(MODEL_FILE, checkpoint_io.read_info)]
+    if (step_dir / TRAINABLE_FILE).exists():  # a pretrained model's run: only the trainable tensors
+        checks = [(TRAINABLE_FILE, lambda p: integrity.load_sealed(p, "trainable parameters"))]
     if not weights_only:
         checks.append((TRAINER_FILE, lambda p: integrity.load_sealed(p, "training state")))
     if (step_dir / HEAD_FILE).exists():
@@ -303,6 +318,37 @@ def first_failure(step_dir: Path, *, weights_only: bool = False) -> tuple[Path, 
 def verifies(step_dir: Path) -> bool:
     """Whether every file of a step directory is present and passes its digest."""
     return check(step_dir) is None
+
+
+def trainable_state(model: nn.Module) -> dict:
+    """The parameters that train (``requires_grad``), by name; a shared parameter once."""
+    return {k: p.detach().cpu().contiguous() for k, p in model.named_parameters() if p.requires_grad}
+
+
+def save_trainable(model: nn.Module, path: Path) -> None:
+    """The trainable parameters, sealed with their digest."""
+    blob = integrity.dump_safetensors(trainable_state(model), {"format": TRAINABLE_FORMAT})
+    files.write_atomic(path, blob, what="trainable parameters")
+
+
+def load_trainable(path: Path, model: nn.Module) -> None:
+    """Copy a ``save_trainable`` file into ``model``'s trainable parameters, refused unless names, shapes and
+    dtypes match exactly (a checkpoint of another model, or another set of adapters)."""
+    name = repr(str(path))
+    entries, metadata, blob = integrity.load_sealed(path, "trainable parameters")
+    if metadata.get("format") != TRAINABLE_FORMAT:
+        raise CheckpointError(f"{name} is not a oneblock trainable-parameter file (format {metadata.get('format')!r})")
+    params = dict(model.named_parameters())
+    listing = {k: (e["dtype"], tuple(e["shape"])) for k, e in entries.items()}
+    want = {k: (integrity.dtype_name(p.dtype), tuple(p.shape)) for k, p in params.items() if p.requires_grad}
+    if listing != want:
+        missing, extra = sorted(set(want) - set(listing)), sorted(set(listing) - set(want))
+        raise CheckpointError(
+            f"{name} does not match this run's trainable parameters (missing {missing[:3]}, unexpected "
+            f"{extra[:3]}, or other shapes); resume with the run's own config.json"
+        )
+    for key, tensor in integrity.tensors_of(blob, name).items():
+        params[key].data.copy_(tensor)
 
 
 def head_state(head: nn.Module) -> dict:

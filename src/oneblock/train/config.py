@@ -9,7 +9,7 @@ from typing import Any
 
 from oneblock.errors import ConfigError
 
-TASKS = ("lm", "mlm", "reverse", "sort", "copy", "majority")
+TASKS = ("lm", "mlm", "reverse", "sort", "copy", "majority", "finetune")
 TEXT_SEQ_LEN = 64  # bytes per training window
 SYNTHETIC_SEQ_LEN = 8  # symbols per synthetic sequence: long enough to need attention, short enough to learn fast
 TASK_ARCH = {
@@ -19,12 +19,14 @@ TASK_ARCH = {
     "reverse": "encoder-decoder",
     "sort": "encoder-decoder",
     "copy": "encoder-decoder",
+    "finetune": "decoder",  # supervised data of a pretrained model (oneblock.finetune)
 }
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Training settings. ``batch_size`` is per process: under DDP the global batch is ``batch_size * world``.
+    """Training settings. ``batch_size`` is per process and micro-batch: an optimizer step takes
+    ``batch_size * grad_accum * world`` examples.
 
     Raises:
         ConfigError: on an unknown task or an impossible value, naming it.
@@ -34,6 +36,7 @@ class TrainConfig:
     text: str | None = None  # UTF-8 file for lm / mlm; None means the shipped corpus
     steps: int = 500
     batch_size: int = 16
+    grad_accum: int = 1  # micro-batches of batch_size per optimizer step
     seq_len: int | None = None  # text window (default 64), or the length L of a synthetic sequence (default 8)
     n_symbols: int = 10  # alphabet of the synthetic tasks
     mask_prob: float = 0.15  # mlm: share of positions to predict
@@ -50,6 +53,7 @@ class TrainConfig:
     save_every: int = 100  # 0: checkpoint only at the end
     keep_checkpoints: int = 2
     seed: int = 0
+    fsdp: bool = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP
     bf16: bool = False  # bfloat16 autocast for the forward pass; parameters and optimizer stay float32
 
     def __post_init__(self) -> None:
@@ -57,7 +61,7 @@ class TrainConfig:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}; got {self.task!r}")
         if self.seq_len is None:  # frozen: set the task's default once, so to_dict records the value used
             object.__setattr__(self, "seq_len", TEXT_SEQ_LEN if self.is_text else SYNTHETIC_SEQ_LEN)
-        for name in ("steps", "batch_size", "seq_len", "eval_examples", "keep_checkpoints"):
+        for name in ("steps", "batch_size", "grad_accum", "seq_len", "eval_examples", "keep_checkpoints"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer; got {value!r}")
@@ -75,8 +79,9 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number; got {value!r}")
-        if not isinstance(self.bf16, bool):
-            raise ConfigError(f"bf16 must be True or False; got {self.bf16!r}")
+        for name in ("bf16", "fsdp"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False; got {getattr(self, name)!r}")
         if self.text is not None and not isinstance(self.text, str):
             raise ConfigError(f"text must be a file path (a string) or None; got {self.text!r}")
         if self.warmup_steps > self.steps:

@@ -8,6 +8,7 @@ and a multi-byte character simply spans several tokens.
 from __future__ import annotations
 
 import hashlib
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor
 
 from oneblock.errors import CheckpointError, InputError
+from oneblock.io import limits
 
 BYTE_VOCAB = 256
 DEFAULT_CORPUS = "corpus.txt"
@@ -26,11 +28,19 @@ def default_corpus() -> bytes:
     return (resources.files("oneblock") / "data" / DEFAULT_CORPUS).read_bytes()
 
 
-def read_text(path: str | Path | None) -> bytes:
+def read_text(path: str | Path | None, *, max_bytes: int | None = None) -> bytes:
     """Bytes of a UTF-8 text file, or of the default corpus when ``path`` is None.
 
+    A pipe or a device (``<(cmd)``, ``/dev/stdin``) is read like a file, but never past the limit: ``/dev/zero``
+    never ends, and each byte becomes an 8-byte token id.
+
+    Args:
+        path: the file; None for the default corpus.
+        max_bytes: the most bytes read (``oneblock.io.limits.text_limit``: ``ONEBLOCK_MAX_TEXT_BYTES``, else
+            256 MiB).
+
     Raises:
-        InputError: the file is missing, empty or not UTF-8.
+        InputError: the file is missing, empty, over the limit or not UTF-8.
     """
     if path is None:
         return default_corpus()
@@ -39,10 +49,19 @@ def read_text(path: str | Path | None) -> bytes:
         raise InputError(f"text file {str(path)!r} does not exist; pass an existing UTF-8 file to --text")
     if path.is_dir():
         raise InputError(f"text file {str(path)!r} is a directory; pass a UTF-8 file to --text")
+    limit, source = limits.text_limit(max_bytes)
     try:
-        data = path.read_bytes()  # a device or a pipe (/dev/null, <(cmd)) reads like a file
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size  # a device or a pipe (/dev/null, <(cmd)) reports 0 and is read
+            data = b"" if size > limit else f.read(limit + 1)
     except OSError as error:
         raise InputError(f"cannot read the text file {str(path)!r}: {error.strerror or error}") from None
+    if size > limit or len(data) > limit:
+        told = f"is {size:,} bytes, over" if size > limit else "goes on past"
+        raise InputError(
+            f"text file {str(path)!r} {told} the limit of {limit:,} bytes ({source}); train on a part of it, "
+            f"or raise the limit with {limits.ENV_MAX_TEXT_BYTES}"
+        )
     if not data:
         raise InputError(f"text file {str(path)!r} is empty; give it some text to learn from")
     try:

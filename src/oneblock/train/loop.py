@@ -3,15 +3,26 @@
 One optimizer step::
 
     lr = schedule(step)                                   set on every parameter group
-    batch = objective.next_batch(batch_size * world)      the global batch; this rank keeps its shard
-    loss = objective.loss(model, shard)                   under bf16 autocast when asked
-    loss.backward()                                       DDP averages the gradients across ranks here
+    batch = objective.next_batch(batch_size * grad_accum * world)   the global batch; this rank keeps its shard
+    for each of the grad_accum micro-batches of the shard:
+        loss = objective.loss(model, micro)               under bf16 autocast when asked
+        (loss * share).backward()                         DDP averages the gradients across ranks at the last
     grad_norm = clip_grad_norm_(params, grad_clip)        the norm before clipping is logged
     optimizer.step()
 
 Resume is exact: a checkpoint holds the weights, the optimizer moments, the step (the schedule is a function of
 it), the data position and the random generators, so N steps in one go and N/2 + N/2 with a resume in between
-take the same steps and log the same losses. A Ctrl-C (``KeyboardInterrupt``) saves a checkpoint first; if it
+take the same steps and log the same losses.
+
+A micro-batch's ``share`` of the step is its ``objective.loss_weight`` (its number of trained tokens, for
+fine-tuning data where that varies) over the sum of all micro-batches of all ranks, so an accumulated step
+computes the gradient of the mean over the whole step's targets: the same as one big batch.
+
+The trainer trains what ``requires_grad`` says. It builds a fresh model from its config, or takes a pretrained
+one (``model=``, with the ``objective=`` of its data); a pretrained model's checkpoints keep only the trainable
+parameters (``CheckpointDir(trainable_only=True)``), its frozen part being loaded again from its source.
+
+A Ctrl-C (``KeyboardInterrupt``) saves a checkpoint first; if it
 lands before the update, the data position and generators are rewound to the start of that step so that the step
 is simply run again after resuming; during the update it is held back until the step is complete and logged
 (``oneblock.train.interrupts``).
@@ -36,7 +47,8 @@ from oneblock.errors import CheckpointError, ConfigError
 from oneblock.io import files, integrity, limits
 from oneblock.io.runlock import RunLock
 from oneblock.models.build import build_model
-from oneblock.train import distributed, rundir
+from oneblock.models.inputs import config_of
+from oneblock.train import distributed, rundir, sharding
 from oneblock.train.checkpoints import CheckpointDir
 from oneblock.train.config import TrainConfig
 from oneblock.train.interrupts import InterruptGuard
@@ -105,6 +117,10 @@ class Trainer:
         quiet: no progress bar.
         on_step: called after every step as ``on_step(step, record)`` (tests use it to interrupt a run).
         on_note: called with each sentence of ``notes`` as it is found (the CLI prints them).
+        model: a model to train instead of a fresh one built from ``model_cfg`` (whose config it then replaces);
+            only its parameters with ``requires_grad`` train, and only they are checkpointed.
+        objective: the objective to use instead of the one ``cfg.task`` names (its data and loss).
+        extra_config: further JSON sections of the run's ``config.json`` (what rebuilds ``model`` on resume).
 
     Raises:
         ConfigError: the model does not fit the task.
@@ -120,15 +136,21 @@ class Trainer:
         quiet: bool = True,
         on_step: Callable[[int, dict[str, Any]], None] | None = None,
         on_note: Callable[[str], None] | None = None,
+        model: nn.Module | None = None,
+        objective: Objective | None = None,
+        extra_config: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.extra_config = extra_config or {}
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.quiet = quiet
         self.on_step = on_step
         self.on_note = on_note
         self.ctx = distributed.setup(device)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        self.objective = make_objective(cfg)
+        self.objective = objective if objective is not None else make_objective(cfg)
+        if model is not None:
+            model_cfg = config_of(model)
         need = (self.objective.arch, self.objective.vocab_size)
         if (model_cfg.arch, model_cfg.vocab_size) != need or model_cfg.max_seq_len < self.objective.max_seq_len:
             raise ConfigError(
@@ -137,14 +159,23 @@ class Trainer:
                 f"{model_cfg.max_seq_len}. Adapt the config with oneblock.train.fit_model_config"
             )
         self.model_cfg = model_cfg
-        limits.check_model_size(model_cfg, what="the model to train", error=ConfigError)
-        self.model = build_model(model_cfg, device=self.ctx.device)
+        if model is None:
+            limits.check_model_size(model_cfg, what="the model to train", error=ConfigError)
+            self.model = build_model(model_cfg, device=self.ctx.device)
+        else:
+            self.model = model.to(self.ctx.device)  # type: ignore[assignment]  # any oneblock model family
         self.module = self.objective.wrap(self.model).to(self.ctx.device)
+        self.fsdp = cfg.fsdp and self.ctx.distributed
+        self._skeleton = sharding.shard(self.module) if self.fsdp else None  # before the optimizer sees the params
         self.optimizer = make_optimizer(
             self.module, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2)
         )
         self.schedule = WarmupCosine(cfg.lr, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-        self.checkpoints = CheckpointDir(Path(run_dir) / "checkpoints", keep=cfg.keep_checkpoints) if run_dir else None
+        self.checkpoints = (
+            CheckpointDir(Path(run_dir) / "checkpoints", keep=cfg.keep_checkpoints, trainable_only=model is not None)
+            if run_dir
+            else None
+        )
         self.step = 0
         self.tokens = 0
         self.elapsed = 0.0
@@ -190,14 +221,27 @@ class Trainer:
         """
         if self.checkpoints is None:
             return None
+        if rewind is not None and self._skeleton is not None:  # gathering the shards takes every rank
+            self._note("a Ctrl-C under --fsdp saves nothing: resume from the last periodic checkpoint")
+            return None
         if rewind is None:
             rngs, data = distributed.gather(rng_state(), self.ctx), self.objective.state_dict()
         else:
             rngs, data = [rewind["rng"]] * self.ctx.world, rewind["data"]
+        state = self._state(rngs, data)
+        if self._skeleton is not None:
+            weights, state["optimizer"] = sharding.gather(self.module, self.optimizer)
         if not self.ctx.is_main:
             return None
         meta = {"task": self.cfg.task, "train": self.cfg.to_dict()}
-        return self.checkpoints.save(self.step, self.model, self._state(rngs, data), head=self._head, metadata=meta)
+        if self._skeleton is None:
+            return self.checkpoints.save(self.step, self.model, state, head=self._head, metadata=meta)
+        full = sharding.materialize(self._skeleton, weights)
+        head = full if self._head is not None else None
+        try:
+            return self.checkpoints.save(self.step, self.objective.unwrap(full), state, head=head, metadata=meta)
+        finally:
+            sharding.release(self._skeleton)
 
     def _snapshot(self) -> dict[str, Any]:
         """This rank's step, generators and data position: what a resumed run needs to repeat a step."""
@@ -228,13 +272,21 @@ class Trainer:
                 self._note(f"no complete checkpoint in {where}: starting the run afresh from its config.json")
                 return False
             raise CheckpointError(f"nothing to resume: no checkpoint in {where}; start the run without --resume")
-        state = checkpoints.load(latest, self.model, head=self._head)
+        if self._skeleton is not None:  # read into the unsharded structure, then shard into place
+            full = sharding.allocate(self._skeleton)
+            state = checkpoints.load(latest, self.objective.unwrap(full), head=full if self._head is not None else None)
+        else:
+            state = checkpoints.load(latest, self.model, head=self._head)
         if state["schedule"] != self.schedule.to_dict():
             raise CheckpointError(
                 f"the checkpoint's schedule {state['schedule']} differs from this run's {self.schedule.to_dict()}; "
                 "resume with the run's saved config"
             )
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self._skeleton is not None:
+            only = checkpoints.trainable_only  # then the checkpoint held the trainable tensors alone
+            sharding.restore(self.module, self.optimizer, self._skeleton, state["optimizer"], trainable_only=only)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.objective.load_state_dict(state["data"])
         rngs = state["rng"]
         set_rng_state(rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else rngs[0])
@@ -276,21 +328,35 @@ class Trainer:
         payload = {"model": self.model_cfg.to_dict(), "train": self.cfg.to_dict(), "world": self.ctx.world}
         if self.objective.source is not None:
             payload["data"] = self.objective.source
+        payload.update(self.extra_config)
         files.write_atomic(self.run_dir / CONFIG_FILE, integrity.dump_json(payload), what="run config")
 
     # Training.
     def train_step(self) -> dict[str, Any]:
-        """Run one optimizer step and return its log record."""
+        """Run one optimizer step (``grad_accum`` micro-batches) and return its log record."""
         cfg, ctx = self.cfg, self.ctx
         start = time.perf_counter()
         lr = self.schedule.apply(self.optimizer, self.step)
-        batch = self.objective.next_batch(cfg.batch_size * ctx.world)
-        local = {k: v.to(ctx.device) for k, v in distributed.shard(batch, ctx).items()}
+        batch = self.objective.next_batch(cfg.batch_size * cfg.grad_accum * ctx.world)
+        local = distributed.shard(batch, ctx)
+        micro = [
+            {k: v[i * cfg.batch_size : (i + 1) * cfg.batch_size].to(ctx.device) for k, v in local.items()}
+            for i in range(cfg.grad_accum)
+        ]
+        weights = [self.objective.loss_weight(m) for m in micro]
+        total = max(distributed.mean(sum(weights), ctx) * ctx.world, 1e-12)  # over the step, all ranks
         autocast = torch.autocast(device_type=ctx.device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
-        with autocast:
-            loss, n_tokens = self.objective.loss(self.ddp, local)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        step_loss, n_tokens = 0.0, 0
+        for i, (part, weight) in enumerate(zip(micro, weights, strict=True)):
+            no_sync = getattr(self.ddp, "no_sync", None)  # DDP: reduce the gradients once, after the last part
+            with no_sync() if no_sync is not None and i < len(micro) - 1 else nullcontext():
+                with autocast:
+                    loss, n = self.objective.loss(self.ddp, part)
+                # DDP divides the summed gradients by the world size; the share undoes that for a global mean.
+                (loss * (weight * ctx.world / total)).backward()
+            step_loss += float(loss.detach()) * weight / total
+            n_tokens += n
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
         with self.interrupts.hold():  # the update and the counters change together or not at all
@@ -302,9 +368,9 @@ class Trainer:
             self.tokens += tokens
         return {
             "step": self.step,
-            "loss": distributed.mean(float(loss.detach()), ctx),
+            "loss": distributed.mean(step_loss, ctx) * ctx.world,
             "lr": lr,
-            "grad_norm": float(grad_norm),
+            "grad_norm": sharding.norm_value(grad_norm),
             "tokens": self.tokens,
             "tokens_per_s": tokens / max(seconds, 1e-9),
             "elapsed": round(self.elapsed, 4),
@@ -345,7 +411,7 @@ class Trainer:
         run_dir = self.run_dir if ctx.is_main else None  # only the main rank writes the run's files
         if run_dir is not None and not resume:
             self._start_afresh()
-        self.ddp = distributed.wrap(self.module, ctx)
+        self.ddp = self.module if self.fsdp else distributed.wrap(self.module, ctx)
         if run_dir is not None and not resumed:
             self._write_config()
         log = StepLog(run_dir / LOG_FILE, resume_step=self.step if resumed else None) if run_dir is not None else None

@@ -76,6 +76,11 @@ class Objective:
         """Mean loss of a batch and the number of tokens it fed to the model."""
         raise NotImplementedError
 
+    def loss_weight(self, batch: dict[str, Tensor]) -> float:
+        """How much of an optimizer step's loss a micro-batch carries, relative to the others (its number of
+        targets where micro-batches differ in it; equal shares here, as every micro-batch has as many)."""
+        return 1.0
+
     def evaluate(self, module: nn.Module, batch_size: int = 64) -> dict[str, float]:
         """Scores on the held-out set (the module is switched to eval mode and back)."""
         raise NotImplementedError
@@ -320,6 +325,8 @@ class _eval_mode:
 
 def make_objective(cfg: TrainConfig) -> Objective:
     """The objective for ``cfg.task``."""
+    if cfg.task == "finetune":
+        raise ConfigError("the finetune task needs its data and model; build it with oneblock.finetune.run")
     if cfg.task == "lm":
         return LanguageModeling(cfg)
     if cfg.task == "mlm":

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from oneblock.errors import CheckpointError
-from oneblock.io import files, integrity
+from oneblock.io import files, integrity, jsontext
 
 FORMAT = "oneblock-train-state"
 VERSION = 2  # 2: sealed with the digest of the whole file
@@ -81,7 +81,7 @@ def load_state(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     name = repr(str(path))
-    blob = files.read_bytes(path, "training state")
+    blob = files.map_file(path, "training state")
     _, metadata, _ = integrity.parse_header(blob, f"training state {name}")
     if metadata.get("format") != FORMAT:
         raise CheckpointError(
@@ -92,7 +92,7 @@ def load_state(path: str | Path) -> dict[str, Any]:
     integrity.verify_sealed(blob, f"training state {name}")
     tensors = integrity.tensors_of(blob, f"training state {name}")
     try:
-        return _decode(json.loads(metadata["state"]), tensors)
+        return _decode(jsontext.loads(metadata["state"], what=f"training state {name}", error=CheckpointError), tensors)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         if isinstance(error, CheckpointError):
             raise

@@ -208,3 +208,34 @@ def test_tokenizer_bad_inputs(tmp_path):
     (tmp_path / "junk.gguf").write_bytes(b"\x00" * 100)
     with pytest.raises(CheckpointError, match="not a GGUF file"):
         GGUFTokenizer.from_gguf(tmp_path / "junk.gguf")
+
+
+def _vocabulary_file(path, tokens):
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_vocabulary_that_cannot_spell_every_byte_is_refused(tmp_path):
+    from oneblock.io.gguf.tokenizer import byte_alphabet
+
+    symbols = list(byte_alphabet().values())
+    whole = GGUFTokenizer.from_gguf(_vocabulary_file(tmp_path / "bytes.gguf", symbols))
+    assert whole.decode(whole.encode("hello world")) == "hello world" and len(whole.encode("hi")) == 2
+    most = [byte_alphabet()[b] for b in range(256) if b not in (0x04, 0xC0, 0xF5, 0xFF)]  # text rarely or never has
+    tok = GGUFTokenizer.from_gguf(_vocabulary_file(tmp_path / "most.gguf", most))
+    assert tok.encode("é") == [most.index(byte_alphabet()[0xC3]), most.index(byte_alphabet()[0xA9])]
+    cases = [
+        ([f"<x{i}>" for i in range(256)], r"cannot spell 209 of the 209 bytes of ordinary text \(first: 0x09"),
+        ([s for s in symbols if s != "Ċ"], r"cannot spell 1 of the 209 bytes of ordinary text \(first: 0x0a \('Ċ'\)\)"),
+        (["a"] * 256, r"holds 'a' twice \(ids 0 and 1\)"),
+        ([*symbols, "ab", "ab"], r"holds 'ab' twice \(ids 256 and 257\)"),
+    ]
+    for tokens, match in cases:
+        with pytest.raises(ConversionError, match=match):
+            GGUFTokenizer.from_gguf(_vocabulary_file(tmp_path / "bad.gguf", tokens))

@@ -180,7 +180,7 @@ def test_bad_directories(tmp_path):
     with pytest.raises(ConversionError, match=r"has no model\.safetensors"):
         from_hf(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "t5"')
-    with pytest.raises(ConversionError, match="is not valid JSON"):
+    with pytest.raises(ConversionError, match="is not JSON"):
         from_hf(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "mt5"}')
     with pytest.raises(

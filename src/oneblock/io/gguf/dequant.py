@@ -22,6 +22,8 @@ The "K-quants" (Q2_K..Q6_K, 256-value super-blocks with 6-bit sub-scales) and Q5
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
@@ -30,6 +32,7 @@ from gguf.gguf_reader import ReaderTensor
 
 from oneblock.errors import ConversionError
 from oneblock.io.gguf.layout import TensorRecord
+from oneblock.kernels.formats import FORMATS, decode_blocks
 
 _BLOCK = 32
 _CHUNK = 1 << 16  # blocks decoded at once: 2M values, 8 MB of float32
@@ -55,41 +58,16 @@ SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = _NATIVE + _REFERENCE
 """Every GGML tensor type :func:`dequantize` accepts."""
 
 
-def _f16(raw: torch.Tensor) -> torch.Tensor:
-    """Reinterpret the last dim of a uint8 tensor, two bytes at a time, as little-endian float16 -> float32."""
-    return raw.contiguous().view(torch.float16).float()
+def _decoder(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    fmt = FORMATS[name]
+    return lambda blocks: decode_blocks(blocks, fmt)
 
 
-def _nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """Unpack (N, 16) bytes into (N, 32) 4-bit codes: low nibbles are values 0..15, high nibbles 16..31."""
-    low = codes & 0x0F  # (N, 16)
-    high = codes >> 4  # (N, 16)
-    return torch.cat([low, high], dim=-1)  # (N, 32)
-
-
-def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _f16(blocks[:, :2])  # (N, 1)
-    q = blocks[:, 2:].contiguous().view(torch.int8).float()  # (N, 32)
-    return d * q
-
-
-def _q4_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _f16(blocks[:, :2])  # (N, 1)
-    q = _nibbles(blocks[:, 2:]).float() - 8.0  # (N, 32), codes centred on zero
-    return d * q
-
-
-def _q4_1(blocks: torch.Tensor) -> torch.Tensor:
-    d = _f16(blocks[:, :2])  # (N, 1)
-    m = _f16(blocks[:, 2:4])  # (N, 1)
-    q = _nibbles(blocks[:, 4:]).float()  # (N, 32)
-    return d * q + m
-
-
+# The block layouts and their decoders live with the kernels that multiply them (oneblock.kernels.formats).
 _BLOCK_DECODERS = {
-    GGMLQuantizationType.Q8_0: _q8_0,
-    GGMLQuantizationType.Q4_0: _q4_0,
-    GGMLQuantizationType.Q4_1: _q4_1,
+    GGMLQuantizationType.Q8_0: _decoder("q8_0"),
+    GGMLQuantizationType.Q4_0: _decoder("q4_0"),
+    GGMLQuantizationType.Q4_1: _decoder("q4_1"),
 }
 
 
@@ -140,7 +118,7 @@ def dequantize(tensor: ReaderTensor | TensorRecord, *, dtype: torch.dtype = torc
             decoded value is NaN or infinite.
     """
     if isinstance(tensor, TensorRecord):
-        name, ggml_type, shape, raw = tensor.name, tensor.ggml_type, tensor.shape, tensor.data
+        name, ggml_type, shape, raw = tensor.name, tensor.ggml_type, tensor.shape, tensor.checked_data()
     else:
         name, ggml_type, shape = tensor.name, tensor.tensor_type, tensor_shape(tensor)
         raw = torch.from_numpy(np.array(tensor.data).reshape(-1).view(np.uint8))
@@ -195,43 +173,3 @@ def check_finite(name: str, values: torch.Tensor) -> None:
             f"tensor {name!r} holds {bad} NaN or infinite value(s) of {values.numel()}; the file is corrupt "
             "or was written from a diverged model"
         )
-
-
-INT4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
-"""The block types whose values ``scale (q - 8) + zero`` per group of 32 reproduces exactly (see ``Int4Linear``)."""
-
-
-def int4_parts(
-    name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The codes, scales and offsets of a Q4_0 / Q4_1 matrix, for ``Int4Linear``, without decoding the values.
-
-    Args:
-        name, ggml_type, shape: the tensor's (shape is (N, K), K a multiple of 32).
-        raw: its (nbytes,) uint8 bytes.
-
-    Returns:
-        ``(codes, scale, zero)``: (N, K) uint8 in [0, 15]; (N, K / 32) float32 each, with
-        ``value = scale * (code - 8) + zero``.
-
-    Raises:
-        ConversionError: a type other than Q4_0 / Q4_1, or a byte count that does not match the shape.
-    """
-    if ggml_type not in INT4_TYPES or len(shape) != 2 or shape[1] % _BLOCK:
-        raise ConversionError(f"tensor {name!r} is not a Q4_0 / Q4_1 matrix with rows of whole 32-value blocks")
-    n, k = shape
-    type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)][1]
-    if raw.numel() != n * k // _BLOCK * type_size:
-        raise ConversionError(f"tensor {name!r} holds {raw.numel()} bytes, expected {n * k // _BLOCK * type_size}")
-    blocks = raw.view(n * k // _BLOCK, type_size)
-    d = _f16(blocks[:, :2])  # (N G, 1)
-    if ggml_type == GGMLQuantizationType.Q4_0:
-        packed, zero = blocks[:, 2:], torch.zeros_like(d)
-    else:
-        packed, zero = blocks[:, 4:], _f16(blocks[:, 2:4]) + 8.0 * d  # d q + m = d (q - 8) + (m + 8 d)
-    codes = torch.empty(packed.shape[0], _BLOCK, dtype=torch.uint8)  # (N G, 32)
-    torch.bitwise_and(packed, 0x0F, out=codes[:, :16])  # low nibbles: values 0..15 of the block
-    torch.bitwise_right_shift(packed, 4, out=codes[:, 16:])  # high nibbles: values 16..31
-    check_finite(name, d)
-    check_finite(name, zero)
-    return codes.reshape(n, k), d.reshape(n, k // _BLOCK), zero.reshape(n, k // _BLOCK)

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
 from oneblock.errors import CheckpointError
@@ -132,7 +133,7 @@ def checked_value(key: str, value: Any) -> Any:
     """
     kind = expected_type(key)
     if kind is not None and not _has_type(value, kind):
-        shown = repr(value) if not isinstance(value, list) else f"a list starting {value[:3]!r}"
+        shown = f"a list starting {list(value[:3])!r}" if isinstance(value, (list, np.ndarray)) else repr(value)
         raise CheckpointError(f"GGUF metadata {key!r} must be {_WORDS[kind]}; got {shown}; the file is corrupt")
     return value
 
@@ -169,6 +170,8 @@ def _has_type(value: Any, kind: str) -> bool:
         return isinstance(value, bool)
     if kind == "list[str]":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if isinstance(value, np.ndarray):  # numeric arrays of a parsed layout stay views of the file
+        return value.dtype.kind in "iu"
     return isinstance(value, list) and all(_is_int(v) for v in value)
 
 

@@ -8,6 +8,13 @@ padding to ``general.alignment`` (32 by default); the tensor data.
 49,152-token vocabulary and its merges. This reader walks the same bytes once with ``struct`` and hands each
 tensor out as a zero-copy ``torch.uint8`` view of the mapped file: nothing is read from disk until a tensor is
 decoded, and a tensor that the kernels use as stored is never copied.
+
+The file is checked as llama.cpp's own reader (``gguf.cpp``) checks it, before anything is built from it: no key
+and no tensor name twice; ``general.alignment`` a positive power of two; at most 4 dimensions, none zero, and rows
+(``ne0``) of whole blocks for the block formats; each tensor's offset exactly the aligned end of the one before,
+so tensors neither overlap nor alias nor start off alignment; the data inside the file. Metadata arrays nest at
+most ``MAX_ARRAY_DEPTH`` deep, numeric arrays stay read-only numpy views of the file (a Python list would take
+9 times the memory), and an array of strings holds at most ``oneblock.io.limits.vocab_limit()`` of them.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +30,14 @@ import numpy as np
 import torch
 
 from oneblock.errors import CheckpointError
+from oneblock.io import limits
 from oneblock.io.gguf.file import check_gguf_file, checked_value
 from oneblock.io.gguf.writer import verify_digest
 from oneblock.io.integrity import DIGEST_KEY
 
 _ALIGNMENT = 32
+MAX_ARRAY_DEPTH = 3  # an array of arrays of arrays; llama.cpp reads no nested array at all
+_MAX_DIMS = 4  # GGML_MAX_DIMS
 
 # GGUF value type id -> (struct format, numpy dtype) of the scalar types.
 _SCALARS: dict[int, tuple[str, str]] = {
@@ -55,7 +65,8 @@ class TensorRecord:
         shape: the PyTorch (row-major) shape: GGUF's dimensions reversed.
         ggml_type: the ``GGMLQuantizationType`` id.
         offset: where its bytes start, from the start of the file.
-        data: its bytes, a zero-copy (nbytes,) uint8 view of the mapped file.
+        data: its bytes, a zero-copy (nbytes,) uint8 view of the mapped file; read it through ``checked_data``.
+        mapped: the mapping ``data`` views, to check the file's size again before reading.
     """
 
     name: str
@@ -63,6 +74,29 @@ class TensorRecord:
     ggml_type: int
     offset: int
     data: torch.Tensor
+    mapped: mmap.mmap | None = field(default=None, repr=False, compare=False)
+
+    def checked_data(self) -> torch.Tensor:
+        """``data``, once the file is known to still hold it.
+
+        Reading a mapped page past the end of a file that another process truncated kills this process with
+        SIGBUS, which no ``try`` catches; the size is checked again right before the bytes are decoded.
+
+        Raises:
+            CheckpointError: the file is now shorter than the tensor's end.
+        """
+        end = self.offset + self.data.numel()
+        if self.mapped is not None and self.data.numel():
+            try:
+                size = self.mapped.size()
+            except (OSError, ValueError):
+                size = -1
+            if size < end:
+                raise CheckpointError(
+                    f"the GGUF file changed while it was open: tensor {self.name!r} needs bytes up to {end}, "
+                    f"the file now has {max(size, 0)}; was it truncated or rewritten in place?"
+                )
+        return self.data
 
 
 @dataclass
@@ -93,10 +127,12 @@ class GGUFLayout:
 
 
 class _Cursor:
-    """Sequential little-endian reads from a buffer."""
+    """Sequential little-endian reads from a buffer, each checked against its end."""
 
-    def __init__(self, buffer: memoryview) -> None:
+    def __init__(self, buffer: memoryview, max_strings: tuple[int, str]) -> None:
         self.buffer, self.pos = buffer, 0
+        self.max_strings, self.limit_source = max_strings
+        self.key = ""
 
     def scalar(self, fmt: str) -> Any:
         (value,) = struct.unpack_from(fmt, self.buffer, self.pos)
@@ -112,88 +148,169 @@ class _Cursor:
         self.pos = end
         return text
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, depth: int = 0) -> Any:
         if kind == _STRING:
             return self.string()
         if kind == _ARRAY:
-            item, count = self.scalar("<I"), self.scalar("<Q")
-            if item == _STRING:
-                return [self.string() for _ in range(count)]
-            if item in _SCALARS:  # numbers: one numpy read instead of one struct call each
-                dtype = np.dtype(_SCALARS[item][1])
-                end = self.pos + count * dtype.itemsize
-                if end > len(self.buffer):
-                    raise ValueError(f"an array of {count} values runs past the end of the file")
-                values = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.pos).tolist()
-                self.pos = end
-                return [bool(v) for v in values] if item == _BOOL else values
-            return [self.value(item) for _ in range(count)]  # arrays of arrays: rare and short
+            return self.array(depth + 1)
         if kind not in _SCALARS:
             raise ValueError(f"unknown GGUF value type {kind}")
         return self.scalar(_SCALARS[kind][0])
 
+    def array(self, depth: int) -> Any:
+        if depth > MAX_ARRAY_DEPTH:
+            raise ValueError(f"metadata {self.key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep")
+        item, count = self.scalar("<I"), self.scalar("<Q")
+        left = len(self.buffer) - self.pos
+        if item in _SCALARS:  # numbers: a read-only view of the file, not one Python object per value
+            dtype = np.dtype(_SCALARS[item][1])
+            if count * dtype.itemsize > left:
+                raise ValueError(f"an array of {count} values runs past the end of the file")
+            values = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.pos)
+            self.pos += count * dtype.itemsize
+            values = values.view(np.bool_) if item == _BOOL else values
+            values.flags.writeable = False
+            return values
+        if item == _STRING:
+            if count > left // 8:  # each string is at least its 8-byte length
+                raise ValueError(f"an array of {count} strings runs past the end of the file")
+            if count > self.max_strings:
+                raise _TooMany(
+                    f"GGUF metadata {self.key!r} holds {count:,} strings, over the limit of {self.max_strings:,} "
+                    f"({self.limit_source}); if the file is genuine, raise the limit with max_vocab= or "
+                    f"{limits.ENV_MAX_VOCAB}"
+                )
+            return [self.string() for _ in range(count)]
+        if item == _ARRAY:
+            if count > left // 12:  # each array is at least its type and count
+                raise ValueError(f"an array of {count} arrays runs past the end of the file")
+            return [self.array(depth + 1) for _ in range(count)]
+        raise ValueError(f"metadata {self.key!r} is an array of unknown GGUF value type {item}")
 
-def read_layout(path: str | os.PathLike[str]) -> GGUFLayout:
-    """Parse a GGUF file's header and map its tensor data.
+
+class _TooMany(ValueError):
+    """An array over a limit: told as it is, not as a corrupt file."""
+
+
+def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -> GGUFLayout:
+    """Parse a GGUF file's header, check its layout and map its tensor data.
 
     Args:
         path: the ``.gguf`` file.
+        max_vocab: the most strings one metadata array may hold (``oneblock.io.limits.vocab_limit``).
 
     Returns:
         The metadata and the tensor records; tensor bytes stay on disk until used.
 
     Raises:
-        CheckpointError: if the path is missing, a directory, too short, not GGUF, or corrupt or truncated
-            (a record or a tensor running past the end of the file).
+        CheckpointError: if the path is missing, a directory, too short, not GGUF, corrupt or truncated (a record
+            or a tensor running past the end of the file), laid out as llama.cpp would refuse (see the module
+            docstring), or holding an array over ``max_vocab`` strings.
     """
     path = Path(path)
     size = check_gguf_file(path)
+    where = repr(str(path))
     with path.open("rb") as f:
         # Copy-on-write: the views are writable for torch, and nothing is ever written back to the file.
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    buffer = memoryview(mapped)
     try:
-        cursor = _Cursor(buffer)
-        cursor.pos = 4
-        version, n_tensors, n_kv = cursor.scalar("<I"), cursor.scalar("<Q"), cursor.scalar("<Q")
-        if version not in (2, 3):
-            raise ValueError(f"GGUF version {version} is not supported (2 and 3 are)")
-        metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = cursor.string()
-            metadata[key] = checked_value(key, cursor.value(cursor.scalar("<I")))
-        raw = []
-        for _ in range(n_tensors):
-            name = cursor.string()
-            dims = [cursor.scalar("<Q") for _ in range(cursor.scalar("<I"))]
-            raw.append((name, tuple(reversed(dims)), cursor.scalar("<I"), cursor.scalar("<Q")))
+        cursor = _Cursor(memoryview(mapped), limits.vocab_limit(max_vocab))
+        version, metadata, raw = _read_header(cursor)
+    except _TooMany as error:
+        raise CheckpointError(f"{where}: {error}") from None
     except (struct.error, ValueError, UnicodeDecodeError, OverflowError, MemoryError) as error:
-        raise CheckpointError(f"{str(path)!r} is a corrupt or truncated GGUF file: {error}") from error
+        raise CheckpointError(f"{where} is a corrupt or truncated GGUF file: {error}") from None
     if DIGEST_KEY in metadata:  # written by oneblock: every byte is checked before any is used
-        verify_digest(mapped, metadata[DIGEST_KEY], repr(str(path)))
-    alignment = int(metadata.get("general.alignment", _ALIGNMENT))
+        verify_digest(mapped, metadata[DIGEST_KEY], where)
+    alignment = _alignment(where, metadata)
     start = -(-cursor.pos // alignment) * alignment
     tensors = {}
+    expected = 0  # the running aligned size of the data section, as gguf.cpp computes it
     for name, shape, ggml_type, offset in raw:
-        nbytes = _nbytes(name, shape, ggml_type)
+        nbytes = _nbytes(where, name, shape, ggml_type)
+        if offset != expected:
+            raise CheckpointError(
+                f"{where} is a corrupt GGUF file: tensor {name!r} starts at data offset {offset}, expected "
+                f"{expected} (the aligned end of the tensor before it); tensors must follow each other without "
+                "overlap, at multiples of the alignment"
+            )
+        expected += -(-nbytes // alignment) * alignment
         begin = start + offset
         if begin + nbytes > size:
             raise CheckpointError(
-                f"{str(path)!r} is a corrupt or truncated GGUF file: tensor {name!r} needs bytes {begin} to "
+                f"{where} is a corrupt or truncated GGUF file: tensor {name!r} needs bytes {begin} to "
                 f"{begin + nbytes}, but the file ends at {size}"
             )
-        data = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=begin) if nbytes else torch.empty(0)
-        tensors[name] = TensorRecord(name, shape, ggml_type, begin, data)
+        data = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=begin)
+        tensors[name] = TensorRecord(name, shape, ggml_type, begin, data, mapped)
     return GGUFLayout(path=path, version=version, metadata=metadata, tensors=tensors, mapped=mapped)
 
 
-def _nbytes(name: str, shape: tuple[int, ...], ggml_type: int) -> int:
-    """Bytes of a tensor in the file; an unknown type is refused later, by name, with the supported list."""
+def _read_header(cursor: _Cursor) -> tuple[int, dict[str, Any], list[tuple[str, tuple[int, ...], int, int]]]:
+    """The version, the metadata and the raw tensor records ``(name, shape, type, offset)``."""
+    cursor.pos = 4
+    version, n_tensors, n_kv = cursor.scalar("<I"), cursor.scalar("<Q"), cursor.scalar("<Q")
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} is not supported (2 and 3 are)")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cursor.key = cursor.string()
+        if key in metadata:
+            raise ValueError(f"the metadata key {key!r} appears twice")
+        metadata[key] = checked_value(key, cursor.value(cursor.scalar("<I")))
+    raw = []
+    names = set()
+    for _ in range(n_tensors):
+        name = cursor.string()
+        if name in names:
+            raise ValueError(f"the tensor name {name!r} appears twice")
+        names.add(name)
+        n_dims = cursor.scalar("<I")
+        if n_dims > _MAX_DIMS:
+            raise ValueError(f"tensor {name!r} has {n_dims} dimensions; GGUF tensors have at most {_MAX_DIMS}")
+        dims = [cursor.scalar("<Q") for _ in range(n_dims)]
+        if 0 in dims:
+            raise ValueError(f"tensor {name!r} has a zero dimension (GGUF dimensions {dims}); it holds no values")
+        if int(np.prod(dims, dtype=object)) >= 2**63:
+            raise ValueError(f"tensor {name!r} has dimensions {dims}, more values than a file can hold")
+        raw.append((name, tuple(reversed(dims)), cursor.scalar("<I"), cursor.scalar("<Q")))
+    return version, metadata, raw
+
+
+def _alignment(where: str, metadata: dict[str, Any]) -> int:
+    """``general.alignment``, refused unless a positive power of two (a wrong one moves every tensor's bytes)."""
+    value = metadata.get("general.alignment", _ALIGNMENT)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value & (value - 1):
+        shown = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+        raise CheckpointError(
+            f"{where} is a corrupt GGUF file: general.alignment is {shown}, but it must be a positive power of "
+            f"two (the default is {_ALIGNMENT})"
+        )
+    return value
+
+
+def _nbytes(where: str, name: str, shape: tuple[int, ...], ggml_type: int) -> int:
+    """Bytes of a tensor in the file (a type oneblock cannot decode is refused later, with the supported list).
+
+    Raises:
+        CheckpointError: a block format whose rows (``ne0``, the last PyTorch dimension) are not whole blocks,
+            as llama.cpp refuses them: the bytes of a partial block do not exist in the file.
+    """
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    except (ValueError, KeyError):
-        return 0
+        kind = GGMLQuantizationType(ggml_type)
+        block, type_size = GGML_QUANT_SIZES[kind]
+    except (ValueError, KeyError):  # its size is unknown, so is where the next tensor starts
+        raise CheckpointError(
+            f"{where} is a corrupt GGUF file, or newer than the gguf package: tensor {name!r} has the unknown "
+            f"GGML type id {ggml_type}"
+        ) from None
+    row = shape[-1] if shape else 1
+    if row % block:
+        raise CheckpointError(
+            f"{where} is a corrupt GGUF file: tensor {name!r} ({kind.name}, shape {shape}) has rows of {row} "
+            f"values, not a multiple of the {block}-value blocks of {kind.name}"
+        )
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     return n // block * type_size

@@ -4,10 +4,10 @@ Three things happen between the file and the model:
 
 1. The config comes from the ``llama.*`` metadata keys (width, depth, heads, RoPE base, RMSNorm epsilon, ...).
 2. Each tensor is renamed (``blk.3.ffn_gate.weight`` -> ``blocks.3.ffn.w1.weight``) and either dequantized to
-   float (see :mod:`oneblock.io.gguf.dequant`) or, for the 4-bit matrices of the fast path, kept as stored
-   (see :mod:`oneblock.inference.int4`). The file is memory-mapped and parsed once
-   (:mod:`oneblock.io.gguf.layout`); the model is built uninitialized and the file's tensors assigned to it, so
-   nothing is initialized only to be overwritten.
+   float (see :mod:`oneblock.io.gguf.dequant`) or, on the default path, kept as stored and multiplied by
+   oneblock's block kernels (see :mod:`oneblock.io.gguf.quantized`). The file is memory-mapped and parsed once
+   (:mod:`oneblock.io.gguf.layout`); the model is built on the meta device and the file's tensors assigned to
+   it, so nothing is initialized only to be overwritten.
 3. The rows of the query and key projections are put back in Hugging Face order. llama.cpp's RoPE kernel
    rotates *adjacent* feature pairs ``(2i, 2i+1)`` of each head, while oneblock (like Hugging Face's Llama)
    rotates the pairs ``(i, i + Dh/2)``. llama.cpp's converter therefore interleaves the two halves of each
@@ -27,10 +27,11 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, ConversionError
-from oneblock.inference.int4 import Int4Linear, int4_kernel_available
-from oneblock.io.gguf.dequant import INT4_TYPES, check_supported, dequantize, int4_parts
+from oneblock.io.gguf.dequant import check_supported, dequantize
 from oneblock.io.gguf.layout import GGUFLayout, TensorRecord, read_layout
+from oneblock.io.gguf.quantized import block_modules
 from oneblock.io.limits import check_model_size
+from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.models.build import build_decoder
 from oneblock.models.decoder import Decoder
 
@@ -261,36 +262,6 @@ def read_gguf(source: Source, *, dtype: torch.dtype = torch.float32) -> tuple[Mo
     return cfg, {oneblock_name(t.name): _decoded(t, cfg).to(dtype) for t in layout.tensors.values()}
 
 
-def _int4_rows(t: TensorRecord, cfg: ModelConfig, layout: GGUFLayout) -> tuple[Tensor, Tensor, Tensor]:
-    """(codes, scale, zero) of a Q4 matrix, query/key rows un-interleaved (rows hold whole blocks: bytes move)."""
-    raw = t.data.view(t.shape[0], -1)  # (N, bytes per row)
-    if t.name.endswith(".attn_q.weight"):
-        raw = unpermute_rows(raw, cfg.n_heads)
-    elif t.name.endswith(".attn_k.weight"):
-        raw = unpermute_rows(raw, cfg.n_kv_heads)
-    parts = int4_parts(t.name, t.ggml_type, t.shape, raw.reshape(-1))
-    layout.release(t)
-    return parts
-
-
-def _fast_modules(cfg: ModelConfig, layout: GGUFLayout) -> dict[str, nn.Module]:
-    """Int4Linear modules for the Q4 matrices of the blocks, by oneblock module name; q, k, v fused as ``qkv_proj``."""
-    modules: dict[str, nn.Module] = {}
-    for i in range(cfg.n_layers):
-        qkv = [layout.tensors.get(f"blk.{i}.attn_{x}.weight") for x in "qkv"]
-        int4 = [t for t in qkv if t is not None and t.ggml_type in INT4_TYPES]
-        if len(int4) == len(qkv):
-            parts = [_int4_rows(t, cfg, layout) for t in int4]
-            modules[f"blocks.{i}.attn.qkv_proj"] = Int4Linear(*(torch.cat(p) for p in zip(*parts, strict=True)))
-    for t in layout.tensors.values():
-        module = oneblock_name(t.name).removesuffix(".weight")
-        parent, _, child = module.rpartition(".")
-        fused = child in ("q_proj", "k_proj", "v_proj") and f"{parent}.qkv_proj" in modules
-        if t.ggml_type in INT4_TYPES and module.startswith("blocks.") and not fused:
-            modules[module] = Int4Linear(*_int4_rows(t, cfg, layout))
-    return modules
-
-
 def from_gguf(
     path: Source,
     *,
@@ -299,16 +270,18 @@ def from_gguf(
 ) -> Decoder:
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 
-    By default (``dtype=None``, on the CPU) the Q4_0 / Q4_1 matrices of the blocks stay 4-bit, as stored, and run
-    through torch's int4 kernel (:class:`~oneblock.inference.int4.Int4Linear`: bfloat16 activations, float32
-    accumulation); the query, key and value projections are fused into one; everything else (norms, the Q8_0
-    embedding and the head tied to it) is dequantized to float32. With a ``dtype`` every tensor is dequantized
-    once into that dtype: ``dtype=torch.float32`` is the exact reference model.
+    By default (``dtype=None``, on the CPU) every Q4_0 / Q4_1 / Q8_0 matrix stays as stored, in a
+    :class:`~oneblock.inference.blocks.BlockLinear` multiplied by oneblock's block kernels the way llama.cpp
+    multiplies it (activations rounded to 8-bit blocks, integer dot products); the query, key and value
+    projections are stacked into one, as are the FFN's gate and up projections; a token table in a block format
+    is read row by row (:class:`~oneblock.inference.blocks.BlockEmbedding`) and, tied, is the head's matrix too.
+    Tensors in other formats (norms, K-quants) are dequantized to float32. With a ``dtype`` every tensor is
+    dequantized once into that dtype: ``dtype=torch.float32`` is the exact reference model.
 
     Args:
         path: the ``.gguf`` file (e.g. :func:`oneblock.io.gguf.smollm2.smollm2_gguf_path`), its parsed layout,
             or a ``gguf.GGUFReader``.
-        dtype: ``None`` (4-bit weights where the file has them), or the parameter dtype of a fully dequantized
+        dtype: ``None`` (block matrices as the file stores them), or the parameter dtype of a fully dequantized
             model: ``torch.float32``, ``torch.bfloat16`` or ``torch.float16``.
         device: where to put the parameters; anything but the CPU dequantizes.
 
@@ -322,36 +295,42 @@ def from_gguf(
     """
     cfg, layout = _checked(path)
     on_cpu = device is None or torch.device(device).type == "cpu"
-    fast = dtype is None and on_cpu and int4_kernel_available()
     model = _uninitialized(cfg)
     expected = model.state_dict()
     state = {oneblock_name(t.name): t for t in layout.tensors.values()}
     if cfg.tie_embeddings and "lm_head.weight" in expected:
         state["lm_head.weight"] = state["embed.tok.weight"]
     _check_names_and_shapes(cfg, expected, state)
-    modules = _fast_modules(cfg, layout) if fast else {}
-    for name, module in modules.items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, module)
-        if child == "qkv_proj":
-            attn = model.get_submodule(parent)
-            # torch's stub types the value Tensor | Module; a registered submodule may be set to None
-            attn.q_proj = attn.k_proj = attn.v_proj = None  # type: ignore[assignment]
-    covered = {f"{name}.weight" for name in modules} | {
-        name.replace("qkv_proj", proj) + ".weight" for name in modules if name.endswith("qkv_proj")
-        for proj in ("q_proj", "k_proj", "v_proj")
-    }  # fmt: skip
+    names = {t.name: oneblock_name(t.name) for t in layout.tensors.values()}
+    modules = block_modules(cfg, layout, names, unpermute_rows) if dtype is None and on_cpu else {}
+    for name, (module, _) in modules.items():
+        _put(model, name, module)
+    covered = {name for _, names_covered in modules.values() for name in names_covered}
+    tied = cfg.tie_embeddings and "lm_head" not in modules
     decoded = {
         name: _decoded(t, cfg, layout).to(dtype or torch.float32)
         for name, t in state.items()
-        if name not in covered and not (cfg.tie_embeddings and name == "lm_head.weight")
+        if name not in covered and not (tied and name == "lm_head.weight")
     }
     model.load_state_dict(decoded, strict=False, assign=True)
-    if cfg.tie_embeddings:
+    if tied:
         model.lm_head.weight = model.embed.tok.weight
+    _check_materialized(model)
     if not on_cpu:
         model = model.to(device)
     return model.eval()
+
+
+def _put(model: Decoder, name: str, module: nn.Module) -> None:
+    """Set submodule ``name``; a stacked projection removes the ones it replaces."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+    # torch's stub types the value Tensor | Module; a registered submodule may be set to None
+    if child == "qkv_proj":
+        parent.q_proj = parent.k_proj = parent.v_proj = None  # type: ignore[assignment]
+    elif child == "w13":
+        parent.w1 = parent.w3 = None  # type: ignore[assignment]
 
 
 def _check_names_and_shapes(cfg: ModelConfig, expected: dict[str, Tensor], state: dict[str, TensorRecord]) -> None:
@@ -371,22 +350,23 @@ def _check_names_and_shapes(cfg: ModelConfig, expected: dict[str, Tensor], state
         raise ConversionError(f"tensor shapes disagree with the file's metadata: {'; '.join(wrong[:4])}")
 
 
-_INITS = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_")
-
-
 def _uninitialized(cfg: ModelConfig) -> Decoder:
-    """The model with its parameters allocated but never written.
+    """The model with its parameters on the meta device: shapes only, no memory, no initialization.
 
-    Every matrix is about to be replaced by the file's, so the random initialization is skipped; an allocation
-    that is never written occupies no memory, so the float32 matrices that 4-bit modules replace cost nothing.
-    (The meta device would avoid even the allocation, but its initializers import torch's symbolic-shape
-    machinery, seconds of start-up.)
+    Every matrix is about to be replaced by the file's (``load_state_dict(assign=True)``), so nothing is allocated
+    only to be overwritten. The meta device is chosen through ``torch.device`` as a context manager, which is
+    local to the calling thread: a model built at the same time in another thread is initialized as usual. The
+    rotary tables are not in the file and are computed here, on the CPU.
     """
-    saved = {name: getattr(nn.init, name) for name in _INITS}
-    for name in _INITS:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
-    try:
-        return build_decoder(cfg)
-    finally:
-        for name, init in saved.items():
-            setattr(nn.init, name, init)
+    with torch.device("meta"):
+        model = build_decoder(cfg)
+    if model.rope is not None:
+        model.rope = RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta)
+    return model
+
+
+def _check_materialized(model: nn.Module) -> None:
+    """Refuse a model that still holds a meta tensor after loading: it would fail at its first forward."""
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ConversionError(f"the GGUF file left {len(left)} tensor(s) of the model unset: {left[:4]}")

@@ -26,6 +26,7 @@ from tokenizers.models import BPE
 
 from oneblock.errors import ConversionError, InputError
 from oneblock.inference.chat_template import render_chat
+from oneblock.inference.text import check_text
 from oneblock.io.gguf.file import check_merges, field_value
 from oneblock.io.gguf.layout import GGUFLayout, read_layout
 
@@ -97,6 +98,40 @@ def _spelled(token: str) -> str:
         return token
     table = byte_alphabet()
     return "".join(table[b] for b in token.encode("utf-8"))
+
+
+# The bytes of ordinary text: tab, newline, carriage return, printable ASCII, UTF-8 continuation bytes, and the lead
+# bytes of every character up to U+3FFFF (all scripts, symbols and emoji). Real vocabularies lack some of the
+# others: SmolLM2's has no token for 0x04 or 0x1d (control characters), 0xc0, 0xc1 and 0xf5-0xff (never in UTF-8)
+# or 0xf1-0xf2 (unassigned planes); like transformers and llama.cpp, encoding drops such a byte.
+TEXT_BYTES = frozenset([0x09, 0x0A, 0x0D, *range(0x20, 0x7F), *range(0x80, 0xC0), *range(0xC2, 0xF1)])
+
+
+def check_byte_vocabulary(tokens: Sequence[str]) -> None:
+    """Refuse a byte-level vocabulary that cannot spell ordinary text: one missing a token for any byte of
+    ``TEXT_BYTES``, or holding one token twice (which id would the text get?). Without this check a vocabulary
+    of ``<x0>``...``<x255>`` encodes ``"hello world"`` to ``[]``, silently.
+
+    Raises:
+        ConversionError: naming the first missing bytes or the first duplicate and its ids.
+    """
+    first: dict[str, int] = {}
+    for index, token in enumerate(tokens):  # as stored: a byte symbol is spelled the same either way
+        if token in first:
+            raise ConversionError(
+                f"the GGUF vocabulary holds {token!r} twice (ids {first[token]} and {index}); a byte-level BPE "
+                "vocabulary has each token once: the file is corrupt"
+            )
+        first[token] = index
+    alphabet = byte_alphabet()
+    missing = [b for b in sorted(TEXT_BYTES) if alphabet[b] not in first]
+    if missing:
+        shown = ", ".join(f"{b:#04x} ({alphabet[b]!r})" for b in missing[:5])
+        raise ConversionError(
+            f"the GGUF vocabulary cannot spell {len(missing)} of the {len(TEXT_BYTES)} bytes of ordinary text "
+            f"(first: {shown}): a byte-level BPE vocabulary has a token for each, or texts lose characters when "
+            "encoded; the file is corrupt"
+        )
 
 
 def build_tokenizer(
@@ -182,7 +217,8 @@ class GGUFTokenizer:
 
         Raises:
             CheckpointError: if the file is missing, not GGUF or corrupt.
-            ConversionError: if the file has no vocabulary, or one that is not byte-level BPE.
+            ConversionError: if the file has no vocabulary, one that is not byte-level BPE, or one that cannot
+                spell every byte (``check_byte_vocabulary``).
         """
         if isinstance(source, GGUFLayout):
             meta = source.metadata
@@ -199,7 +235,9 @@ class GGUFTokenizer:
         tokens = meta.get("tokenizer.ggml.tokens") or []
         if not tokens:
             raise ConversionError("the GGUF file has an empty tokenizer.ggml.tokens vocabulary")
-        types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        check_byte_vocabulary(tokens)
+        types = meta.get("tokenizer.ggml.token_type")
+        types = [1] * len(tokens) if types is None or len(types) == 0 else types
         if len(types) != len(tokens):
             raise ConversionError(
                 f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; the file is corrupt"
@@ -235,7 +273,7 @@ class GGUFTokenizer:
         """
         if not isinstance(text, str):
             raise InputError(f"encode expects a str; got {type(text).__name__}")
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self.tokenizer.encode(check_text(text), add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return ids

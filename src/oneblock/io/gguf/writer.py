@@ -57,11 +57,13 @@ def typed_metadata(path: str | os.PathLike[str], prefixes: Sequence[str]) -> lis
     Raises:
         CheckpointError: the file is missing, not GGUF or corrupt.
     """
+    from oneblock.io import limits
     from oneblock.io.gguf.layout import _Cursor, read_layout
 
     layout = read_layout(path)  # checks the whole file first
-    assert layout.mapped is not None  # read_layout always maps
-    cursor = _Cursor(memoryview(layout.mapped))
+    if layout.mapped is None:
+        raise CheckpointError(f"{str(path)!r} was not mapped; its metadata cannot be re-read")
+    cursor = _Cursor(memoryview(layout.mapped), limits.vocab_limit())
     cursor.pos = 16
     out = []
     for _ in range(cursor.scalar("<Q")):
@@ -154,4 +156,4 @@ def verify_digest(mapped: mmap.mmap, recorded: object, name: str) -> None:
     Raises:
         CheckpointError: the digest differs (a byte changed after writing) or is malformed.
     """
-    verify(mapped, recorded, name, 0, min(len(mapped), _DIGEST_WITHIN))  # type: ignore[arg-type]
+    verify(mapped, recorded, name, 0, min(len(mapped), _DIGEST_WITHIN))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from types import ModuleType
 from typing import Any
 
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, ConversionError
-from oneblock.io import files, limits
+from oneblock.io import files, jsontext, limits
 from oneblock.io.hf import bart, bert, gpt2, llama, t5
 from oneblock.io.hf.common import TensorSource, load_exact
 from oneblock.models.build import Model, build_model
@@ -204,21 +204,30 @@ def _read_directory(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConversionError(f"from_hf: {str(path)!r} is not valid JSON: {error}") from None
+        with path.open("rb") as f:
+            text = f.read(jsontext.MAX_BYTES + 1)  # the limit's own message for a larger file, without reading it
     except OSError as error:
         raise ConversionError(f"from_hf: cannot read {str(path)!r}: {error.strerror or error}") from None
+    data = jsontext.loads(text, what=f"from_hf: {str(path)!r}", error=ConversionError)
     if not isinstance(data, dict):
         raise ConversionError(f"from_hf: {str(path)!r} must hold a JSON object; got a {type(data).__name__}")
     return data
 
 
 def _inside(directory: Path, name: str, index: Path) -> Path:
-    """A shard named by an index, refused unless it is a file inside the model's directory."""
-    shard = (directory / name).resolve()
-    if not shard.is_relative_to(directory.resolve()):
-        raise ConversionError(f"from_hf: {str(index)!r} names the shard {name!r}, outside {str(directory)!r}")
+    """A shard named by an index, refused unless its *name* stays inside the model's directory.
+
+    The name is checked, not the file it resolves to: in the Hugging Face hub cache every file of
+    ``snapshots/<revision>/`` is a symlink to ``../../blobs/<sha256>``, and following it is what the user asked for.
+    What the index may not do is name a path of its own choosing (absolute, or climbing out with ``..``).
+    """
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    if not parts or PurePosixPath(name).is_absolute() or PureWindowsPath(name).anchor or ".." in parts:
+        raise ConversionError(
+            f"from_hf: {str(index)!r} names the shard {name!r}, outside {str(directory)!r}; an index names its "
+            "shards by file names relative to its own directory"
+        )
+    shard = directory / name
     if not shard.is_file():
         raise ConversionError(f"from_hf: {str(index)!r} names the shard {name!r}, which does not exist")
     return shard

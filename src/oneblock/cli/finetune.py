@@ -1,0 +1,236 @@
+"""``oneblock finetune``: adapt a pretrained model to your data, with LoRA adapters or every parameter.
+
+The data (``--data``) is chat JSONL, prompt/completion JSONL, Alpaca JSON or plain text; conversations are
+rendered with the model's own chat template and only the assistant's answers are trained. Training is the
+project's trainer (AdamW, warmup + cosine, clipping, checkpoints with exact ``--resume``, Ctrl-C saves,
+``torchrun`` data parallelism). LoRA writes ``OUT/adapter_config.json`` + ``OUT/adapter_model.safetensors`` in
+peft's format; ``--method full`` writes ``OUT/model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from oneblock.cli import options
+
+# flag destination -> TrainConfig field, for the flags that default to "keep the finetune default".
+TRAIN_FLAGS = {
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "grad_accum": "grad_accum",
+    "seq_len": "seq_len",
+    "lr": "lr",
+    "min_lr_ratio": "min_lr_ratio",
+    "warmup": "warmup_steps",
+    "weight_decay": "weight_decay",
+    "grad_clip": "grad_clip",
+    "eval_every": "eval_every",
+    "save_every": "save_every",
+    "keep": "keep_checkpoints",
+    "seed": "seed",
+}
+# Defaults of a fine-tuning run where they differ from training from scratch.
+DEFAULTS: dict[str, Any] = {
+    "steps": 100,
+    "batch_size": 4,
+    "seq_len": 512,
+    "weight_decay": 0.0,
+    "beta2": 0.999,
+    "eval_every": 0,
+    "save_every": 50,
+}
+DEFAULT_LR = {"lora": 2e-4, "full": 2e-5}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "finetune",
+        help="fine-tune a pretrained model on your data (LoRA adapters or every parameter)",
+        description=(
+            "Fine-tune a GGUF file, Hugging Face directory or oneblock checkpoint on chat JSONL, prompt/completion "
+            "JSONL, Alpaca JSON or text. Only the assistant's answers (and the end-of-turn token) are trained. "
+            "Writes OUT/adapter_config.json + adapter_model.safetensors (LoRA, peft's format) or "
+            "OUT/model.safetensors (--method full), with config.json, log.jsonl and checkpoints/ beside them."
+        ),
+    )
+    what = parser.add_argument_group("model and data")
+    what.add_argument("--model", metavar="SOURCE", help="a .gguf file, Hugging Face directory or oneblock checkpoint")
+    what.add_argument("--data", metavar="FILE", help="training data: .jsonl (chat or prompt/completion), .json, .txt")
+    what.add_argument("--eval", dest="eval_data", metavar="FILE", help="held-out data scored during training")
+    what.add_argument("--eval-share", type=options.finite_float, metavar="P", help="hold out this share instead")
+    what.add_argument("--seq-len", type=int, metavar="T", help="tokens per training row (512, or the context)")
+    what.add_argument("--truncate", action="store_true", help="cut examples longer than --seq-len (default: refuse)")
+    what.add_argument("--pack", action="store_true", help="pack short examples into one row (block-diagonal mask)")
+    what.add_argument("--dtype", choices=("float32",), help="train over the dequantized float32 model")
+    method = parser.add_argument_group("method")
+    method.add_argument("--method", choices=("lora", "full"), default="lora", help="adapters or every parameter")
+    method.add_argument("--rank", type=int, default=8, metavar="R", help="LoRA rank (8)")
+    method.add_argument("--alpha", type=options.finite_float, default=16.0, metavar="A", help="LoRA alpha (16)")
+    method.add_argument("--lora-dropout", type=options.finite_float, default=0.0, metavar="P", help="(0)")
+    method.add_argument("--rslora", action="store_true", help="scale by alpha / sqrt(rank) instead of alpha / rank")
+    method.add_argument(
+        "--targets", default="q,k,v,o,gate,up,down", help="layers to adapt: q,k,v,o,gate,up,down or all-linear"
+    )
+    opt = parser.add_argument_group("optimization")
+    opt.add_argument("--steps", type=int, metavar="N", help="optimizer steps (100)")
+    opt.add_argument("--batch-size", type=int, metavar="B", help="examples per micro-batch and process (4)")
+    opt.add_argument("--grad-accum", type=int, metavar="K", help="micro-batches per optimizer step (1)")
+    opt.add_argument("--lr", type=options.finite_float, help="peak learning rate (LoRA 2e-4, full 2e-5)")
+    opt.add_argument("--min-lr-ratio", type=options.finite_float, metavar="R", help="cosine floor share (0.1)")
+    opt.add_argument("--warmup", type=int, metavar="N", help="linear warmup steps (a tenth of --steps)")
+    opt.add_argument("--weight-decay", type=options.finite_float, metavar="W", help="AdamW decay (0)")
+    opt.add_argument("--grad-clip", type=options.finite_float, metavar="G", help="max gradient norm, 0 = off (1)")
+    opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward pass")
+    opt.add_argument(
+        "--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state (FSDP2)"
+    )
+    opt.add_argument("--seed", type=options.seed, help="seed of adapters, data order and dropout (0)")
+    run = parser.add_argument_group("run directory")
+    run.add_argument("--out", metavar="DIR", help="run directory and where the adapter or model goes")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    run.add_argument("--save-every", type=int, metavar="N", help="checkpoint every N steps, 0 = end only (50)")
+    run.add_argument("--keep", type=int, metavar="K", help="checkpoints to keep (2)")
+    run.add_argument("--eval-every", type=int, metavar="N", help="held-out evaluation every N steps (0: at the end)")
+    run.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:i (default: auto)")
+    run.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    options.add_json_option(parser)
+    return parser
+
+
+def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
+    """The run's settings from the flags (unset flags keep the fine-tuning defaults)."""
+    from oneblock.errors import ConfigError
+    from oneblock.finetune.lora import LoraConfig
+    from oneblock.finetune.run import FinetuneConfig
+    from oneblock.train.config import TrainConfig
+
+    needed = (("--model", args.model), ("--data", args.data), ("--out", args.out))
+    missing = [flag for flag, value in needed if not value]
+    if missing:
+        raise ConfigError(f"oneblock finetune needs {', '.join(missing)} (or --resume --out DIR)")
+    given = {field: getattr(args, dest) for dest, field in TRAIN_FLAGS.items() if getattr(args, dest) is not None}
+    settings = {**DEFAULTS, "lr": DEFAULT_LR[args.method], **given}
+    if "warmup_steps" not in settings:
+        settings["warmup_steps"] = settings["steps"] // 10
+    train = TrainConfig(task="finetune", bf16=args.bf16, fsdp=args.fsdp, **settings)
+    targets = tuple(t for t in args.targets.split(",") if t.strip())
+    lora = LoraConfig(rank=args.rank, alpha=args.alpha, dropout=args.lora_dropout, rslora=args.rslora, targets=targets)
+    ft = FinetuneConfig(
+        model=args.model,
+        data=args.data,
+        method=args.method,
+        lora=lora,
+        dtype=args.dtype,
+        pack=args.pack,
+        truncate=args.truncate,
+        eval_data=args.eval_data,
+        eval_share=args.eval_share or 0.0,
+    )
+    return ft, train
+
+
+def _refuse_flags_on_resume(args: argparse.Namespace) -> None:
+    from oneblock.errors import ConfigError
+
+    given = [f"--{d.replace('_', '-')}" for d in (*TRAIN_FLAGS, "model", "data", "eval_data") if getattr(args, d)]
+    if given:
+        raise ConfigError(
+            f"--resume continues with the run's saved config.json; drop {', '.join(given)} (or start a new --out)"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from oneblock.errors import ConfigError
+    from oneblock.finetune.run import finish, prepare, read_run
+    from oneblock.train import distributed
+
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise ConfigError(f"--threads must be a positive integer; got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.resume:
+        if args.out is None:
+            raise ConfigError("--resume needs --out DIR, the run to continue")
+        _refuse_flags_on_resume(args)
+        ft, cfg, base = read_run(args.out)
+    else:
+        (ft, cfg), base = configs(args), None
+    out = Path(args.out)
+    fit = not args.resume and args.seq_len is None  # the default window shrinks to a shorter model context
+    prepared = prepare(
+        ft, cfg, run_dir=out, expect_base=base, fit_context=fit, device=args.device, quiet=args.quiet, on_note=_note
+    )
+    trainer = prepared.trainer
+    ctx = trainer.ctx
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trainer.model.parameters())
+    if ctx.is_main and not args.json:
+        print(
+            f"finetune {ft.model} ({ft.method}): {trainable:,} of {total:,} parameters trained "
+            f"({100 * trainable / max(total, 1):.2f}%), {prepared.n_examples} examples, "
+            f"{ctx.world} process(es) on {ctx.device}",
+            file=sys.stderr,
+        )
+    try:
+        result = trainer.train(resume=args.resume)
+    finally:
+        distributed.teardown(ctx)
+    if not ctx.is_main:
+        return 130 if result.interrupted else 0
+    if result.interrupted:
+        print(
+            f"oneblock finetune: interrupted at step {result.step}; checkpoint saved. Continue with "
+            f"oneblock finetune --resume --out {out}",
+            file=sys.stderr,
+        )
+        return 130
+    written = finish(prepared, out)
+    summary = {
+        "out": str(out),
+        "method": ft.method,
+        "step": result.step,
+        "trainable_parameters": trainable,
+        "parameters": total,
+        "tokens": result.tokens,
+        "seconds": round(result.elapsed, 2),
+        "final_train_loss": result.losses[-1] if result.losses else None,
+        "eval": result.eval,
+        "files": [str(p) for p in written],
+    }
+    if args.json:
+        import json
+
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _note(message: str) -> None:
+    print(f"oneblock finetune: {message}", file=sys.stderr)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"oneblock finetune ({summary['method']}) after {summary['step']} steps")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_row("trainable parameters", f"{summary['trainable_parameters']:,}")
+    if summary["final_train_loss"] is not None:
+        table.add_row("final training loss", f"{summary['final_train_loss']:.4f}")
+    for key, value in summary["eval"].items():
+        table.add_row(f"held-out {key}", f"{value:.4f}")
+    table.add_row("tokens", f"{summary['tokens']:,}")
+    table.add_row("seconds", f"{summary['seconds']:.1f}")
+    console = Console()
+    console.print(table)
+    for path in summary["files"]:
+        console.print(f"wrote {path}")

@@ -1,0 +1,140 @@
+"""Linear layers and embeddings whose weights stay in a GGUF block format (Q4_0, Q4_1, Q8_0).
+
+Decoding one token reads every weight once: its speed is the memory traffic. A block format stores each row of
+``W`` (N, K) in groups of 32 weights with one or two float16 numbers per group (4.5 to 8.5 bits a weight, against
+32 for float32; see :mod:`oneblock.kernels.formats`). ``BlockLinear`` keeps those bytes and multiplies through
+:func:`oneblock.kernels.block_mm`, which computes what llama.cpp computes: each activation row rounded once to
+8-bit blocks, integer dot products per block, one float multiply-add per block. Its output therefore differs from
+``x @ dequantized().T`` by the rounding of the activations (about 0.5% of a product's scale, the kernels' stated
+bound), not by float32's; ``dequantized()`` gives the exact weights, for the reference path and for tests.
+
+``BlockEmbedding`` reads token rows out of the same kind of matrix (:func:`oneblock.kernels.dequantize` with
+``rows``): a Q8_0 token table tied to the LM head is one block matrix serving both, the head as a product and the
+lookup as decoded rows.
+
+Shape notation: N output features (or vocabulary rows), K input features (or width), M rows of activations.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from oneblock import kernels
+from oneblock.errors import InputError
+
+
+def _check_blocks(blocks: Tensor, fmt: str, what: str) -> tuple[int, int]:
+    """``(N, K)`` of a block matrix, or an InputError naming what is wrong with it."""
+    spec = kernels.FORMATS.get(fmt)
+    if spec is None:
+        raise InputError(f"{what}: unknown block format {fmt!r}; the kernels multiply {sorted(kernels.FORMATS)}")
+    if not isinstance(blocks, Tensor) or blocks.dtype != torch.uint8 or blocks.dim() != 2:
+        got = f"{blocks.dtype}, shape {tuple(blocks.shape)}" if isinstance(blocks, Tensor) else type(blocks).__name__
+        raise InputError(f"{what} needs (N, K / {spec.block} * {spec.nbytes}) uint8 {fmt} blocks; got {got}")
+    if blocks.shape[1] == 0 or blocks.shape[1] % spec.nbytes:
+        raise InputError(f"{what}: {fmt} rows hold whole blocks of {spec.nbytes} bytes; got rows of {blocks.shape[1]}")
+    return blocks.shape[0], blocks.shape[1] // spec.nbytes * spec.block
+
+
+class BlockLinear(nn.Module):
+    """``y = x W^T + b`` with ``W`` (N, K) kept as GGUF blocks, multiplied by the block kernels.
+
+    The weight is a frozen buffer (no gradient reaches it); gradients flow to the input
+    (``grad_x = grad @ dequantized()``, the kernel op's backward), so an adapter trained around the layer works.
+
+    Args:
+        blocks: (N, K / 32 * nbytes) uint8, each row exactly the GGUF bytes of one weight row; kept as given
+            (a view of a mapped file stays a view).
+        fmt: ``"q4_0"``, ``"q4_1"``, ``"q8_0"`` (a key of ``oneblock.kernels.FORMATS``).
+        bias: (N,) float, or ``None``.
+
+    Shape: (..., K) -> (..., N), float32 (or ``x``'s dtype when it is another float type).
+
+    Raises:
+        InputError: an unknown format, blocks that are not whole uint8 rows, or a bias of the wrong shape.
+    """
+
+    blocks: Tensor
+    bias: Tensor | None
+
+    def __init__(self, blocks: Tensor, fmt: str, *, bias: Tensor | None = None) -> None:
+        super().__init__()
+        n, k = _check_blocks(blocks, fmt, "BlockLinear")
+        if bias is not None and tuple(bias.shape) != (n,):
+            raise InputError(f"BlockLinear bias must have shape ({n},); got {tuple(bias.shape)}")
+        self.fmt, self.out_features, self.in_features = fmt, n, k
+        self.ggml_type = kernels.FORMATS[fmt].ggml_type
+        self.register_buffer("blocks", blocks)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        kernels.backend()  # load (or build) the ops now, not inside the first forward
+
+    @classmethod
+    def from_float(cls, weight: Tensor, fmt: str, *, bias: Tensor | None = None) -> BlockLinear:
+        """Quantize a float (N, K) weight as ggml's reference quantizer does (``oneblock.kernels.quantize``)."""
+        return cls(kernels.quantize(weight.detach().float(), fmt), fmt, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        k = self.in_features
+        if x.shape[-1] != k:
+            raise InputError(f"BlockLinear expects inputs of width {k}; got shape {tuple(x.shape)}")
+        rows = x.reshape(-1, k)  # (M, K)
+        if rows.dtype != torch.float32 or not rows.is_contiguous():
+            rows = rows.to(torch.float32).contiguous()
+        y = torch.ops.oneblock.block_mm(rows, self.blocks, self.ggml_type)  # (M, N) float32
+        if self.bias is not None:
+            y = y + self.bias
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def dequantized(self) -> Tensor:
+        """The (N, K) float32 weight the blocks stand for, exactly (the file's values)."""
+        return kernels.dequantize(self.blocks, self.fmt)
+
+    def extra_repr(self) -> str:
+        bias = ", bias" if self.bias is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}{bias}"
+
+
+class BlockEmbedding(nn.Module):
+    """A token table (V, C) kept as GGUF blocks: ``forward(ids)`` decodes only the rows of ``ids``.
+
+    Args:
+        blocks: (V, C / 32 * nbytes) uint8; may be the very buffer of the tied head's ``BlockLinear``.
+        fmt: the block format.
+
+    Shape: (...) integer ids -> (..., C) float32.
+
+    Raises:
+        InputError: as ``BlockLinear``.
+    """
+
+    blocks: Tensor
+
+    def __init__(self, blocks: Tensor, fmt: str) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = _check_blocks(blocks, fmt, "BlockEmbedding")
+        self.fmt = fmt
+        self.ggml_type = kernels.FORMATS[fmt].ggml_type
+        self.register_buffer("blocks", blocks)
+        kernels.backend()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the rows it returns, as ``nn.Embedding.weight.dtype`` would say."""
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks.device
+
+    def forward(self, ids: Tensor) -> Tensor:
+        # The ids were range-checked by the model (check_tokens) or sampled from its own logits.
+        return torch.ops.oneblock.dequantize_rows(self.blocks, ids.to(torch.int64), self.ggml_type)
+
+    def dequantized(self) -> Tensor:
+        """The whole (V, C) float32 table."""
+        return kernels.dequantize(self.blocks, self.fmt)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.fmt}"

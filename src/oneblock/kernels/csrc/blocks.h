@@ -1,0 +1,87 @@
+// GGUF block layouts, byte for byte, and the 8-bit activation blocks the products use.
+//
+// Every format cuts a weight row into blocks of 32 values. Float16 numbers are little-endian IEEE half.
+//
+//   Q4_0: d (f16), 16 bytes of 4-bit codes            = 18 bytes per 32 weights; w = d * (q - 8)
+//   Q4_1: d (f16), m (f16), 16 bytes of 4-bit codes   = 20 bytes per 32 weights; w = d * q + m
+//   Q8_0: d (f16), 32 x int8                          = 34 bytes per 32 weights; w = d * q
+//
+// In the 4-bit formats byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace oneblock {
+
+constexpr int QK = 32;
+
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[QK / 2];
+};
+struct BlockQ4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[QK / 2];
+};
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[QK];
+};
+static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 is 18 bytes per block");
+static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 is 20 bytes per block");
+static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 is 34 bytes per block");
+
+// The GGUF type ids, which are also the `fmt` argument of the ops.
+enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+
+inline int64_t block_bytes(int64_t fmt) {
+  switch (fmt) {
+    case kQ4_0: return sizeof(BlockQ4_0);
+    case kQ4_1: return sizeof(BlockQ4_1);
+    case kQ8_0: return sizeof(BlockQ8_0);
+    default: return 0;
+  }
+}
+
+// IEEE half -> float, exact (every half is a float). Bit manipulation, so the scalar path needs no F16C.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1Fu;
+  uint32_t mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);  // inf / NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // normal: rebias 15 -> 127
+  } else if (mantissa == 0) {
+    bits = sign;  // signed zero
+  } else {  // subnormal half: normalize into a float
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline uint16_t load_u16(const void* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);  // blocks are 18/20/34 bytes: their fields are not aligned
+  return v;
+}
+
+// One activation row quantized to 8-bit blocks of 32: codes in [-127, 127], per block the float16-rounded scale
+// d (stored as float) and, for Q8_1, s = fp16(d * sum of the codes) (used with Q4_1's minimum).
+struct ActRow {
+  const int8_t* q;   // (K,)
+  const float* d;    // (K / 32,)
+  const float* s;    // (K / 32,), or nullptr where the format needs no sums
+};
+
+}  // namespace oneblock

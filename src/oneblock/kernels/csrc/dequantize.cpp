@@ -1,0 +1,62 @@
+// Rows of a block matrix back to float32: the embedding lookup of a quantized token table, and the tiles the
+// backward of block_mm multiplies. The values are d * q (+ m), one float operation each, as formats.py decodes.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "dot.h"
+
+namespace oneblock {
+
+void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
+  for (int64_t b = 0; b < nb; ++b, out += QK) {
+    if (fmt == kQ8_0) {
+      const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      for (int j = 0; j < QK; ++j) out[j] = d * static_cast<float>(blk.qs[j]);
+    } else if (fmt == kQ4_0) {
+      const auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      for (int j = 0; j < QK / 2; ++j) {
+        out[j] = d * static_cast<float>((blk.qs[j] & 0x0F) - 8);
+        out[j + QK / 2] = d * static_cast<float>((blk.qs[j] >> 4) - 8);
+      }
+    } else {
+      const auto& blk = reinterpret_cast<const BlockQ4_1*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      const float m = g_half[load_u16(&blk.m)];
+      for (int j = 0; j < QK / 2; ++j) {
+        out[j] = d * static_cast<float>(blk.qs[j] & 0x0F) + m;
+        out[j + QK / 2] = d * static_cast<float>(blk.qs[j] >> 4) + m;
+      }
+    }
+  }
+}
+
+at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& rows, int64_t fmt) {
+  const int64_t nbytes = block_bytes(fmt);
+  TORCH_CHECK(nbytes > 0, "oneblock::dequantize_rows: unknown format id ", fmt);
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.size(1) % nbytes == 0,
+              "oneblock::dequantize_rows: blocks must be (N, K/32 * ", nbytes, ") uint8");
+  TORCH_CHECK(rows.scalar_type() == at::kLong, "oneblock::dequantize_rows: rows must be int64");
+  const at::Tensor w = blocks.contiguous();
+  const at::Tensor index = rows.contiguous();
+  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / nbytes, k = nb * QK;
+  const int64_t count = index.numel();
+  const int64_t* ids = index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    TORCH_CHECK(ids[i] >= 0 && ids[i] < n, "oneblock::dequantize_rows: row index ", ids[i], " outside [0, ", n, ")");
+  }
+  std::vector<int64_t> shape(rows.sizes().begin(), rows.sizes().end());
+  shape.push_back(k);
+  at::Tensor out = at::empty(shape, w.options().dtype(at::kFloat));
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, count, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) decode_row(src + ids[i] * row_bytes, fmt, nb, dst + i * k);
+  });
+  return out;
+}
+
+}  // namespace oneblock

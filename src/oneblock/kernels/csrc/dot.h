@@ -1,0 +1,62 @@
+// The per-format, per-instruction-set dot kernels and the activation quantizer they share.
+//
+// A kernel computes the dots of `cols` weight rows (at w + c * row_bytes) with `rows` activation rows: either
+// one activation row and up to 4 weight rows (decoding), or up to 4 activation rows and one weight row:
+//   out[r * stride + c] = sum over blocks b of  dw_{c,b} * da_{r,b} * sumi_{r,c,b}  (+ mw_{c,b} * sa_{r,b})
+// where sumi is the exact integer dot of the block's codes. Each output is computed by the same instructions
+// whatever `rows` and `cols` are and whichever rows share the call, so a row never depends on the others.
+#pragma once
+
+#include <cstdint>
+
+#include "blocks.h"
+
+namespace oneblock {
+
+using DotFn = void (*)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                      float* out, int64_t stride);
+
+// Calls T<R, C>::run for the shapes above; the vector kernels instantiate T for (1..4, 1) and (1, 1..4).
+template <template <int, int> class T>
+void tile_dispatch(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                   float* out, int64_t stride) {
+  if (rows == 1) {
+    switch (cols) {
+      case 1: return T<1, 1>::run(w, row_bytes, a, nb, out, stride);
+      case 2: return T<1, 2>::run(w, row_bytes, a, nb, out, stride);
+      case 3: return T<1, 3>::run(w, row_bytes, a, nb, out, stride);
+      default: return T<1, 4>::run(w, row_bytes, a, nb, out, stride);
+    }
+  }
+  switch (rows) {
+    case 2: return T<2, 1>::run(w, row_bytes, a, nb, out, stride);
+    case 3: return T<3, 1>::run(w, row_bytes, a, nb, out, stride);
+    default: return T<4, 1>::run(w, row_bytes, a, nb, out, stride);
+  }
+}
+
+enum Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kIsaCount = 4 };
+
+// Float value of every half, indexed by its bits (256 KB): one load per scale in every path.
+extern float g_half[1 << 16];
+
+// Quantizes one (K,) float32 row into `q` (K,) codes, `d` (K/32,) scales and, if `s` is not null, the Q8_1 sums.
+void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s);
+
+// The float32 values of one weight row of `nb` blocks, d * q (+ m), into out (nb * 32,).
+void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out);
+
+void dot_q4_0_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_1_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q8_0_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_0_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_1_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q8_0_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_0_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_1_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q8_0_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_0_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_1_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q8_0_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+
+}  // namespace oneblock

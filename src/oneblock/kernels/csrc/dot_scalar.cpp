@@ -1,0 +1,124 @@
+// The portable path: the block algorithm with one float32 operation at a time, blocks in order. It equals the
+// NumPy reference (reference.py) bit for bit; the vector paths equal it within float32 summation order.
+#include <cmath>
+
+#include "dot.h"
+
+namespace oneblock {
+
+float g_half[1 << 16];
+
+namespace {
+struct HalfTable {
+  HalfTable() {
+    for (uint32_t h = 0; h < (1u << 16); ++h) g_half[h] = half_to_float(static_cast<uint16_t>(h));
+  }
+} const g_half_init;
+
+// float -> IEEE half, round to nearest even (as numpy's and torch's casts), for finite inputs.
+uint16_t float_to_half(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t abs = bits & 0x7FFFFFFFu;
+  if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds past 65504: infinity
+  if (abs < 0x38800000u) {                                                 // below 2^-14: a subnormal half
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);             // below 2^-25: rounds to zero
+    const uint32_t mantissa = (abs & 0x7FFFFFu) | 0x800000u;
+    const int shift = 126 - static_cast<int>(abs >> 23);  // 14..24
+    uint32_t half = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((abs >> 13) - (112u << 10));  // rebias 127 -> 15, keep 10 mantissa bits
+  const uint32_t rest = abs & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // a carry into the exponent is correct
+  return static_cast<uint16_t>(sign | half);
+}
+}  // namespace
+
+void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s) {
+  for (int64_t b = 0; b < k / QK; ++b) {
+    const float* xb = x + b * QK;
+    float amax = 0.0f;
+    for (int j = 0; j < QK; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    const float scale = amax / 127.0f;
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < QK; ++j) {
+      const int v = static_cast<int>(std::nearbyint(xb[j] * inv));  // ties to even (the default rounding mode)
+      q[b * QK + j] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    d[b] = g_half[float_to_half(scale)];
+    if (s != nullptr) s[b] = g_half[float_to_half(scale * static_cast<float>(sum))];
+  }
+}
+
+namespace {
+
+float q8_0_one(const BlockQ8_0* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* qa = a.q + b * QK;
+    int sumi = 0;
+    for (int j = 0; j < QK; ++j) sumi += blocks[b].qs[j] * qa[j];
+    acc += static_cast<float>(sumi) * (g_half[load_u16(&blocks[b].d)] * a.d[b]);
+  }
+  return acc;
+}
+
+float q4_0_one(const BlockQ4_0* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* qa = a.q + b * QK;
+    int sumi = 0;
+    for (int j = 0; j < QK / 2; ++j) {
+      sumi += ((blocks[b].qs[j] & 0x0F) - 8) * qa[j] + ((blocks[b].qs[j] >> 4) - 8) * qa[j + QK / 2];
+    }
+    acc += static_cast<float>(sumi) * (g_half[load_u16(&blocks[b].d)] * a.d[b]);
+  }
+  return acc;
+}
+
+float q4_1_one(const BlockQ4_1* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* qa = a.q + b * QK;
+    int sumi = 0;
+    for (int j = 0; j < QK / 2; ++j) {
+      sumi += (blocks[b].qs[j] & 0x0F) * qa[j] + (blocks[b].qs[j] >> 4) * qa[j + QK / 2];
+    }
+    const float dw = g_half[load_u16(&blocks[b].d)];
+    const float mw = g_half[load_u16(&blocks[b].m)];
+    acc += static_cast<float>(sumi) * (dw * a.d[b]) + mw * a.s[b];
+  }
+  return acc;
+}
+
+template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
+void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
+          int64_t stride) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) out[r * stride + c] = One(reinterpret_cast<const Block*>(w + c * row_bytes), a[r], nb);
+  }
+}
+
+}  // namespace
+
+void dot_q8_0_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  each<BlockQ8_0, q8_0_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q4_0_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  each<BlockQ4_0, q4_0_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q4_1_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  each<BlockQ4_1, q4_1_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+
+}  // namespace oneblock

@@ -1,0 +1,81 @@
+"""The block product in PyTorch, for machines where the C++ cannot be built.
+
+It computes the algorithm of :mod:`oneblock.kernels.reference` with the same float32 operations in the same
+order, so it equals the scalar C++ path bit for bit; it is only slower (each weight tile is decoded to float
+codes before a batched matmul computes the per-block integer dots).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from oneblock.kernels.formats import QK, BlockFormat, block_parts, decode_blocks
+
+_TILE_VALUES = 1 << 21  # weights decoded at once: (tile rows x K) codes, 8 MB of float32
+GEMM_ROWS = 32
+"""From this many activation rows up, the product is ``x @ dequantize(W).T`` in float32, one tile of W at a time
+(``kGemmRows`` in csrc/ops.cpp: a float GEMM beats integer dots there)."""
+_GEMM_TILE_VALUES = 1 << 19  # weights dequantized at once by the GEMM path, as kGemmTileValues
+
+
+def quantize_activations(x: Tensor, with_sums: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Q8_0 / Q8_1 blocks of (M, K) float32 activations, as :func:`reference.quantize_activations`.
+
+    Returns:
+        ``(qa, da, sa)``: (M, K / 32, 32) float32 integer codes; (M, K / 32) float32 ``fp16(d)``; and with
+        ``with_sums`` (M, K / 32) float32 ``fp16(d * sum q)``, else None.
+    """
+    m, k = x.shape
+    xb = x.reshape(m, k // QK, QK)  # (M, K/32, 32)
+    d = xb.abs().amax(dim=-1) / 127  # (M, K/32)
+    inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    qa = torch.round(xb * inv[..., None])  # ties to even, as rint
+    sa = (d * qa.sum(dim=-1)).half().float() if with_sums else None  # the sum of integers < 2^24 is exact
+    return qa, d.half().float(), sa
+
+
+def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
+    """(M, K) float32 times the (N, K) block matrix transposed -> (M, N) float32."""
+    x, blocks = x.contiguous(), blocks.contiguous()
+    m, k = x.shape
+    n, nb = blocks.shape[0], k // QK
+    if m >= GEMM_ROWS:
+        return _block_mm_dense(x, blocks, fmt)
+    qa, da, sa = quantize_activations(x, with_sums=fmt.name == "q4_1")
+    qa_t = qa.permute(1, 0, 2)  # (K/32, M, 32)
+    out = torch.empty(m, n)
+    rows = max(1, _TILE_VALUES // k)
+    for start in range(0, n, rows):
+        tile = blocks[start : start + rows].reshape(-1, fmt.nbytes)  # (n' K/32, nbytes)
+        q, d, mn = block_parts(tile, fmt)
+        qw = q.float().reshape(-1, nb, QK).permute(1, 2, 0)  # (K/32, 32, n')
+        # Codes times codes summed over 32 stay below 2^24 in magnitude: float32 computes them exactly in any order.
+        sumi = torch.bmm(qa_t, qw)  # (K/32, M, n')
+        dw = d.reshape(-1, nb)  # (n', K/32)
+        mw = None if mn is None else mn.reshape(-1, nb)
+        acc = torch.zeros(m, dw.shape[0])
+        for b in range(nb):  # blocks in order: the sequential float32 sum of the reference
+            term = sumi[b] * (dw[None, :, b] * da[:, None, b])
+            if mw is not None and sa is not None:
+                term = term + mw[None, :, b] * sa[:, None, b]
+            acc = acc + term
+        out[:, start : start + dw.shape[0]] = acc
+    return out
+
+
+def _block_mm_dense(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
+    """x (M, K) @ W^T with W dequantized one tile of rows at a time -> (M, N)."""
+    rows = max(1, _GEMM_TILE_VALUES // x.shape[1])
+    parts = [
+        x @ decode_blocks(tile.reshape(-1, fmt.nbytes), fmt).reshape(tile.shape[0], -1).T for tile in blocks.split(rows)
+    ]
+    return torch.cat(parts, dim=1)  # (M, N)
+
+
+def dequantize_rows(blocks: Tensor, rows: Tensor, fmt: BlockFormat) -> Tensor:
+    """The float32 values of the rows ``rows`` (any shape) of a block matrix -> (*rows.shape, K)."""
+    picked = blocks[rows.reshape(-1)]  # (R, K/32 nbytes)
+    k = blocks.shape[1] // fmt.nbytes * QK
+    values = decode_blocks(picked.reshape(-1, fmt.nbytes), fmt)  # (R K/32, 32)
+    return values.reshape(*rows.shape, k)

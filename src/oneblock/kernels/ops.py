@@ -1,0 +1,155 @@
+"""The ``torch.ops.oneblock`` operators: the C++ library when it builds, else the same ops defined in Python.
+
+Either way the operators are::
+
+    oneblock::block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor        # (M, K) x (N, K/32 nbytes) -> (M, N)
+    oneblock::dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor   # -> (*rows.shape, K)
+
+with ``fmt`` the GGUF type id. Their fake (meta) implementations and the backward of ``block_mm`` are registered
+here, from Python, once, whichever library defined them: ``torch.compile``, the meta device and autograd see
+ordinary ops.
+
+``ONEBLOCK_KERNELS`` (read once, at the first use) forces a path: ``torch`` skips the C++; ``scalar``, ``avx2``,
+``avx512`` or ``avx512_vnni`` pick that instruction set of the C++ (an error if the CPU lacks it). Unset, the
+C++ picks the best the CPU reports.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import torch
+from torch import Tensor
+
+from oneblock.errors import ConfigError
+from oneblock.kernels import fallback
+from oneblock.kernels.formats import BY_TYPE, QK
+
+ENV = "ONEBLOCK_KERNELS"
+ISAS = ("scalar", "avx2", "avx512", "avx512_vnni")
+"""The C++ paths, slowest first."""
+BACKENDS = ("torch", *ISAS)
+
+_BACKWARD_TILE_VALUES = 1 << 21  # weights dequantized at once by the backward: 8 MB of float32
+
+
+_lock = threading.Lock()
+_backend: str | None = None
+_python_lib: torch.library.Library | None = None
+
+
+def backend() -> str:
+    """The path the ops run on, loading (and if needed building) the C++ library on the first call."""
+    global _backend
+    if _backend is not None:  # the common case takes no lock (torch.compile cannot trace one)
+        return _backend
+    with _lock:
+        if _backend is None:
+            _backend = _load()
+        return _backend
+
+
+def _requested() -> str:
+    value = os.environ.get(ENV, "").strip().lower()
+    if value and value not in BACKENDS:
+        raise ConfigError(f"{ENV}={value!r} is not a kernel path; use one of {', '.join(BACKENDS)}, or unset it")
+    return value
+
+
+def _load() -> str:
+    requested = _requested()
+    if requested != "torch":
+        from oneblock.kernels.build import KernelBuildError, load_library
+
+        try:
+            load_library()
+        except KernelBuildError as err:
+            print(
+                f"oneblock: native kernels unavailable ({err}); using the PyTorch path ({ENV}=torch)", file=sys.stderr
+            )
+        else:
+            if requested:
+                set_isa(requested)
+            _register_python_side()
+            return str(torch.ops.oneblock.isa())
+    _define_python_ops()
+    _register_python_side()
+    return "torch"
+
+
+def set_isa(isa: str) -> None:
+    """Switch the C++ library to instruction set ``isa`` (tests compare the paths in one process).
+
+    Raises:
+        ConfigError: ``isa`` unknown, or not supported by this CPU.
+    """
+    if isa not in ISAS:
+        raise ConfigError(f"unknown instruction set {isa!r}; use one of {', '.join(ISAS)}")
+    if not bool(torch.ops.oneblock.isa_supported(ISAS.index(isa))):
+        raise ConfigError(f"this CPU does not support {isa}; the best it can run is {torch.ops.oneblock.best_isa()}")
+    torch.ops.oneblock.set_isa(ISAS.index(isa))
+
+
+def _block_mm_torch(x: Tensor, blocks: Tensor, fmt: int) -> Tensor:
+    return fallback.block_mm(x, blocks, BY_TYPE[fmt])
+
+
+def _dequantize_rows_torch(blocks: Tensor, rows: Tensor, fmt: int) -> Tensor:
+    return fallback.dequantize_rows(blocks, rows, BY_TYPE[fmt])
+
+
+def _define_python_ops() -> None:
+    global _python_lib
+    lib = torch.library.Library("oneblock", "DEF")
+    lib.define("block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor")
+    lib.define("dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor")
+    lib.impl("block_mm", _block_mm_torch, "CPU")
+    lib.impl("dequantize_rows", _dequantize_rows_torch, "CPU")
+    _python_lib = lib  # the definitions live as long as this object
+
+
+def _register_python_side() -> None:
+    torch.library.register_fake("oneblock::block_mm", _block_mm_fake)
+    torch.library.register_fake("oneblock::dequantize_rows", _dequantize_rows_fake)
+    torch.library.register_autograd("oneblock::block_mm", _block_mm_backward, setup_context=_block_mm_setup)
+
+
+def _block_mm_fake(x: Tensor, blocks: Tensor, fmt: int) -> Tensor:
+    return x.new_empty(x.shape[0], blocks.shape[0])  # (M, N)
+
+
+def _dequantize_rows_fake(blocks: Tensor, rows: Tensor, fmt: int) -> Tensor:
+    k = blocks.shape[1] // BY_TYPE[fmt].nbytes * QK
+    return blocks.new_empty(*rows.shape, k, dtype=torch.float32)
+
+
+def _block_mm_setup(
+    ctx: torch.autograd.function.FunctionCtx, inputs: tuple[Tensor, Tensor, int], output: Tensor
+) -> None:
+    _, blocks, fmt = inputs
+    ctx.save_for_backward(blocks)
+    ctx.fmt = fmt  # type: ignore[attr-defined]
+
+
+def _block_mm_backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None, None]:
+    (blocks,) = ctx.saved_tensors  # type: ignore[attr-defined]
+    return grad_input(grad, blocks, ctx.fmt), None, None  # type: ignore[attr-defined]
+
+
+def grad_input(grad: Tensor, blocks: Tensor, fmt: int) -> Tensor:
+    """``grad (M, N) @ dequantize(blocks) (N, K)`` -> (M, K), one tile of weight rows at a time.
+
+    Only a tile of the matrix is ever float (``_BACKWARD_TILE_VALUES`` values); ``grad``'s dtype is kept, so in
+    float64 this is the exact gradient of ``x @ dequantize(blocks).T``.
+    """
+    n = blocks.shape[0]
+    k = blocks.shape[1] // BY_TYPE[fmt].nbytes * QK
+    rows = max(1, _BACKWARD_TILE_VALUES // k)
+    out = grad.new_zeros(grad.shape[0], k)
+    for start in range(0, n, rows):
+        index = torch.arange(start, min(start + rows, n), device=blocks.device)
+        tile = torch.ops.oneblock.dequantize_rows(blocks, index, fmt).to(grad.dtype)  # (n', K)
+        out = out + grad[:, start : start + tile.shape[0]] @ tile
+    return out

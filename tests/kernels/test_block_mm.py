@@ -1,0 +1,121 @@
+"""The C++ paths: scalar equals the NumPy reference bit for bit, every vector path the scalar one within the
+float32 summation-order bound, on every instruction set this CPU runs. Rows are independent of M."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from oneblock import kernels
+from oneblock.kernels import fallback, ops, reference
+from oneblock.kernels.formats import FORMATS
+
+SHAPES = [(1, 7, 32), (5, 13, 96), (9, 37, 160), (3, 70, 576)]  # M, N, K; nb odd and even; N, M not multiples of 4
+VECTOR = [isa for isa in ops.ISAS[1:]]
+
+
+def _native() -> bool:
+    return kernels.backend() != "torch"
+
+
+pytestmark = pytest.mark.skipif("not _native()", reason="the C++ kernels did not build here (see stderr)")
+
+
+@pytest.fixture
+def isa() -> Iterator[None]:
+    """Restores the instruction set the library chose at load, whatever a test switched to."""
+    chosen = str(torch.ops.oneblock.isa())
+    yield
+    ops.set_isa(chosen)
+
+
+def _run(isa_name: str, x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    ops.set_isa(isa_name)
+    return kernels.block_mm(x, blocks, fmt)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_scalar_equals_numpy_reference_exactly(fmt, m, n, k, case, isa):
+    x, blocks = case(fmt, m, n, k, seed=7 * m + n)
+    ours = _run("scalar", x, blocks, fmt)
+    np.testing.assert_array_equal(ours.numpy(), reference.block_mm(x.numpy(), blocks.numpy(), fmt))
+
+
+@pytest.mark.parametrize("vector_isa", VECTOR)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_vector_paths_equal_scalar_within_summation_order(vector_isa, fmt, m, n, k, case, bound, isa):
+    if not bool(torch.ops.oneblock.isa_supported(ops.ISAS.index(vector_isa))):
+        pytest.skip(f"this CPU cannot run {vector_isa}")
+    x, blocks = case(fmt, m, n, k, seed=3 * m + n)
+    scalar = _run("scalar", x, blocks, fmt).double()
+    vector = _run(vector_isa, x, blocks, fmt).double()
+    # 16 int32 lanes per block at most (AVX-512 splits a block's 32 products over 8 lanes of 4).
+    assert ((vector - scalar).abs() <= bound(x, blocks, fmt, terms_per_block=8)).all()
+
+
+def test_avx512_with_and_without_vnni_agree_exactly(case, isa):
+    if not bool(torch.ops.oneblock.isa_supported(ops.ISAS.index("avx512_vnni"))):
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    for fmt in FORMATS:
+        x, blocks = case(fmt, 6, 29, 160)
+        assert torch.equal(_run("avx512", x, blocks, fmt), _run("avx512_vnni", x, blocks, fmt))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_row_does_not_depend_on_the_other_rows(fmt, case, isa):
+    x, blocks = case(fmt, 7, 45, 96)
+    for name in ops.ISAS:
+        if not bool(torch.ops.oneblock.isa_supported(ops.ISAS.index(name))):
+            continue
+        batch = _run(name, x, blocks, fmt)  # (7, N)
+        for i in range(7):
+            assert torch.equal(_run(name, x[i : i + 1], blocks, fmt)[0], batch[i]), (name, i)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_dequantize_rows_equals_numpy(fmt, case):
+    _, blocks = case(fmt, 1, 21, 96)
+    rows = torch.tensor([[20, 0, 3], [3, 3, 11]])
+    expected = reference.dequantize(blocks.numpy(), fmt)[rows.numpy()]
+    np.testing.assert_array_equal(kernels.dequantize(blocks, fmt, rows).numpy(), expected)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_from_gemm_rows_up_the_product_is_the_float_product_with_the_dequantized_matrix(fmt, case, isa):
+    m = fallback.GEMM_ROWS + 3
+    x, blocks = case(fmt, m, 37, 96)
+    w = kernels.dequantize(blocks, fmt)
+    expected = x.double() @ w.double().T
+    scale = float(expected.abs().max())
+    for name in ops.ISAS:
+        if bool(torch.ops.oneblock.isa_supported(ops.ISAS.index(name))):
+            torch.testing.assert_close(_run(name, x, blocks, fmt).double(), expected, rtol=1e-5, atol=1e-5 * scale)
+    torch.testing.assert_close(
+        fallback.block_mm(x, blocks, FORMATS[fmt]).double(), expected, rtol=1e-5, atol=1e-5 * scale
+    )
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_any_stored_codes_including_minus_128(fmt, bound, isa):
+    """Files may hold codes no quantizer here writes (q8_0's -128): random bytes with finite float16 scales."""
+    g = torch.Generator().manual_seed(5)
+    spec = FORMATS[fmt]
+    n, k = 11, 160
+    blocks = torch.randint(0, 256, (n * k // 32, spec.nbytes), dtype=torch.uint8, generator=g)
+    scales = 2 if fmt == "q4_1" else 1
+    blocks[:, : 2 * scales] = (torch.rand(n * k // 32, scales, generator=g) * 0.1 - 0.05).half().view(torch.uint8)
+    if fmt == "q8_0":
+        blocks[:5, 2:] = 0x80  # -128 everywhere in five blocks
+    blocks = blocks.reshape(n, -1)
+    x = torch.randn(5, k, generator=g)
+    expected = reference.block_mm(x.numpy(), blocks.numpy(), fmt)
+    np.testing.assert_array_equal(_run("scalar", x, blocks, fmt).numpy(), expected)
+    for name in VECTOR:
+        if bool(torch.ops.oneblock.isa_supported(ops.ISAS.index(name))):
+            diff = (_run(name, x, blocks, fmt).double() - torch.from_numpy(expected).double()).abs()
+            assert (diff <= bound(x, blocks, fmt, terms_per_block=8)).all(), name
