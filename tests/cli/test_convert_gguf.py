@@ -15,24 +15,25 @@ from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules, merge_l
 from oneblock.inference.load import load_model
 from oneblock.io.gguf.layout import read_layout
 from oneblock.io.gguf.load import from_gguf
+from oneblock.io.gguf.tokenizer import byte_alphabet
 from oneblock.io.gguf.write import save_gguf
 from oneblock.io.gguf.writer import Entry, typed_metadata
 from oneblock.io.peft import save_adapter
 from oneblock.models.build import build_decoder
 
 LLAMA = ModelConfig(
-    vocab_size=101, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=96, max_seq_len=64, norm="rmsnorm",
+    vocab_size=258, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=96, max_seq_len=64, norm="rmsnorm",
     ffn="swiglu", position="rope", bias=False, activation="silu", tie_embeddings=True, norm_eps=2.0**-17,
 )  # fmt: skip
-# A byte-level BPE vocabulary small enough to write by hand: 101 tokens, one merge, a control token.
-TOKENS = [chr(ord("a") + i % 26) * (1 + i // 26) for i in range(100)] + ["<|end|>"]
+# A byte-level BPE vocabulary small enough to write by hand: the 256 bytes, one merge, a control token.
+TOKENS = [*byte_alphabet().values(), "aa", "<|end|>"]
 VOCAB = [
     Entry("tokenizer.ggml.model", "gpt2", 8),
     Entry("tokenizer.ggml.pre", "smollm", 8),
     Entry("tokenizer.ggml.tokens", TOKENS, 9, 8),
-    Entry("tokenizer.ggml.token_type", [1] * 100 + [3], 9, 5),
+    Entry("tokenizer.ggml.token_type", [1] * 257 + [3], 9, 5),
     Entry("tokenizer.ggml.merges", ["a a"], 9, 8),
-    Entry("tokenizer.ggml.eos_token_id", 100, 4),
+    Entry("tokenizer.ggml.eos_token_id", 257, 4),
     Entry("tokenizer.chat_template", "{% for m in messages %}{{ m.content }}<|end|>{% endfor %}", 8),
 ]
 

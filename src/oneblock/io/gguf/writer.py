@@ -72,7 +72,7 @@ def typed_metadata(path: str | os.PathLike[str], prefixes: Sequence[str]) -> lis
         item = int.from_bytes(layout.mapped[cursor.pos : cursor.pos + 4], "little") if vtype == _ARRAY else None
         value = cursor.value(vtype)
         if key.startswith(tuple(prefixes)):
-            out.append(Entry(key, value, vtype, item))
+            out.append(Entry(key, value.tolist() if isinstance(value, np.ndarray) else value, vtype, item))
     return out
 
 
