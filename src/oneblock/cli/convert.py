@@ -62,12 +62,14 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.models.inputs import config_of
 
     src, dst = _source_and_destination(args)
+    if args.to_hf and args.to in ("checkpoint", "gguf"):
+        raise ConversionError(f"--to-hf and --to {args.to} contradict each other; give one")
     if args.to == "gguf":
         from oneblock.cli import convert_gguf
 
         return convert_gguf.run(args, src, dst)
-    if args.to_hf and args.to == "checkpoint":
-        raise ConversionError("--to-hf and --to checkpoint contradict each other; give one")
+    if args.type is not None or args.adapter_only:
+        raise ConversionError("--type and --adapter-only shape a GGUF file; add --to gguf")
     to_hf = args.to_hf or args.to == "hf"
     if args.adapter is not None:
         model = _merged(args, src, dst, to_hf=to_hf)

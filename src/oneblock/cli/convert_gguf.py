@@ -14,7 +14,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--type",
         choices=GGUF_TYPES,
-        default="f32",
         help="--to gguf: the type of the matrices (default f32, read back bit-equal); norms stay f32",
     )
     parser.add_argument(
@@ -29,18 +28,16 @@ def run(args: argparse.Namespace, src: Path, dst: Path) -> int:
     """Write DST, a GGUF model (merged with ``--adapter`` when given) or a GGUF LoRA adapter."""
     import torch
 
-    from oneblock.errors import ConversionError
     from oneblock.inference.load import load_model
     from oneblock.io.gguf.adapter import save_gguf_adapter
     from oneblock.io.gguf.write import save_gguf
     from oneblock.models.inputs import config_of
 
     _check(args, src, dst)
+    args.type = args.type or "f32"
     merge = args.adapter is not None and not args.adapter_only
     loaded = load_model(src, dtype=torch.float32, adapter=args.adapter, merge=merge)
     if args.adapter_only:
-        if args.type == "q8_0":
-            raise ConversionError("--adapter-only writes f32 or f16 LoRA tensors; --type q8_0 is for models")
         save_gguf_adapter(loaded.model, dst, tensor_type=args.type, name=Path(args.adapter).name)
         what = f"LoRA adapter {args.adapter} -> GGUF adapter"
     else:
@@ -90,6 +87,8 @@ def _check(args: argparse.Namespace, src: Path, dst: Path) -> None:
         raise ConversionError(f"convert: the source {str(src)!r} does not exist")
     if args.adapter_only and args.adapter is None:
         raise ConversionError("--adapter-only writes the adapter given by --adapter DIR; give it")
+    if args.adapter_only and args.type == "q8_0":
+        raise ConversionError("--adapter-only writes f32 or f16 LoRA tensors; --type q8_0 is for models")
     if args.dtype is not None:
         raise ConversionError("--dtype casts checkpoints; for --to gguf say --type f32, f16 or q8_0")
     if not args.adapter_only and not (src.is_dir() or src.suffix.lower() == ".gguf"):
