@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from oneblock.cli.convert_gguf import add_arguments as add_gguf_arguments
 from oneblock.cli.options import add_json_option
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -22,8 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "exactly or the conversion fails naming it."
         ),
     )
-    parser.add_argument("src", metavar="SRC", help="the model to read")
-    parser.add_argument("dst", metavar="DST", help="where to write it")
+    parser.add_argument("src", metavar="SRC", nargs="?", help="the model to read (or --model SRC)")
+    parser.add_argument("dst", metavar="DST", nargs="?", help="where to write it")
+    parser.add_argument("--model", metavar="SRC", help="the model to read, as the other commands say it")
     parser.add_argument(
         "--to-hf",
         action="store_true",
@@ -31,8 +33,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--to",
-        choices=("checkpoint", "hf"),
-        help="what to write: a oneblock checkpoint or a Hugging Face directory (default: checkpoint from a Hugging "
+        choices=("checkpoint", "hf", "gguf"),
+        help="what to write: a oneblock checkpoint, a Hugging Face directory or a GGUF file for llama.cpp (default: "
+        "checkpoint from a Hugging "
         "Face directory, hf with --to-hf)",
     )
     parser.add_argument(
@@ -45,6 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--dtype", choices=DTYPES, help="cast the weights before writing (default: keep the source's dtype)"
     )
     parser.add_argument("--force", action="store_true", help="replace DST if it exists")
+    add_gguf_arguments(parser)
     add_json_option(parser)
     return parser
 
@@ -57,9 +61,15 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.io import checkpoint, hf
     from oneblock.models.inputs import config_of
 
-    src, dst = Path(args.src), Path(args.dst)
-    if args.to_hf and args.to == "checkpoint":
-        raise ConversionError("--to-hf and --to checkpoint contradict each other; give one")
+    src, dst = _source_and_destination(args)
+    if args.to_hf and args.to in ("checkpoint", "gguf"):
+        raise ConversionError(f"--to-hf and --to {args.to} contradict each other; give one")
+    if args.to == "gguf":
+        from oneblock.cli import convert_gguf
+
+        return convert_gguf.run(args, src, dst)
+    if args.type is not None or args.adapter_only:
+        raise ConversionError("--type and --adapter-only shape a GGUF file; add --to gguf")
     to_hf = args.to_hf or args.to == "hf"
     if args.adapter is not None:
         model = _merged(args, src, dst, to_hf=to_hf)
@@ -92,6 +102,20 @@ def run(args: argparse.Namespace) -> int:
         summary["sha256"] = checkpoint.read_info(dst).sha256
     _report(summary, as_json=args.json)
     return 0
+
+
+def _source_and_destination(args: argparse.Namespace) -> tuple[Path, Path]:
+    """SRC DST, or --model SRC DST."""
+    from oneblock.errors import ConversionError
+
+    src, dst = args.src, args.dst
+    if args.model is not None:
+        if dst is not None:
+            raise ConversionError(f"give the source once: --model {args.model} or SRC ({src}), not both")
+        src, dst = args.model, src
+    if src is None or dst is None:
+        raise ConversionError("convert needs a source and a destination: oneblock convert SRC DST [--to ...]")
+    return Path(src), Path(dst)
 
 
 def _direction(args: argparse.Namespace, to_hf: bool) -> str:

@@ -32,6 +32,8 @@ import torch
 from oneblock.errors import CheckpointError
 from oneblock.io import limits
 from oneblock.io.gguf.file import check_gguf_file, checked_value
+from oneblock.io.gguf.writer import verify_digest
+from oneblock.io.integrity import DIGEST_KEY
 
 _ALIGNMENT = 32
 MAX_ARRAY_DEPTH = 3  # an array of arrays of arrays; llama.cpp reads no nested array at all
@@ -218,6 +220,8 @@ def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -
         raise CheckpointError(f"{where}: {error}") from None
     except (struct.error, ValueError, UnicodeDecodeError, OverflowError, MemoryError) as error:
         raise CheckpointError(f"{where} is a corrupt or truncated GGUF file: {error}") from None
+    if DIGEST_KEY in metadata:  # written by oneblock: every byte is checked before any is used
+        verify_digest(mapped, metadata[DIGEST_KEY], where)
     alignment = _alignment(where, metadata)
     start = -(-cursor.pos // alignment) * alignment
     tensors = {}

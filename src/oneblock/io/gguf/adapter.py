@@ -1,0 +1,111 @@
+"""LoRA adapters as GGUF files that llama.cpp applies (``llama-cli --lora``, ``Llama(lora_path=...)``).
+
+The layout is that of llama.cpp's ``convert_lora_to_gguf.py``:
+
+* metadata ``general.type = adapter``, ``general.architecture = llama`` (llama.cpp refuses an adapter whose
+  architecture differs from the model's), ``adapter.type = lora`` and ``adapter.lora.alpha`` (float32);
+* per adapted matrix, two tensors named after the base weight: ``blk.{i}.attn_q.weight.lora_a``, A (r, in) in
+  PyTorch's row-major shape (GGUF dimensions (in, r)), and ``.lora_b``, B (out, r);
+* the rows of B for the query and key projections interleaved as llama.cpp stores ``W_q`` and ``W_k``
+  (:func:`~oneblock.io.gguf.write.permute_rows`): the update ``B A`` then lands on the same rows as in the
+  oneblock model. A (the input side) is unchanged.
+
+llama.cpp scales the update by ``alpha / r`` (with ``r`` read from the tensors), so an rsLoRA adapter
+(``alpha / sqrt(r)``) is written with ``alpha' = scale * r``: the same update, in the only form llama.cpp reads.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from oneblock.errors import ConversionError
+from oneblock.finetune.lora import LoraLinear, lora_modules
+from oneblock.io.gguf.write import check_llama, encode_tensor, gguf_name, permute_rows
+from oneblock.io.gguf.writer import Entry, TensorData, write_gguf
+from oneblock.models.inputs import config_of
+
+_F32, _STR = 6, 8
+ADAPTER_TYPES = ("f32", "f16")  # what llama.cpp's converter offers for LoRA tensors that stay small
+
+
+def adapter_tensors(model: nn.Module, tensor_type: str = "f32") -> tuple[float, list[TensorData]]:
+    """The alpha llama.cpp should read and the ``lora_a`` / ``lora_b`` tensors of every adapter of ``model``.
+
+    Raises:
+        ConversionError: no adapters, adapters of differing scales, or an adapter on a fused 4-bit q/k/v
+            projection (load the base with ``dtype=torch.float32``).
+    """
+    cfg = config_of(model)
+    modules: dict[str, LoraLinear] = lora_modules(model)
+    if not modules:
+        raise ConversionError("this model has no LoRA adapters to write; load one with load_adapter(model, DIR)")
+    alphas = {module.scale * module.rank for module in modules.values()}
+    if max(alphas) - min(alphas) > 1e-6 * max(alphas):
+        raise ConversionError(
+            f"llama.cpp reads one alpha per adapter file; these adapters have the scale * rank values {sorted(alphas)}"
+        )
+    tensors = []
+    for ours, module in modules.items():
+        if module.merged:
+            raise ConversionError(f"the adapter on {ours} is merged into its base; unmerge_lora(model) first")
+        if ours.endswith(".qkv_proj"):
+            raise ConversionError(
+                f"the adapter on {ours} sits on a fused query/key/value projection (a 4-bit base): load the base "
+                "with dtype=torch.float32, then the adapter, to write it for llama.cpp"
+            )
+        theirs = gguf_name(f"{ours}.weight")
+        a = module.lora_A.weight.detach().float()  # (r, in)
+        b = module.lora_B.weight.detach().float()  # (out, r)
+        if theirs.endswith(".attn_q.weight"):
+            b = permute_rows(b, cfg.n_heads)
+        elif theirs.endswith(".attn_k.weight"):
+            b = permute_rows(b, cfg.n_kv_heads)
+        # encode_tensor keeps a matrix F32 or makes it F16; no LoRA tensor is quantized
+        tensors += [
+            encode_tensor(f"{theirs}.lora_a", a, tensor_type),
+            encode_tensor(f"{theirs}.lora_b", b, tensor_type),
+        ]
+    return float(max(alphas)), tensors
+
+
+def save_gguf_adapter(
+    model: nn.Module, path: str | os.PathLike[str], *, tensor_type: str = "f32", name: str | None = None
+) -> Path:
+    """Write the LoRA adapters of a Llama-family ``model`` as a GGUF adapter for llama.cpp.
+
+    Args:
+        model: a oneblock model with unmerged adapters (``load_adapter`` or ``apply_lora``) on a float base.
+        path: the ``.gguf`` file, written atomically with the digest of its bytes.
+        tensor_type: ``"f32"`` or ``"f16"``.
+        name: ``general.name``.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ConversionError: see ``adapter_tensors``; a base that is not Llama; an unknown ``tensor_type``.
+        CheckpointError: the file cannot be written (the previous one, if any, is intact).
+    """
+    if tensor_type not in ADAPTER_TYPES:
+        raise ConversionError(
+            f"GGUF adapter tensor type {tensor_type!r} is not supported; choose one of {ADAPTER_TYPES}"
+        )
+    check_llama(config_of(model))
+    alpha, tensors = adapter_tensors(model, tensor_type)
+    metadata = [
+        Entry("general.type", "adapter", _STR),
+        Entry("general.name", name or "oneblock LoRA adapter", _STR),
+        Entry("adapter.type", "lora", _STR),
+        Entry("adapter.lora.alpha", alpha, _F32),
+    ]
+    return write_gguf(path, arch="llama", metadata=metadata, tensors=tensors, what="GGUF LoRA adapter")
+
+
+def lora_delta(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The (out, in) update llama.cpp adds to a base weight from a GGUF adapter's ``lora_a`` (r, in) and ``lora_b``
+    (out, r): ``alpha / r * B A``, rows in the file's order."""
+    return (b.float() @ a.float()) * (alpha / a.shape[0])
