@@ -128,6 +128,7 @@ CHATS = [chat("Reverse: lamp", "pmal"), chat("Reverse: stone", "enots"), chat("R
 
 def test_finetune_cli_trains_lora_over_the_4bit_gguf_base_and_the_adapter_loads(tmp_path, capsys):
     from oneblock.cli.main import main
+    from oneblock.finetune.run import prepare, read_run
     from oneblock.inference.load import load_model
     from oneblock.io.gguf.smollm2 import smollm2_gguf_path
 
@@ -142,6 +143,11 @@ def test_finetune_cli_trains_lora_over_the_4bit_gguf_base_and_the_adapter_loads(
     # rank 2 on q (576 -> 576), k, v (576 -> 192), gate, up (576 -> 1536) of 30 layers
     assert summary["trainable_parameters"] == 2 * 30 * ((576 + 576) + 2 * (576 + 192) + 2 * (576 + 1536))
     assert 0 < summary["final_train_loss"] < 20
+    ft, cfg, _ = read_run(out)
+    run = prepare(ft, cfg, run_dir=None, device="cpu")  # the model the command trained: adapters over 4-bit layers
+    assert all(isinstance(m.base, BlockLinear) for m in lora_modules(run.trainer.model).values())
+    floats = [n for n, m in run.trainer.model.named_modules() if isinstance(m, nn.Linear) and ".lora_" not in n]
+    assert not floats, floats[:4]  # no float copy of a matrix
     exact = load_model(path, adapter=out, dtype=torch.float32).model
     adapters = lora_modules(exact)
     assert len(adapters) == 30 * 5
