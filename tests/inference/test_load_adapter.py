@@ -131,7 +131,11 @@ def test_smollm2_with_adapter_equals_peft_on_transformers_from_the_same_file(tmp
         with theirs.disable_adapter():
             base = theirs(x).logits
         assert (base - reference).abs().max() > 0.5  # the adapter matters
-        # The 4-bit base with block-diagonal q/k/v adapters: bfloat16 activations in the int4 kernel put it about
-        # 0.3 from the float32 reference, and it lies nearer the adapted reference than the base does.
+        # The 4-bit base with the same adapters on its split q, k, v, gate and up block layers: the kernels round
+        # the activations to 8 bits, which alone puts the 4-bit base about 1.3 from the float32 one (max over the
+        # logits); with the adapters it stays within 1.5 times that of the adapted reference, and lies nearer it
+        # than the unadapted base does (about 1.1 against 3.4).
+        kernel_error = (load_model(path).model(x) - base).abs().max()
         fast = load_model(path, adapter=tmp_path).model(x)
-        assert (fast - reference).abs().max() < 0.5 < (fast - base).abs().max()
+        assert (fast - reference).abs().max() <= 1.5 * kernel_error
+        assert (fast - reference).abs().max() < (fast - base).abs().max()

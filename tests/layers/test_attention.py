@@ -305,7 +305,7 @@ def test_unfuse_restores_the_three_projections_exactly(n_kv_heads):
     assert layer.qkv_proj is None
     assert state.keys() == layer.state_dict().keys()
     assert all(torch.equal(state[k], v) for k, v in layer.state_dict().items())
-    with pytest.raises(ConfigError, match=r"unfuse_qkv splits a fused nn\.Linear; this layer has NoneType"):
+    with pytest.raises(ConfigError, match=r"unfuse_qkv splits a fused nn\.Linear or BlockLinear; this layer has None"):
         layer.unfuse_qkv()
 
 

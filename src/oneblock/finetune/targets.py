@@ -26,7 +26,8 @@ a name that selects nothing in any family is refused.
 GPT-2 computes queries, keys and values with one matrix, ``c_attn``, and peft puts one adapter on it: A (r, C)
 shared by the three, B (3C, r). oneblock does the same on a fused ``qkv_proj`` (``fuse_qkv``), so a GPT-2 adapter
 is all of q, k and v or none of them. Every other family has three adapters; a model whose projections were
-fused (``fuse_qkv``) is split back before wrapping, and a fused quantized projection is refused.
+fused (``fuse_qkv``) is split back before wrapping, a stacked 4-bit one (``BlockLinear``: a GGUF file's q/k/v or
+gate/up) by row slices of its blocks, exactly and without dequantizing; another quantized fused kind is refused.
 """
 
 from __future__ import annotations
@@ -191,21 +192,25 @@ def prepare_sites(model: nn.Module, targets: Sequence[str] | str) -> list[str]:
     so that the model's modules are the sites'.
 
     Raises:
-        ConfigError: the names select nothing, or a fused projection is quantized and cannot be split.
+        ConfigError: the names select nothing, or a fused projection is of a kind that cannot be split (not
+            ``nn.Linear`` nor ``BlockLinear``).
     """
     from oneblock.layers.attention import MultiHeadAttention
+    from oneblock.layers.feedforward import FeedForward
 
     cfg = config_of(model)
     chosen = select(cfg, targets)
     for site in chosen:
         parent, _, child = site.ours.rpartition(".")
-        attn = model.get_submodule(parent)
-        if isinstance(attn, MultiHeadAttention):
-            fused = attn.qkv_proj is not None
+        owner = model.get_submodule(parent)
+        if isinstance(owner, MultiHeadAttention):
+            fused = owner.qkv_proj is not None
             if child == "qkv_proj" and not fused:
-                attn.fuse_qkv()
+                owner.fuse_qkv()
             elif child in ("q_proj", "k_proj", "v_proj") and fused:
-                attn.unfuse_qkv()
+                owner.unfuse_qkv()  # a 4-bit BlockLinear splits by rows, exactly
+        elif isinstance(owner, FeedForward) and child in ("w1", "w3") and owner.w13 is not None:
+            owner.unfuse_gate_up()
         module = model.get_submodule(site.ours)
         if not isinstance(getattr(module, "in_features", None), int):
             raise ConfigError(f"{site.ours} is a {type(module).__name__}, not a linear layer LoRA can wrap")
@@ -225,8 +230,10 @@ def unfuse_after_unload(model: nn.Module) -> None:
 
 
 def split_fused(model: nn.Module, chosen: dict[str, Site]) -> tuple[dict[str, Site], dict[str, dict[str, str]]]:
-    """The adapted sites whose layer the model has as such, and, per attention layer whose q, k and v are one
-    quantized matrix (a GGUF file's 4-bit ``qkv_proj``, which cannot be split), the roles adapted there."""
+    """The adapted sites whose layer the model has as such (or gets by a split: a stacked ``nn.Linear`` or
+    ``BlockLinear``, such as a GGUF file's 4-bit ``qkv_proj``), and, per attention layer whose q, k and v are one
+    matrix of a kind that cannot be split, the roles adapted there."""
+    from oneblock.inference.blocks import BlockLinear
     from oneblock.layers.attention import MultiHeadAttention
 
     separate: dict[str, Site] = {}
@@ -234,8 +241,10 @@ def split_fused(model: nn.Module, chosen: dict[str, Site]) -> tuple[dict[str, Si
     for hf_name, site in chosen.items():
         parent, _, child = site.ours.rpartition(".")
         attn = model.get_submodule(parent)
-        quantized = isinstance(attn, MultiHeadAttention) and attn.qkv_proj is not None
-        if quantized and child in ("q_proj", "k_proj", "v_proj") and not isinstance(attn.qkv_proj, nn.Linear):
+        opaque = isinstance(attn, MultiHeadAttention) and not isinstance(
+            attn.qkv_proj, (type(None), nn.Linear, BlockLinear)
+        )
+        if opaque and child in ("q_proj", "k_proj", "v_proj"):
             fused.setdefault(parent, {})[child[0]] = hf_name
         else:
             separate[hf_name] = site

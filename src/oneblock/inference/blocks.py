@@ -17,6 +17,8 @@ Shape notation: N output features (or vocabulary rows), K input features (or wid
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -86,6 +88,35 @@ class BlockLinear(nn.Module):
             y = y + self.bias
         y = y.view(*x.shape[:-1], self.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def split_rows(self, sizes: Sequence[int]) -> list[BlockLinear]:
+        """Split the layer by output rows: ``len(sizes)`` layers whose outputs are this one's column slices.
+
+        Each row of the matrix is whole blocks of its own, so the split is exact and copies nothing: every part's
+        ``blocks`` is a row slice (a view) of this layer's buffer, and its bias a slice of the bias. A stacked
+        projection (q, k, v in ``qkv_proj``; gate and up in ``w13``) becomes its separate layers this way.
+
+        Args:
+            sizes: output widths, positive, summing to ``out_features``.
+
+        Returns:
+            the parts, in order; part ``i`` maps (..., K) -> (..., sizes[i]).
+
+        Raises:
+            InputError: sizes that are not positive integers summing to ``out_features``.
+        """
+        sizes = list(sizes)
+        if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+            raise InputError(f"BlockLinear.split_rows needs positive integer sizes; got {sizes}")
+        if sum(sizes) != self.out_features:
+            raise InputError(
+                f"BlockLinear.split_rows: sizes {sizes} sum to {sum(sizes)}, but the layer has "
+                f"{self.out_features} output rows; give sizes that sum to {self.out_features}"
+            )
+        biases: Sequence[Tensor | None] = self.bias.split(sizes) if self.bias is not None else [None] * len(sizes)
+        return [
+            BlockLinear(rows, self.fmt, bias=bias) for rows, bias in zip(self.blocks.split(sizes), biases, strict=True)
+        ]
 
     def dequantized(self) -> Tensor:
         """The (N, K) float32 weight the blocks stand for, exactly (the file's values)."""

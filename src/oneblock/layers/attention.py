@@ -230,17 +230,33 @@ class MultiHeadAttention(nn.Module):
         return fused
 
     def unfuse_qkv(self) -> None:
-        """Undo ``fuse_qkv``: three ``nn.Linear`` projections holding the fused weight's rows, ``qkv_proj`` gone."""
+        """Undo ``fuse_qkv``: three projections holding the fused weight's rows, ``qkv_proj`` gone.
+
+        A fused ``nn.Linear`` becomes three ``nn.Linear``; a fused ``BlockLinear`` (a GGUF file's stacked block
+        matrix, or ``oneblock.quantize``'s) becomes three ``BlockLinear`` over row slices of its blocks
+        (``BlockLinear.split_rows``: exact, no dequantization, no copy).
+
+        Raises:
+            ConfigError: no fused projection, or one of another kind (such as an int8 layer).
+        """
+        from oneblock.inference.blocks import BlockLinear
+
         fused = self.qkv_proj
+        sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
+        names = ("q_proj", "k_proj", "v_proj")
+        if isinstance(fused, BlockLinear):
+            for name, part in zip(names, fused.split_rows(sizes), strict=True):
+                setattr(self, name, part)
+            self.qkv_proj = None
+            return
         if not isinstance(fused, nn.Linear):
             raise ConfigError(
-                f"unfuse_qkv splits a fused nn.Linear; this layer has {type(fused).__name__}"
-                + (" (a quantized projection cannot be split; load the model in float to change it)" if fused else "")
+                f"unfuse_qkv splits a fused nn.Linear or BlockLinear; this layer has {type(fused).__name__}"
+                + (" (load the model in float to change it)" if fused is not None else "")
             )
-        sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
         weights = fused.weight.detach().split(sizes)  # ((H + 2 Hkv) Dh, C) -> (H Dh, C), (Hkv Dh, C) x 2
         biases = fused.bias.detach().split(sizes) if fused.bias is not None else (None, None, None)
-        for name, weight, bias in zip(("q_proj", "k_proj", "v_proj"), weights, biases, strict=True):
+        for name, weight, bias in zip(names, weights, biases, strict=True):
             linear = nn.Linear(
                 weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype
             )

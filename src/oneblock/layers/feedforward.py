@@ -87,3 +87,45 @@ class FeedForward(nn.Module):
         self.w13 = fused
         del self.w1, self.w3
         return fused
+
+    def unfuse_gate_up(self) -> None:
+        """Undo ``fuse_gate_up``: ``w1`` (gate) and ``w3`` (up) holding the stacked weight's rows, ``w13`` gone.
+
+        A stacked ``nn.Linear`` becomes two ``nn.Linear``; a stacked ``BlockLinear`` (a GGUF file's, or
+        ``oneblock.quantize``'s) two ``BlockLinear`` over row slices of its blocks (``BlockLinear.split_rows``:
+        exact, no dequantization, no copy).
+
+        Raises:
+            ConfigError: no stacked projection, or one of another kind.
+        """
+        from oneblock.inference.blocks import BlockLinear
+
+        fused = self.w13
+        gate: nn.Module
+        up: nn.Module
+        if isinstance(fused, BlockLinear):
+            gate, up = fused.split_rows([fused.out_features // 2] * 2)  # (2 d_ff, C) -> (d_ff, C) x 2
+        elif isinstance(fused, nn.Linear):
+            parts = []
+            for weight, bias in zip(
+                fused.weight.detach().chunk(2),
+                fused.bias.detach().chunk(2) if fused.bias is not None else (None, None),
+                strict=True,
+            ):
+                linear = nn.Linear(
+                    weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype
+                )
+                with torch.no_grad():
+                    linear.weight.copy_(weight)
+                    if bias is not None and linear.bias is not None:
+                        linear.bias.copy_(bias)
+                parts.append(linear)
+            gate, up = parts
+        else:
+            raise ConfigError(
+                f"unfuse_gate_up splits a stacked nn.Linear or BlockLinear w13; this layer has {type(fused).__name__}"
+            )
+        # w1 and w3 are typed nn.Linear; a split 4-bit layer is a BlockLinear in their place
+        setattr(self, "w1", gate)  # noqa: B010
+        setattr(self, "w3", up)  # noqa: B010
+        self.w13 = None
