@@ -77,7 +77,7 @@ def test_config_errors_are_value_errors():
 def test_unknown_fields_and_bad_json_are_refused():
     with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['n_embd'\]"):
         ModelConfig.from_dict({"n_embd": 64})
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ConfigError, match="the config is not JSON"):
         ModelConfig.from_json("{not json")
     with pytest.raises(ConfigError, match="must be a JSON object"):
         ModelConfig.from_json("[1, 2]")

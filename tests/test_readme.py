@@ -38,6 +38,8 @@ def test_readme_python_examples_run(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for code in blocks("python"):
+        if "OpenAI(base_url=" in code:  # a client of `oneblock serve`: tests/serve makes these calls to a live server
+            continue
         exec(compile(code, str(README), "exec"), namespace)
     out = capsys.readouterr().out
     assert "16640 33088 49984 172288" in out

@@ -134,26 +134,16 @@ def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
 
 
 def _refuse_flags_on_resume(args: argparse.Namespace) -> None:
-    from oneblock.errors import ConfigError
-
     given = [f"--{d.replace('_', '-')}" for d in (*TRAIN_FLAGS, "model", "data", "eval_data") if getattr(args, d)]
-    if given:
-        raise ConfigError(
-            f"--resume continues with the run's saved config.json; drop {', '.join(given)} (or start a new --out)"
-        )
+    options.refuse_flags_on_resume(given)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from oneblock.errors import ConfigError
     from oneblock.finetune.run import finish, prepare, read_run
     from oneblock.train import distributed
 
-    if args.threads is not None:
-        if args.threads <= 0:
-            raise ConfigError(f"--threads must be a positive integer; got {args.threads}")
-        torch.set_num_threads(args.threads)
+    options.set_threads(args.threads)
     if args.resume:
         if args.out is None:
             raise ConfigError("--resume needs --out DIR, the run to continue")

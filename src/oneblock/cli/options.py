@@ -114,6 +114,25 @@ def check_adapter_options(args: argparse.Namespace) -> None:
         raise ConfigError("--merge folds an adapter into the weights; give --adapter DIR too")
 
 
+def set_threads(threads: int | None) -> None:
+    """Apply ``--threads N`` (``None`` keeps torch's default)."""
+    if threads is None:
+        return
+    if threads <= 0:
+        raise ConfigError(f"--threads must be a positive integer; got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def refuse_flags_on_resume(given: list[str]) -> None:
+    """Refuse flags that ``--resume`` would ignore: the run continues with its saved ``config.json``."""
+    if given:
+        raise ConfigError(
+            f"--resume continues with the run's saved config.json; drop {', '.join(given)} (or start a new --out)"
+        )
+
+
 def finite_float(text: str) -> float:
     """An argparse ``type``: a float that is neither NaN nor infinite (``--lr inf`` is refused at parse time)."""
     try:

@@ -138,29 +138,19 @@ def model_config(args: argparse.Namespace, cfg: Any):  # -> ModelConfig
 
 
 def _refuse_flags_on_resume(args: argparse.Namespace) -> None:
-    from oneblock.errors import ConfigError
-
     given = [f"--{d.replace('_', '-')}" for d in TRAIN_FLAGS if getattr(args, d) is not None]
     given += [f"--{d}" for d in ("bf16",) if getattr(args, d)]
     if options.describe(args) != options.DEFAULT_PRESET or args.preset is not None:
         given.append("model flags")
-    if given:
-        raise ConfigError(
-            f"--resume continues with the run's saved config.json; drop {', '.join(given)} (or start a new --out)"
-        )
+    options.refuse_flags_on_resume(given)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from oneblock.errors import ConfigError
     from oneblock.train import distributed
     from oneblock.train.loop import Trainer
 
-    if args.threads is not None:
-        if args.threads <= 0:
-            raise ConfigError(f"--threads must be a positive integer; got {args.threads}")
-        torch.set_num_threads(args.threads)
+    options.set_threads(args.threads)
     args.resume = args.resume or args.resume_weights_only
     if args.resume:
         if args.out is None:

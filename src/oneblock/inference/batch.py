@@ -11,8 +11,9 @@ join and leave between steps, at any position.
 Exactness under batching: every per-row computation depends only on that row. Norms, rotary tables (looked up
 at each row's own position), the residual adds and the attention (run per row over that row's own cache, so no
 padded key ever enters a softmax) are row-wise by construction. The linear layers see all B rows in one product,
-so a row's output is independent of the others exactly when the layer's kernel is: the 4-bit (``Int4Linear``)
-and int8 (``Int8Linear``) kernels are, the tests check it; float32 GEMM (MKL) is not, it picks its blocking from
+so a row's output is independent of the others exactly when the layer's kernel is: oneblock's block kernels
+(``BlockLinear``, every matrix of a GGUF file on the default path, below 32 rows) and the int8 kernel
+(``Int8Linear``) are, the tests check it; float32 GEMM (MKL) is not, it picks its blocking from
 the number of rows, so a float layer's row may differ from its value alone in the last bits (the tests bound the
 difference and check greedy tokens). With row-independent layers, a row's logits are bit-equal to those it gets
 alone, and equal to ``generate``'s lean step.
@@ -72,7 +73,7 @@ class BatchDecoder:
         attn = self.blocks[0].attn
         self.heads, self.kv_heads, self.d_head = attn.n_heads, attn.n_kv_heads, attn.d_head
         self.sizes = (self.heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head)
-        self.device = model.embed.tok.weight.device
+        self.device = model.embed.device
 
     @property
     def context(self) -> int:
