@@ -4,6 +4,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
+# llama-cpp-python, built for this CPU's vector extensions (see bench-llamacpp below).
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_ISA     := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo avx512 || echo avx2)
+LLAMACPP_CMAKE   := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF \
+                    $(if $(filter avx512,$(LLAMACPP_ISA)),-DGGML_AVX512=ON,-DGGML_AVX512=OFF)
+LLAMACPP_WHEELS  := $(HOME)/.cache/oneblock/wheels/llama-cpp-python-$(LLAMACPP_VERSION)-$(LLAMACPP_ISA)
+LLAMACPP_STAMP   := $(VENV)/.llamacpp-$(LLAMACPP_ISA)
+
 .PHONY: setup browser demo test lint bench bench-llamacpp clean
 
 $(PY):
@@ -46,13 +54,6 @@ bench: setup
 # the HTTP API). Built once from source for this CPU's vector extensions (AVX-512 only where /proc/cpuinfo lists
 # avx512f: an AVX-512 build dies on an AVX2-only CPU), as a wheel cached per instruction set outside the checkout,
 # so a fresh clone on the same machine installs it in seconds. The first build takes 10-16 minutes on 2 cores.
-LLAMACPP_VERSION := 0.3.36
-LLAMACPP_ISA     := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo avx512 || echo avx2)
-LLAMACPP_CMAKE   := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF \
-                    $(if $(filter avx512,$(LLAMACPP_ISA)),-DGGML_AVX512=ON,-DGGML_AVX512=OFF)
-LLAMACPP_WHEELS  := $(HOME)/.cache/oneblock/wheels/llama-cpp-python-$(LLAMACPP_VERSION)-$(LLAMACPP_ISA)
-LLAMACPP_STAMP   := $(VENV)/.llamacpp-$(LLAMACPP_ISA)
-
 $(LLAMACPP_STAMP): $(STAMP)
 	@if ! ls $(LLAMACPP_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
 		echo "building llama-cpp-python $(LLAMACPP_VERSION) for $(LLAMACPP_ISA) (once; 10-16 minutes on 2 cores)"; \
