@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import struct
 
 import pytest
+from async_testing import run_async
 
 from oneblock import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError, ConversionError, InputError
@@ -87,5 +87,5 @@ def test_the_explorers_request_body(text, match):
     from oneblock.explore.server import read_json
 
     with pytest.raises(InputError, match=f"the request body {match}"):
-        asyncio.run(read_json(_Request(text.encode()), 10**6))
-    assert asyncio.run(read_json(_Request(b'{"text": "hi"}'), 10**6)) == {"text": "hi"}
+        run_async(read_json, _Request(text.encode()), 10**6)
+    assert run_async(read_json, _Request(b'{"text": "hi"}'), 10**6) == {"text": "hi"}

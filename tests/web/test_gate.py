@@ -7,6 +7,7 @@ import threading
 import anyio
 import anyio.to_thread
 import pytest
+from async_testing import run_async
 
 from oneblock.web.gate import Busy, Gate, Gone
 
@@ -42,7 +43,7 @@ def test_one_runs_one_waits_the_third_is_busy():
             release.set()
         return results
 
-    assert anyio.run(main) == {"a": "a", "b": "b"}
+    assert run_async(main) == {"a": "a", "b": "b"}
     assert gate.admitted == 0
 
 
@@ -56,7 +57,7 @@ def test_a_client_gone_while_waiting_skips_the_work():
         await gate.run(lambda: ran.append(1), abandoned=gone)
 
     with pytest.raises(Gone):
-        anyio.run(main)
+        run_async(main)
     assert ran == [] and gate.admitted == 0
 
 
@@ -67,8 +68,8 @@ def test_errors_of_the_work_pass_through_and_free_the_gate():
         raise RuntimeError("inside")
 
     with pytest.raises(RuntimeError, match="inside"):
-        anyio.run(gate.run, broken)
-    assert anyio.run(gate.run, lambda: 3) == 3
+        run_async(gate.run, broken)
+    assert run_async(gate.run, lambda: 3) == 3
 
 
 def test_negative_queue_refused():
