@@ -16,8 +16,8 @@ Tokens are counted as the streamed chunks that carry text (both servers send one
 on the same machine as the servers, and take CPU from them.
 
 llama-cpp-python's server needs ``make bench-llamacpp`` and its server extras, installed without touching torch:
-``pip install --no-deps uvicorn fastapi sse-starlette starlette-context pydantic-settings``. Without them the
-comparison says so and measures oneblock alone. ``bench.py`` runs this file as its ``serve`` section.
+``pip install --no-deps uvicorn fastapi==0.140.0 sse-starlette starlette-context pydantic-settings python-dotenv``.
+Without them the comparison says so and measures oneblock alone. ``bench.py`` runs this file as its ``serve`` section.
 """
 
 from __future__ import annotations
@@ -51,7 +51,10 @@ PROMPTS = [
     "The first computers were built to",
 ]
 LLAMACPP_EXTRAS = ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
-INSTALL = "make bench-llamacpp; pip install --no-deps uvicorn fastapi sse-starlette starlette-context pydantic-settings"
+INSTALL = (
+    "make bench-llamacpp; pip install --no-deps uvicorn fastapi==0.140.0 sse-starlette starlette-context "
+    "pydantic-settings python-dotenv"
+)
 
 
 def llamacpp_server_available() -> bool:
