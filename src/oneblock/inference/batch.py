@@ -29,10 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
-from oneblock.inference.decode import _fused_qkv, lean_supported
+from oneblock.inference.decode import _fused_qkv, heads_of_one_token, lean_supported
 from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
-from oneblock.layers.rotary import apply_rotary
 from oneblock.models.decoder import Decoder
 
 
@@ -137,13 +136,7 @@ class BatchDecoder:
         if model.rope is not None:
             cos, sin = model.rope(positions, x.dtype)  # (B, 1, 1, Dh): each row's own position
         for i, (block, qkv) in enumerate(zip(self.blocks, self.qkv, strict=True)):
-            h = block.attn_norm(x)
-            q, k, v = qkv(h).split(self.sizes, dim=-1)  # (B, 1, H Dh), (B, 1, Hkv Dh) x 2
-            q = q.view(b, 1, self.heads, self.d_head).transpose(1, 2)  # (B, H, 1, Dh)
-            k = k.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
-            v = v.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)
-            if cos is not None and sin is not None:  # set together
-                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, cos, sin)
             out = torch.cat([self._attend(block, slot, i, q[r : r + 1], k[r : r + 1], v[r : r + 1])
                              for r, slot in enumerate(slots)])  # (B, H, 1, Dh)  # fmt: skip
             x = x + block.attn.merge(out)  # heads side by side, then the output projection

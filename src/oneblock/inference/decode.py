@@ -96,6 +96,30 @@ def lean_supported(model: nn.Module) -> bool:
     )  # fmt: skip
 
 
+def heads_of_one_token(
+    qkv: Tensor, sizes: tuple[int, int, int], d_head: int, cos: Tensor | None, sin: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One new token's queries, keys and values as heads, rotated to its position.
+
+    Args:
+        qkv: (B, 1, (H + 2 Hkv) Dh), the fused projection's output.
+        sizes: (H Dh, Hkv Dh, Hkv Dh).
+        d_head: Dh.
+        cos, sin: (B or 1, 1, 1, Dh) rotary tables of the token's position, or ``None`` (no rotary positions).
+
+    Returns:
+        q (B, H, 1, Dh), k and v (B, Hkv, 1, Dh).
+    """
+    b = qkv.shape[0]
+    q, k, v = qkv.split(sizes, dim=-1)  # (B, 1, H Dh), (B, 1, Hkv Dh) x 2
+    q = q.view(b, 1, sizes[0] // d_head, d_head).transpose(1, 2)  # (B, H, 1, Dh)
+    k = k.view(b, 1, sizes[1] // d_head, d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
+    v = v.view(b, 1, sizes[2] // d_head, d_head).transpose(1, 2)
+    if cos is not None and sin is not None:  # set together
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    return q, k, v
+
+
 class _SideBySide(nn.Module):
     """q, k and v as three products, concatenated: for projections that compute more than a weight (a LoRA
     adapter on each), which one stacked matrix cannot reproduce."""
@@ -211,20 +235,13 @@ class LeanDecode:
         """Logits (B, V) of the token after ``fed`` (B,), which sits at ``position`` (the cache holds the ones
         before). Trusted inputs: no checks, no masks built, nothing the size of the model allocated."""
         model, end = self.model, position + 1
-        b = fed.shape[0]
         where = self.positions if self.positions is not None else self.arange
         x = model.embed(fed[:, None], where[..., position:end])  # (B, 1, C)
         mask = self.mask[..., :end] if self.mask is not None else None  # (B, 1, 1, end) view
         cos = self.cos[:, :, position : position + 1] if self.cos is not None else None  # (B or 1, 1, 1, Dh)
         sin = self.sin[:, :, position : position + 1] if self.sin is not None else None
         for block, qkv, layer in zip(self.blocks, self.qkv, self.cache.layers, strict=True):
-            h = block.attn_norm(x)
-            q, k, v = qkv(h).split(self.sizes, dim=-1)  # (B, 1, H Dh), (B, 1, Hkv Dh) x 2
-            q = q.view(b, 1, self.heads, self.d_head).transpose(1, 2)  # (B, H, 1, Dh)
-            k = k.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
-            v = v.view(b, 1, self.kv_heads, self.d_head).transpose(1, 2)
-            if cos is not None and sin is not None:  # set together
-                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, cos, sin)
             layer.k[:, :, position:end] = k  # the buffers hold the whole generation: no growth check
             layer.v[:, :, position:end] = v
             keys, values = layer.k[:, :, :end], layer.v[:, :, :end]  # (B, Hkv, end, Dh) views

@@ -191,15 +191,7 @@ class CheckpointDir:
         if self.trainable_only:
             load_trainable(path / TRAINABLE_FILE, model)
             return load_state(path / TRAINER_FILE)
-        stored = checkpoint_io.load(path / MODEL_FILE)
-        if stored.config != model.config:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} holds a different model configuration than this run; resume with the "
-                "run's own config.json"
-            )
-        model.load_state_dict(stored.state_dict())
-        if head is not None:
-            head.load_state_dict({**load_head(path / HEAD_FILE, head), **_encoder_state(head)}, strict=True)
+        self.load_weights(path, model, head=head)
         return load_state(path / TRAINER_FILE)
 
     def load_weights(self, path: Path, model: nn.Module, *, head: nn.Module | None = None) -> None:
