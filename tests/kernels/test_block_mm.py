@@ -119,3 +119,33 @@ def test_any_stored_codes_including_minus_128(fmt, bound, isa):
         if bool(torch.ops.oneblock.isa_supported(ops.ISAS.index(name))):
             diff = (_run(name, x, blocks, fmt).double() - torch.from_numpy(expected).double()).abs()
             assert (diff <= bound(x, blocks, fmt, terms_per_block=8)).all(), name
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("m", [2, fallback.GEMM_ROWS + 1])  # the integer-dot rows and the float GEMM tiles
+def test_a_non_finite_activation_reaches_its_own_row_and_only_that_row(fmt, m, bad, case, isa):
+    x, blocks = case(fmt, m, 13, 96)
+    x[0, 5] = bad
+    paths = [name for name in ops.ISAS if bool(torch.ops.oneblock.isa_supported(ops.ISAS.index(name)))]
+    outputs = {name: _run(name, x, blocks, fmt) for name in paths}
+    outputs["torch"] = fallback.block_mm(x, blocks, FORMATS[fmt])
+    if m < fallback.GEMM_ROWS:
+        outputs["numpy"] = torch.from_numpy(reference.block_mm(x.numpy(), blocks.numpy(), fmt))
+    for name, out in outputs.items():
+        assert not out[0].isfinite().any(), (name, out[0])  # no output of row 0 comes out as a finite number
+        assert out[1:].isfinite().all(), name
+
+
+def test_quantize_keeps_a_nan_in_its_row():
+    from torch import nn
+
+    import oneblock as ob
+
+    torch.manual_seed(0)
+    model = ob.quantize(nn.Sequential(nn.Linear(64, 8)), "q8_0")
+    x = torch.randn(2, 64)
+    x[0, 5] = float("nan")
+    with torch.no_grad():
+        y = model(x)
+    assert y[0].isnan().all() and y[1].isfinite().all()

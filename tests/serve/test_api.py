@@ -10,11 +10,13 @@ import threading
 
 import openai
 import torch
-from serve_testing import KEY
+from serve_testing import KEY, TINY, Running
 
+import oneblock as ob
 from oneblock.inference.chat_template import render_chat
 from oneblock.inference.generation import generate
 from oneblock.inference.tokenizer import ByteTokenizer
+from oneblock.serve.engine import Engine
 from oneblock.serve.protocol import CHATML
 
 TOKENIZER = ByteTokenizer()
@@ -129,6 +131,26 @@ def test_max_tokens_is_capped_to_what_the_context_leaves(tiny):
     prompt = "y" * 500  # the context is 512
     answer = client(tiny).completions.create(model="m", prompt=prompt, max_tokens=100, temperature=0)
     assert answer.usage.completion_tokens == 12 and answer.choices[0].finish_reason == "length"
+
+
+def test_a_completion_past_the_first_cache_chunk_keeps_every_key():
+    """250 prompt tokens and 20 new ones reach past the cache's 256-position chunk: the served tokens are the
+    uncached recompute's (a float model, so the whole-sequence products agree with the one-row ones)."""
+    torch.manual_seed(0)
+    model = ob.build_model(ob.ModelConfig(**TINY))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    running = Running(Engine(model.eval(), TOKENIZER, max_batch=2, max_queue=4), api_key=KEY)
+    try:
+        prompt = "".join(chr(ord("a") + (i * 7) % 26) for i in range(250))
+        ids = TOKENIZER.encode(prompt)
+        answer = client(running).completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0)
+        want = generate(model, ids, 20, greedy=True, use_cache=False)[len(ids) :].tolist()
+        assert answer.choices[0].text == TOKENIZER.decode(want)
+        assert answer.usage.completion_tokens == 20
+    finally:
+        running.close()
 
 
 def test_models_and_health(tiny):

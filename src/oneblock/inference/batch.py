@@ -105,9 +105,7 @@ class BatchDecoder:
         if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab for i in ids):
             raise InputError(f"prompt ids must be ints in [0, {vocab}); got {list(ids)[:8]!r}...")
         capacity = t + max_new - 1
-        cache = self.model.new_cache(1, max_len=capacity)
-        for layer in cache.layers:  # one allocation, of the exact length, as the lean step does
-            layer.chunk = layer.max_len
+        cache = self.model.new_cache(1, max_len=capacity, chunk=capacity)  # allocated whole, once, as the lean step
         prompt = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
         hidden = self.model.run(prompt, cache=cache)  # (1, T, C)
         logits = self.model.logits(hidden[:, -1])[0]  # (V,)
@@ -151,12 +149,7 @@ class BatchDecoder:
     def _attend(self, block: Block, slot: Slot, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """One row's attention: store its key and value at its position, attend over its L + 1 keys (no mask:
         a single query may see every cached key). q (1, H, 1, Dh), k and v (1, Hkv, 1, Dh) -> (1, H, 1, Dh)."""
-        cache = slot.cache.layers[layer]
-        position, end = slot.length, slot.length + 1
-        cache.k[:, :, position:end] = k
-        cache.v[:, :, position:end] = v
-        cache.length = end
-        keys, values = cache.k[:, :, :end], cache.v[:, :, :end]  # (1, Hkv, L + 1, Dh) views
+        keys, values = slot.cache.layers[layer].write(slot.length, k, v)  # (1, Hkv, L + 1, Dh) views
         return F.scaled_dot_product_attention(
             q, keys, values, scale=block.attn.scale, enable_gqa=self.kv_heads != self.heads
         )

@@ -168,9 +168,8 @@ class LeanDecode:
         total = t + max(run.max_new - 1, 0)  # the last new token is sampled, never fed back
         dtype = model.embed.dtype
         self.compute_dtype = dtype
-        self.cache = model.new_cache(b, max_len=max(total, 1), dtype=cache_dtype)
-        for layer in self.cache.layers:  # grow once, to the exact length, instead of in chunks
-            layer.chunk = layer.max_len
+        total = max(total, 1)
+        self.cache = model.new_cache(b, max_len=total, dtype=cache_dtype, chunk=total)  # whole, allocated once
         self.arange = torch.arange(total, device=run.seen.device)  # positions of a batch without padding
         self.positions: Tensor | None = None  # (B, total)
         self.mask: Tensor | None = None  # (B, 1, 1, total) True = real key
@@ -201,8 +200,6 @@ class LeanDecode:
             return self._prompt()
         position = self.end
         self.end += 1
-        for layer in self.cache.layers:  # bookkeeping outside the step, which only computes
-            layer.length = self.end
         if self._compiled and self.compile_seconds is None:
             start = time.perf_counter()
             logits = self._step(fed, position)
@@ -216,7 +213,7 @@ class LeanDecode:
         cache = self.cache
         narrow = cache.layers[0].k.dtype != self.compute_dtype
         if narrow:  # the model's layers attend in their own dtype: fill a full-width cache, then narrow it
-            cache = model.new_cache(run.seen.shape[0], max_len=t)
+            cache = model.new_cache(run.seen.shape[0], max_len=t, chunk=t)
         hidden = model.run(
             run.seen,
             padding_mask=run.mask[:, :t] if run.mask is not None else None,
@@ -242,9 +239,7 @@ class LeanDecode:
         sin = self.sin[:, :, position : position + 1] if self.sin is not None else None
         for block, qkv, layer in zip(self.blocks, self.qkv, self.cache.layers, strict=True):
             q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, cos, sin)
-            layer.k[:, :, position:end] = k  # the buffers hold the whole generation: no growth check
-            layer.v[:, :, position:end] = v
-            keys, values = layer.k[:, :, :end], layer.v[:, :, :end]  # (B, Hkv, end, Dh) views
+            keys, values = layer.write(position, k, v)  # (B, Hkv, end, Dh) views; a write past the end is refused
             if keys.dtype != q.dtype:  # a narrower cache (bfloat16 for a float32 model): widened as read
                 keys, values = keys.to(q.dtype), values.to(q.dtype)
             out = F.scaled_dot_product_attention(

@@ -28,11 +28,14 @@ def quantize_activations(x: Tensor, with_sums: bool) -> tuple[Tensor, Tensor, Te
     """
     m, k = x.shape
     xb = x.reshape(m, k // QK, QK)  # (M, K/32, 32)
+    finite = xb.isfinite().all(dim=-1)  # (M, K/32): a block with a NaN or inf gets codes 0 and scale NaN
+    xb = torch.where(finite[..., None], xb, 0.0)
     d = xb.abs().amax(dim=-1) / 127  # (M, K/32)
     inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
     qa = torch.round(xb * inv[..., None])  # ties to even, as rint
-    sa = (d * qa.sum(dim=-1)).half().float() if with_sums else None  # the sum of integers < 2^24 is exact
-    return qa, d.half().float(), sa
+    nan = torch.full_like(d, float("nan"))
+    sa = torch.where(finite, (d * qa.sum(dim=-1)).half().float(), nan) if with_sums else None  # exact int sums
+    return qa, torch.where(finite, d.half().float(), nan), sa
 
 
 def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:

@@ -6,6 +6,8 @@ computes it:
 1. Each activation row is cut into blocks of 32 and quantized to 8 bits (Q8_0):
    ``amax = max |x_j|``, ``d = amax / 127``, ``q_j = rint(x_j / d)`` (as ``x_j * (1 / d)``, ties to even),
    and the block keeps ``fp16(d)``. For q4_1 weights (Q8_1) it also keeps ``s = fp16(d * sum_j q_j)``.
+   A block holding a NaN or an infinity gets codes 0 and ``d = s = NaN``, so its row's outputs are NaN (only
+   that row's: nothing is shared between rows).
 2. Per block, an exact integer dot product ``sumi = sum_j qw_j qa_j``.
 3. Per block, one float32 multiply-add into the output, blocks in order:
    ``y += sumi * (dw * da)``, and for q4_1 ``y += sumi * (dw * da) + mw * sa``.
@@ -32,14 +34,17 @@ def quantize_activations(x: np.ndarray, with_sums: bool) -> tuple[np.ndarray, np
     """
     m, k = x.shape
     xb = x.astype(F32).reshape(m, k // QK, QK)
+    finite: np.ndarray = np.isfinite(xb).all(axis=-1)  # (M, K/32): a block with a NaN or inf gets codes 0 and scale NaN
+    xb = np.where(finite[..., None], xb, F32(0))
     d = (np.abs(xb).max(axis=-1) / F32(127)).astype(F32)  # (M, K/32)
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, F32(0), F32(1) / d).astype(F32)
     qa = np.rint(xb * inv[..., None]).astype(np.int32)  # (M, K/32, 32), ties to even
-    da = d.astype(np.float16).astype(F32)
+    da = np.where(finite, d.astype(np.float16).astype(F32), F32(np.nan))
     sa = None
     if with_sums:
-        sa = (d * qa.sum(axis=-1).astype(F32)).astype(np.float16).astype(F32)
+        sums = (d * qa.sum(axis=-1).astype(F32)).astype(np.float16).astype(F32)
+        sa = np.where(finite, sums, F32(np.nan))
     return qa, da, sa
 
 

@@ -65,6 +65,27 @@ class KVCache:
         v[:, :, : self.length] = self.v[:, :, : self.length]
         self.k, self.v = k, v
 
+    def write(self, position: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store one step's keys and values (B, Hkv, T, Dh) at ``position`` (earlier positions are kept, later
+        ones dropped); return everything stored so far, (B, Hkv, position + T, Dh) views.
+
+        The buffers grow when the write reaches past them, and a write past ``max_len`` is refused: a slice of
+        a tensor past its end is silently empty, so an unchecked write would lose the step's keys.
+        """
+        end = position + k.shape[2]
+        if not 0 <= position <= self.length or end > self.max_len:
+            raise InputError(
+                f"cannot write positions [{position}, {end}) into a cache of {self.max_len} positions holding "
+                f"{self.length}; positions must follow the stored ones, within max_len"
+            )
+        if end > self.capacity:
+            self.length = position  # what _grow copies
+            self._grow(end)
+        self.k[:, :, position:end] = k
+        self.v[:, :, position:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys and values (B, Hkv, T, Dh); return all stored so far, (B, Hkv, length, Dh)."""
         end = self.length + k.shape[2]
@@ -89,6 +110,9 @@ class Cache:
     Attributes:
         layers: one ``KVCache`` per self-attention layer.
         cross: per decoder layer, the cross-attention ``(k, v)`` once computed, else ``None``.
+
+    ``chunk`` is each layer's growth step (``KVCache``); ``chunk=max_len`` allocates every buffer whole, once, as
+    a generation of known length wants.
     """
 
     def __init__(

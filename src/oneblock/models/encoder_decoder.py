@@ -72,9 +72,16 @@ class EncoderDecoder(nn.Module):
             return_attention=return_attention,
         )
 
-    def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> Cache:
+    def new_cache(
+        self,
+        batch_size: int,
+        max_len: int | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+        chunk: int | None = None,
+    ) -> Cache:
         """An empty decoder cache; the cross-attention keys and values are filled on the first step."""
-        return self.decoder.new_cache(batch_size, max_len, dtype=dtype)
+        return self.decoder.new_cache(batch_size, max_len, dtype=dtype, chunk=chunk)
 
     def forward(
         self,

@@ -70,8 +70,16 @@ class Stack(nn.Module):
         """Block ``i``, typed as a ``Block`` (indexing ``nn.ModuleList`` gives a bare ``nn.Module``)."""
         return cast(Block, self.blocks[i])
 
-    def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> Cache:
-        """An empty key/value cache for this stack, preallocated to ``max_len`` (default ``max_seq_len``)."""
+    def new_cache(
+        self,
+        batch_size: int,
+        max_len: int | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+        chunk: int | None = None,
+    ) -> Cache:
+        """An empty key/value cache for this stack, for up to ``max_len`` positions (default ``max_seq_len``),
+        growing by ``chunk`` (``chunk=max_len``: allocated whole, once)."""
         cfg = self.config
         max_len = cfg.max_seq_len if max_len is None else max_len
         if not 0 < max_len <= cfg.max_seq_len:
@@ -85,6 +93,7 @@ class Stack(nn.Module):
             dtype=dtype or self.embed.dtype,
             device=self.embed.device,
             cross_attention=self.cross_attention,
+            chunk=chunk,
         )
 
     def run(

@@ -43,7 +43,17 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s) {
   for (int64_t b = 0; b < k / QK; ++b) {
     const float* xb = x + b * QK;
     float amax = 0.0f;
-    for (int j = 0; j < QK; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    bool finite = true;
+    for (int j = 0; j < QK; ++j) {
+      amax = std::fmax(amax, std::fabs(xb[j]));  // fmax drops a NaN: it is looked for separately
+      finite = finite && std::isfinite(xb[j]);
+    }
+    if (!finite) {  // NaN or inf: zero codes and a NaN scale carry NaN into every output of this row, and no other
+      std::memset(q + b * QK, 0, QK);
+      d[b] = std::nanf("");
+      if (s != nullptr) s[b] = std::nanf("");
+      continue;
+    }
     const float scale = amax / 127.0f;
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
     int sum = 0;
