@@ -34,7 +34,8 @@ def quantize_activations(x: np.ndarray, with_sums: bool) -> tuple[np.ndarray, np
     """
     m, k = x.shape
     xb = x.astype(F32).reshape(m, k // QK, QK)
-    finite: np.ndarray = np.isfinite(xb).all(axis=-1)  # (M, K/32): a block with a NaN or inf gets codes 0 and scale NaN
+    # (M, K/32): a block holding a NaN or an inf gets codes 0 and scale NaN
+    finite = np.asarray(np.isfinite(xb).all(axis=-1))
     xb = np.where(finite[..., None], xb, F32(0))
     d = (np.abs(xb).max(axis=-1) / F32(127)).astype(F32)  # (M, K/32)
     with np.errstate(divide="ignore"):
