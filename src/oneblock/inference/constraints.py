@@ -25,12 +25,17 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from oneblock.errors import InputError
 
 INSTALL = "pip install llguidance"
+# JSON is written as json.dumps writes it: ", " and ": " between items, no other whitespace. llguidance's default
+# (any run of whitespace anywhere) lets a small model emit newlines until its token budget ends; a schema's own
+# "x-guidance" options still override this.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # tokenizer -> LLTokenizer
 
 
@@ -123,7 +128,7 @@ class Constraint:
             except (TypeError, ValueError) as error:
                 raise InputError(f"the JSON schema is not JSON: {error}") from error
         try:
-            grammar = llg.LLMatcher.grammar_from_json_schema(text)
+            grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
         except ValueError as error:
             raise InputError(f"the JSON schema {_shown(text)} is not a JSON object: {error}") from error
         return cls(tokenizer, grammar, name=f"JSON schema {_shown(text)}", **options)
@@ -222,16 +227,17 @@ class ConstraintState:
         n = self.constraint.vocab_size
         if vocab_size < n:
             raise InputError(f"the logits have {vocab_size} entries, fewer than the grammar's vocabulary ({n})")
-        mask = torch.zeros(vocab_size, dtype=torch.bool)
         if self.finished:
+            mask = torch.zeros(vocab_size, dtype=torch.bool)
             mask[self.constraint.eos_ids] = True
             return mask
         if self.matcher.is_error():
             raise InputError(f"the grammar {self.constraint.name} is in an error state: {self.matcher.get_error()}")
-        words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.uint8)  # (ceil(n/32)*4,)
-        bits = (words[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1  # token 8*i + j is bit j of byte i
-        mask[:n] = bits.reshape(-1)[:n].bool()
-        return mask
+        words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)  # (ceil(n / 32) * 4,)
+        # Token 8 i + j is bit j of byte i; ids past the tokenizer's (a padded head) are never allowed.
+        bits = np.unpackbits(words[: (n + 7) // 8], count=vocab_size, bitorder="little")  # (V,) uint8
+        bits[n:] = 0  # the last byte's bits past n
+        return torch.from_numpy(bits.view(np.bool_))
 
     def consume(self, token: int) -> None:
         """Advance past ``token``.

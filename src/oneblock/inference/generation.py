@@ -263,7 +263,7 @@ def generate_stream(
         if eos_id is None:
             eos_id = constraint.eos_ids[0]
         elif eos_id not in constraint.eos_ids:
-            raise InputError(f"eos_id {eos_id} is not an id the grammar ends with ({constraint.eos_ids})")
+            raise InputError(f"eos_id {eos_id} is not an id the grammar ends with {constraint.eos_ids}")
     run = _prepare(model, prompt_ids, max_new_tokens, crop, src, src_padding_mask, prompt_padding_mask, pad_id)
     vocab = run.decoder.config.vocab_size
     if logprobs is not None and logprobs.top > vocab:
