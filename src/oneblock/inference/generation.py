@@ -33,6 +33,8 @@ from torch import Tensor, nn
 
 from oneblock.errors import InputError
 from oneblock.inference.decode import FullDecode, LeanDecode, lean_supported
+from oneblock.inference.logprobs import LogprobTrace
+from oneblock.inference.sampler_state import RowSamplers
 from oneblock.inference.sampling import Sampling
 from oneblock.models.decoder import Decoder
 from oneblock.models.encoder_decoder import EncoderDecoder
@@ -40,6 +42,8 @@ from oneblock.models.inputs import check_tokens
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
+
+    from oneblock.inference.constraints import Constraint
 
 Prompt = Tensor | Sequence[int] | Sequence[Sequence[int] | Tensor]
 
@@ -161,9 +165,10 @@ def generate(
         model, prompt_ids, max_new_tokens: see ``generate_stream``.
         stream: called with the (B,) new ids after every step, as soon as they are chosen.
         **options: every keyword of ``generate_stream``: ``sampling=Sampling(...)`` or its fields
-            (``temperature``, ``top_k``, ``top_p``, ``greedy``, ``seed``), ``eos_id``, ``pad_id``, ``use_cache``,
-            ``crop``, ``src``, ``src_padding_mask``, ``prompt_padding_mask``, ``return_logits``, ``compile``,
-            ``cache_dtype``, ``stats``.
+            (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``presence_penalty``, ``frequency_penalty``,
+            ``repetition_penalty``, ``logit_bias``, ``greedy``, ``seed``), ``constraint``, ``logprobs``,
+            ``eos_id``, ``pad_id``, ``use_cache``, ``crop``, ``src``, ``src_padding_mask``,
+            ``prompt_padding_mask``, ``return_logits``, ``compile``, ``cache_dtype``, ``stats``.
 
     Returns:
         (B, T + n) ids, the prompt followed by the ``n <= max_new_tokens`` new tokens ((T + n,) for a 1-D prompt).
@@ -189,6 +194,8 @@ def generate_stream(
     max_new_tokens: int,
     *,
     sampling: Sampling | None = None,
+    constraint: Constraint | None = None,
+    logprobs: LogprobTrace | None = None,
     eos_id: int | None = None,
     pad_id: int | None = None,
     use_cache: bool = True,
@@ -211,7 +218,16 @@ def generate_stream(
         prompt_ids: (B, T) or (T,) int64 ids, a list of ids (one prompt), or a list of B id lists of any
             lengths (left-padded with ``pad_id``, or 0); for an encoder-decoder model, the decoder's first tokens.
         max_new_tokens: tokens to add (0 returns the prompt).
-        sampling: how to choose each token (default ``Sampling()``: temperature 1, no filtering).
+        sampling: how to choose each token (default ``Sampling()``: temperature 1, no filtering). Each row has
+            its own sampler state (``oneblock.inference.sampler_state``): its penalties count its own tokens, and
+            with a seed row ``i`` draws from its own generator seeded ``seed + i``, so a row's tokens are those
+            it gets alone with that seed.
+        constraint: a grammar every row's text must follow (``oneblock.inference.constraints.Constraint``:
+            a JSON schema, any JSON object, a Lark grammar, a regex); each row walks it on its own, its mask
+            applied to the logits before sampling. ``eos_id`` defaults to the grammar's first end-of-text id,
+            so a row stops when its text is complete.
+        logprobs: a ``LogprobTrace`` that receives each step's log-probabilities of the chosen tokens and of
+            its top-N alternatives, from the model's raw distribution (before temperature and every setting).
         eos_id: a row stops after producing this id; generation stops when every row has.
         pad_id: fills a stopped row's remaining columns (and the left padding of a list of prompts); defaults
             to ``eos_id``.
@@ -239,15 +255,27 @@ def generate_stream(
     ...     print(tokenizer.decode(ids.tolist()), end="", flush=True)
     """
     sampling = Sampling.of(sampling, **sampling_options)
+    if logprobs is not None and not isinstance(logprobs, LogprobTrace):
+        raise InputError(f"logprobs must be a LogprobTrace (LogprobTrace(top=N)); got {type(logprobs).__name__}")
+    if constraint is not None:
+        if not callable(getattr(constraint, "start", None)):
+            raise InputError(f"constraint must be a oneblock Constraint; got {type(constraint).__name__}")
+        if eos_id is None:
+            eos_id = constraint.eos_ids[0]
+        elif eos_id not in constraint.eos_ids:
+            raise InputError(f"eos_id {eos_id} is not an id the grammar ends with {constraint.eos_ids}")
     run = _prepare(model, prompt_ids, max_new_tokens, crop, src, src_padding_mask, prompt_padding_mask, pad_id)
     vocab = run.decoder.config.vocab_size
+    if logprobs is not None and logprobs.top > vocab:
+        raise InputError(f"logprobs asks for the top {logprobs.top} tokens of a vocabulary of {vocab}")
     for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
             raise InputError(f"{name} must be an id in [0, {vocab}) or None; got {value!r}")
     if cache_dtype is not None and not (use_cache and src is None and lean_supported(model)):
         raise InputError("cache_dtype needs a pre-LN decoder-only model with use_cache=True (the lean decoding step)")
+    samplers = RowSamplers.for_batch(sampling, run.seen, run.mask, vocab_size=vocab, constraint=constraint)
     options = {"compile": compile, "cache_dtype": cache_dtype}
-    return _steps(run, sampling, eos_id, pad_id, use_cache, return_logits, options, stats)
+    return _steps(run, samplers, logprobs, eos_id, pad_id, use_cache, return_logits, options, stats)
 
 
 def _decoder_for(run: _Run, use_cache: bool, options: dict[str, Any]) -> FullDecode | LeanDecode:
@@ -258,7 +286,8 @@ def _decoder_for(run: _Run, use_cache: bool, options: dict[str, Any]) -> FullDec
 
 def _steps(
     run: _Run,
-    sampling: Sampling,
+    samplers: RowSamplers,
+    trace: LogprobTrace | None,
     eos_id: int | None,
     pad_id: int | None,
     use_cache: bool,
@@ -272,7 +301,6 @@ def _steps(
     new = torch.zeros(b, run.max_new, dtype=torch.long, device=device)  # (B, N)
     kept: list[Tensor] = []  # each (B, V) when return_logits
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    generator = sampling.generator(device)
     n = 0
     was_training = model.training
     model.eval()
@@ -285,10 +313,12 @@ def _steps(
                 logits = decode.next(new[:, n - 1] if n else None)  # (B, V) float32
                 if return_logits:
                     kept.append(logits)
-                ids = sampling.pick(logits, generator)  # (B,)
+                ids = samplers.choose(logits, ~done)  # (B,): a stopped row draws nothing
                 if eos_id is not None:
                     ids = torch.where(done, eos_id if pad_id is None else pad_id, ids)  # pad_id defaults to eos_id
                     done = done | (ids == eos_id)
+                if trace is not None:
+                    trace.record(logits, ids)
                 new[:, n] = ids
             n += 1
             if n == 1 and stats is not None:
