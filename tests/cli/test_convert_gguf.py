@@ -139,3 +139,19 @@ def test_existing_output_preset_source_and_double_source_are_refused(source_and_
     save(from_gguf(source, dtype=torch.float32), checkpoint)
     code = main(["convert", str(checkpoint), str(tmp_path / "c.gguf"), "--to", "gguf"])
     assert "carries no tokenizer llama.cpp can use" in one_line_error(capsys, code)
+
+
+def test_an_empty_metadata_array_is_copied_and_reads_back(tmp_path, capsys):
+    """GGUF allows an array of no items (item type, count 0); gguf's GGUFWriter refuses to pack one."""
+    gguf = pytest.importorskip("gguf")
+    vocab = [*VOCAB, Entry("tokenizer.ggml.added_tokens", [], 9, 8)]  # legal, and oneblock loads it
+    torch.manual_seed(0)
+    save_gguf(build_decoder(LLAMA).eval(), tmp_path / "source.gguf", vocabulary=vocab)
+    out = tmp_path / "copy.gguf"
+    assert main(["convert", "--model", str(tmp_path / "source.gguf"), "--to", "gguf", str(out)]) == 0, (
+        capsys.readouterr()
+    )
+    assert typed_metadata(out, ("tokenizer.",)) == vocab
+    field = gguf.GGUFReader(out).fields["tokenizer.ggml.added_tokens"]  # llama.cpp's own reader
+    assert field.types == [gguf.GGUFValueType.ARRAY] and field.contents() == []
+    assert load_model(out).tokenizer.encode("aab") == load_model(tmp_path / "source.gguf").tokenizer.encode("aab")

@@ -78,7 +78,7 @@ def test_text_file_trains_every_token_once(tmp_path):
 @pytest.mark.parametrize(
     ("content", "match"),
     [
-        (json.dumps(chat("a", "b")) + "\n{oops\n", r"d\.jsonl:2: malformed JSON"),
+        (json.dumps(chat("a", "b")) + "\n{oops\n", r"d\.jsonl:2: the record is not JSON"),
         ('{"messages": [{"role": "user", "content": "a"}]}\n', r"d\.jsonl:1: the conversation has no assistant turn"),
         ('{"messages": [{"role": "robot", "content": "a"}]}\n', r"d\.jsonl:1: message 0 has the unknown role 'robot'"),
         ('{"text": "a"}\n', r"d\.jsonl:1: a record must be"),

@@ -154,5 +154,5 @@ def test_bad_data_gives_one_line_naming_file_and_line(tmp_path, base, capsys):
     argv = ["finetune", "--model", str(base), "--data", str(data), "--out", str(tmp_path / "r"), "--quiet"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "d.jsonl:2: malformed JSON" in err
+    assert len(err.splitlines()) == 1 and "d.jsonl:2: the record is not JSON" in err
     assert not (tmp_path / "r" / "checkpoints").exists()  # refused before anything was written

@@ -330,3 +330,35 @@ def test_save_refuses_what_load_would_refuse(tmp_path, change):
     with pytest.raises(CheckpointError, match=expected):
         save(model, path)
     assert not path.exists()
+
+
+def test_save_refuses_a_config_that_disagrees_with_the_model_before_building_it(tmp_path, monkeypatch):
+    """A config claiming 200,000 blocks on a model of two: refused from the counts, nothing built to find out."""
+
+    def no_building(*args, **kwargs):
+        raise AssertionError("save built a model to check a config the counts already refuse")
+
+    model = _model(CONFIGS["decoder"])
+    model.config = model.config.replace(n_layers=200_000)
+    monkeypatch.setattr(checkpoint, "build_model", no_building)
+    path = tmp_path / "claims.safetensors"
+    with pytest.raises(
+        CheckpointError, match=r"refusing to save .* 200,000 blocks .*over the limit of 1,024.*ONEBLOCK"
+    ):
+        save(model, path)
+    monkeypatch.setenv("ONEBLOCK_MAX_LAYERS", "300000")  # within the limits now: the count still disagrees
+    with pytest.raises(CheckpointError, match=r"its config \(n_layers=200000, .*\) describes [\d,]+ parameters, the"):
+        save(model, path)
+    model.config = model.config.replace(n_layers=3)
+    with pytest.raises(CheckpointError, match=r"describes [\d,]+ parameters, the model holds [\d,]+"):
+        save(model, path)
+    assert not path.exists()
+
+
+def test_save_applies_the_limits_load_applies(tmp_path, monkeypatch):
+    model = _model(CONFIGS["decoder"])
+    monkeypatch.setenv("ONEBLOCK_MAX_PARAMETERS", "1000")
+    with pytest.raises(CheckpointError, match=r"refusing to save .*over the limit of 1,000 \(ONEBLOCK_MAX_PARAMETERS"):
+        save(model, tmp_path / "m.safetensors")
+    monkeypatch.delenv("ONEBLOCK_MAX_PARAMETERS")
+    assert load(save(model, tmp_path / "m.safetensors")).config == model.config

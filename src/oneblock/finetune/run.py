@@ -14,6 +14,8 @@ import dataclasses
 import hashlib
 import importlib
 import os
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,11 @@ from oneblock.errors import CheckpointError, ConfigError
 from oneblock.finetune.examples import build_examples
 from oneblock.finetune.lora import LoraConfig, apply_lora
 from oneblock.finetune.objective import SupervisedObjective
-from oneblock.finetune.records import read_data
+from oneblock.finetune.records import Dataset, read_data
 from oneblock.finetune.tokenize import Example
 from oneblock.inference.tokenizer import Tokenizer
 from oneblock.io import integrity
 from oneblock.train.config import TrainConfig
-from oneblock.train.data import fingerprint
 from oneblock.train.loop import CONFIG_FILE, Trainer
 
 METHODS = ("lora", "full")
@@ -164,13 +165,14 @@ def prepare(
         cfg = cfg.replace(seq_len=context)
     if cfg.seq_len is not None and cfg.seq_len > context:
         raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
-    train, held_out = _examples(ft, cfg, tokenizer)
+    data, train, held_out = _examples(ft, cfg, tokenizer, tell=trainer_kwargs.get("on_note") or _warn)
     torch.manual_seed(cfg.seed)  # the adapters' initialization, the same on every rank and on resume
     _adapt(model, ft)
     objective = SupervisedObjective(
         cfg, train, held_out, vocab_size=config_of(model).vocab_size, pad_id=pad_id_of(tokenizer), packed=ft.pack
     )
-    objective.source = fingerprint(ft.data, Path(ft.data).read_bytes())  # a resume on other data is refused
+    # A resume on other data is refused; the digest is the one taken while the file was read.
+    objective.source = {"text": str(ft.data), "bytes": data.nbytes, "sha256": data.sha256}
     trainer = Trainer(
         config_of(model),
         cfg,
@@ -183,13 +185,56 @@ def prepare(
     return FinetuneRun(trainer, ft, tokenizer, len(train))
 
 
-def _examples(ft: FinetuneConfig, cfg: TrainConfig, tokenizer: Tokenizer) -> tuple[list[Example], list[Example]]:
+def _examples(
+    ft: FinetuneConfig, cfg: TrainConfig, tokenizer: Tokenizer, *, tell: Callable[[str], None]
+) -> tuple[Dataset, list[Example], list[Example]]:
+    """``(the training data, training examples, held-out examples)``; held-out data that is the training data is
+    refused, and held-out examples that are also training examples are told (``tell``)."""
     assert cfg.seq_len is not None  # TrainConfig sets it
-    examples = build_examples(read_data(ft.data), tokenizer, seq_len=cfg.seq_len, truncate=ft.truncate)
-    if ft.eval_data is not None:
-        held_out = build_examples(read_data(ft.eval_data), tokenizer, seq_len=cfg.seq_len, truncate=ft.truncate)
-        return examples, held_out
-    return split_examples(examples, ft.eval_share, cfg.seed)
+    data = read_data(ft.data)
+    examples = build_examples(data, tokenizer, seq_len=cfg.seq_len, truncate=ft.truncate)
+    if ft.eval_data is None:
+        train, held_out = split_examples(examples, ft.eval_share, cfg.seed)
+    else:
+        evaluation = read_data(ft.eval_data)
+        if _same_file(data.path, evaluation.path) or (data.nbytes, data.sha256) == (
+            evaluation.nbytes,
+            evaluation.sha256,
+        ):
+            raise ConfigError(
+                f"--eval {str(ft.eval_data)!r} holds the same data as --data {str(ft.data)!r}, so its figures would "
+                "score the training examples, not held-out ones; give --eval a file of other examples, or hold out "
+                "a share of the data with --eval-share"
+            )
+        train = examples
+        held_out = build_examples(evaluation, tokenizer, seq_len=cfg.seq_len, truncate=ft.truncate)
+    note = overlap_note(train, held_out)
+    if note is not None:
+        tell(note)
+    return data, train, held_out
+
+
+def overlap_note(train: Sequence[Example], held_out: Sequence[Example]) -> str | None:
+    """A sentence saying how many held-out examples are token for token training examples; None if none are."""
+    seen = {e.ids for e in train}
+    shared = [e for e in held_out if e.ids in seen]
+    if not shared:
+        return None
+    return (
+        f"{len(shared)} of {len(held_out)} held-out examples (e.g. {shared[0].where}) are also training examples, "
+        "token for token: the held-out figures overstate how well the model generalizes; remove them from one side"
+    )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
 
 
 def _adapt(model: nn.Module, ft: FinetuneConfig) -> None:

@@ -97,7 +97,7 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[st
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"save: metadata must be JSON-serialisable: {error}") from error
     tensors = unique_tensors(model.state_dict())
-    _check_loadable(path, cfg, tensors)
+    _check_loadable(path, cfg, tensors, sum(p.numel() for p in model.parameters()))
     check_finite(tensors, f"refusing to save {str(path)!r}")
     header = {
         "format": "pt",
@@ -110,16 +110,27 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[st
     return path
 
 
-def _check_loadable(path: Path, cfg: ModelConfig, tensors: Mapping[str, Tensor]) -> None:
+def _check_loadable(path: Path, cfg: ModelConfig, tensors: Mapping[str, Tensor], held: int) -> None:
     """Refuse to write a file that ``load`` would refuse: the tensors must be those ``build_model(cfg)`` makes.
 
     A model changed after it was built (``quantize_int8`` swaps its Linear layers for int8 ones, ``fuse_qkv``
-    merges three projections into one) no longer matches its config; saving it would only defer the error.
+    merges three projections into one, a ``config`` replaced by another) no longer matches its config; saving it
+    would only defer the error. ``held`` is the model's parameter count (tied ones once). The limits of
+    ``oneblock.io.limits`` and the analytic parameter count are checked first, in microseconds; only a config
+    that passes them is built, on the meta device.
     """
     listing = {key: (integrity.dtype_name(t.dtype), tuple(t.shape)) for key, t in tensors.items()}
     name = repr(str(path))
     try:
         stored = _stored_dtype(name, listing)
+        # Before building anything (a config claiming 200,000 blocks takes minutes even on the meta device): the
+        # limits load applies, and the parameters the config describes, counted analytically, against the tensors.
+        counted = limits.check_model_size(cfg, what="its config", dtype=stored, error=CheckpointError)
+        if counted != held:
+            raise CheckpointError(
+                f"its config (n_layers={cfg.n_layers}, d_model={cfg.d_model}, vocab_size={cfg.vocab_size}) "
+                f"describes {counted:,} parameters, the model holds {held:,}"
+            )
         with torch.device("meta"):
             skeleton = build_model(cfg, dtype=stored)
         expected = skeleton.state_dict()

@@ -34,8 +34,8 @@ from torch import Tensor, nn
 from oneblock.errors import CheckpointError, ConversionError
 from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
 from oneblock.finetune.targets import HF_PREFIX, Site, family_of, hf_target_modules, sites, split_fused, wrap_fused
-from oneblock.io import integrity
-from oneblock.io.files import read_bytes, replace_files
+from oneblock.io import integrity, jsontext
+from oneblock.io.files import map_file, read_bytes, replace_files
 from oneblock.models.inputs import config_of
 
 CONFIG_NAME = "adapter_config.json"
@@ -168,21 +168,23 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike[str]) -> LoraCon
             or a recorded base identity that differ from ``model``'s.
     """
     path = Path(directory)
-    config = _read_config(path)
+    config, config_bytes = _read_config(path)
     weights_path = path / WEIGHTS_NAME
-    blob = read_bytes(weights_path, "adapter weights")
+    # Mapped, as checkpoints are: the header's sizes are checked against the file's before any other byte is read.
+    blob = map_file(weights_path, "adapter weights")
     name = repr(str(weights_path))
     entries, metadata, _ = integrity.parse_header(blob, name)
     if any(key.startswith("oneblock.") for key in metadata):  # written by oneblock: every byte checked, config too
         integrity.verify_sealed(blob, name)
-        config_digest = hashlib.sha256((path / CONFIG_NAME).read_bytes()).hexdigest()
+        config_digest = hashlib.sha256(config_bytes).hexdigest()
         if metadata.get(CONFIG_DIGEST_KEY) != config_digest:
             raise CheckpointError(
                 f"{str(path / CONFIG_NAME)!r} is not the config written with {name}: its SHA-256 differs from the "
                 "one the weights record (edited, or the two files come from different saves)"
             )
         if BASE_KEY in metadata:
-            _check_base(json.loads(metadata[BASE_KEY]), base_identity(model), path)
+            recorded = jsontext.loads(metadata[BASE_KEY], what=f"the base identity in {name}", error=CheckpointError)
+            _check_base(recorded, base_identity(model), path)
     cfg = _lora_config(config, path)
     modules = _adapted_modules(entries, path)
     model_cfg = config_of(model)
@@ -230,7 +232,8 @@ def _key(module: str, part: str) -> str:
     return f"{KEY_PREFIX}{module}.{part}.weight"
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path) -> tuple[dict[str, Any], bytes]:
+    """The adapter's config and its bytes (read once: the weights of a oneblock adapter record their digest)."""
     if not path.is_dir():
         raise CheckpointError(f"no LoRA adapter at {str(path)!r}: not a directory (peft writes a directory)")
     if not (path / WEIGHTS_NAME).is_file() and (path / "adapter_model.bin").is_file():
@@ -242,13 +245,11 @@ def _read_config(path: Path) -> dict[str, Any]:
         if not (path / needed).is_file():
             found = sorted(p.name for p in path.iterdir())
             raise CheckpointError(f"{str(path)!r} is not a peft LoRA adapter: it has no {needed} (found {found})")
-    try:
-        config = json.loads(read_bytes(path / CONFIG_NAME, "adapter config"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{str(path / CONFIG_NAME)!r} is not JSON ({error})") from None
+    raw = read_bytes(path / CONFIG_NAME, "adapter config", limit=jsontext.MAX_BYTES)
+    config = jsontext.loads(raw, what=repr(str(path / CONFIG_NAME)), error=CheckpointError)
     if not isinstance(config, dict):
         raise CheckpointError(f"{str(path / CONFIG_NAME)!r} must hold a JSON object")
-    return config
+    return config, raw
 
 
 def _lora_config(config: dict[str, Any], path: Path) -> LoraConfig:

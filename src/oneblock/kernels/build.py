@@ -3,12 +3,15 @@
 The library is compiled by ``torch.utils.cpp_extension.load`` (ninja, ``-O3``, no ``-march``: each vector
 function carries its own ``target`` attribute, so one build runs on any x86-64 CPU) into
 ``$XDG_CACHE_HOME/oneblock/kernels/<hash>`` (default ``~/.cache``), the hash covering the sources, the flags and
-the torch and Python versions. A ``complete`` marker is written after the first successful load; later processes
-that find it load the shared object directly, without asking the compiler or ninja anything.
+the torch and Python versions. A ``complete`` marker recording the library's SHA-256 is written after the first
+successful load; later processes that find it, and the library matching it, load the shared object directly,
+without asking the compiler or ninja anything. How a killed build and a damaged library are recovered from:
+:mod:`oneblock.kernels.cache`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -17,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from oneblock.kernels import cache
+
 NAME = "oneblock_kernels"
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "dequantize.cpp", "dot_scalar.cpp", "dot_avx2.cpp", "dot_avx512.cpp")
@@ -24,7 +29,11 @@ HEADERS = ("blocks.h", "dot.h", "dot_avx512.h")
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as
 # the NumPy reference (the vector paths call FMA explicitly).
 CFLAGS = ("-O3", "-ffp-contract=off")
-_MARKER = "complete"
+
+
+# What a build directory holds beyond ninja's files (see oneblock.kernels.cache); part of the hash, so that a
+# oneblock that keeps its directories otherwise never shares one with this one.
+LAYOUT = "layout 2: oneblock.lock, digests in complete"
 
 
 class KernelBuildError(RuntimeError):
@@ -44,6 +53,7 @@ def build_directory() -> Path:
         digest.update(name.encode() + b"\0" + (CSRC / name).read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     digest.update(f"{torch.__version__} {sys.version_info[:2]}".encode())
+    digest.update(LAYOUT.encode())
     return cache_root() / digest.hexdigest()[:16]
 
 
@@ -62,11 +72,16 @@ def _with_ninja_on_path() -> None:
 def load_library() -> Path:
     """Load the C++ ops into ``torch.ops.oneblock``, building them first if this version was never built.
 
+    A cached library is loaded only once its SHA-256 matches the one its build recorded; a damaged one, or the
+    lock file of a build that was killed, is told in one line on stderr and built again
+    (:mod:`oneblock.kernels.cache`).
+
     Returns:
         The path of the loaded shared object.
 
     Raises:
-        KernelBuildError: naming the cause (no compiler, compile error, unsupported CPU).
+        KernelBuildError: naming the cause (no compiler, compile error, unsupported CPU, another process's build
+            that did not finish in time).
     """
     import platform
 
@@ -74,20 +89,43 @@ def load_library() -> Path:
         raise KernelBuildError(f"the kernels are written for x86-64, this CPU is {platform.machine()}")
     directory = build_directory()
     library = directory / f"{NAME}.so"
-    if (directory / _MARKER).exists() and library.exists():
-        try:
-            torch.ops.load_library(str(library))
-        except (OSError, RuntimeError) as err:
-            raise KernelBuildError(f"the cached library {library} does not load ({err}); delete {directory}") from err
-        return library
+    if cache.check(directory, library)[0] is None:
+        return _load_cached(directory, library)
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise KernelBuildError(f"no C++ compiler: {compiler!r} is not on PATH (install g++)")
+    try:
+        wait = cache.build_wait()
+        directory.mkdir(parents=True, exist_ok=True)
+        with cache.build_lock(directory, wait=wait):
+            problem, damaged = cache.check(directory, library)  # another process may have built it meanwhile
+            if problem is None:
+                return _load_cached(directory, library)
+            if problem != "missing":
+                cache.note(f"{problem}; building it again")
+            cache.discard(directory, damaged)
+            _build(directory)
+            with contextlib.suppress(OSError):  # loaded; the next process builds (a no-op) and tries again
+                cache.write_marker(directory, library, torch.__version__)  # under the lock: a waiter finds it
+    except (OSError, TimeoutError, ValueError) as err:
+        raise KernelBuildError(f"the build in {directory} could not start: {err}") from err
+    return library
+
+
+def _load_cached(directory: Path, library: Path) -> Path:
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError) as err:
+        raise KernelBuildError(f"the cached library {library} does not load ({err}); delete {directory}") from err
+    return library
+
+
+def _build(directory: Path) -> None:
+    """Compile (what ninja finds out of date) and load the library."""
     _with_ninja_on_path()
     from torch.utils import cpp_extension
 
     try:
-        directory.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(
             name=NAME,
             sources=[str(CSRC / name) for name in SOURCES],
@@ -100,10 +138,3 @@ def load_library() -> Path:
         lines = str(err).strip().splitlines() or [type(err).__name__]
         cause = next((line for line in lines if "error:" in line), lines[-1])
         raise KernelBuildError(f"the build in {directory} failed: {cause.strip()}") from err
-    try:
-        marker = directory / f"{_MARKER}.{os.getpid()}"
-        marker.write_text(f"{torch.__version__}\n")
-        marker.replace(directory / _MARKER)  # atomic: a reader sees no marker or a whole one
-    except OSError:
-        pass  # loaded; the next process builds (a no-op for ninja) and tries the marker again
-    return library

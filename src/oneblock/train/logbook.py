@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oneblock.io import files
+from oneblock.errors import InputError
+from oneblock.io import files, jsontext
 
 LOG_FILE = "log.jsonl"  # the log's name in a run directory
 # The numeric fields of a record; each holds a number, or the string ``_clean`` writes for NaN or infinity.
@@ -80,8 +81,8 @@ def last_counters(path: str | Path, step: int) -> tuple[int, float]:
 def _record(line: bytes) -> dict[str, Any] | None:
     """The record a line holds, or None when it is not a well-formed one."""
     try:
-        record = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        record = jsontext.loads(line, what="a log line")
+    except InputError:  # not UTF-8, not JSON, nested too deep, a number too long: a skipped line
         return None
     if not isinstance(record, dict):
         return None

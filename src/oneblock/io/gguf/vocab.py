@@ -10,11 +10,12 @@ anything else (SentencePiece, WordPiece, another regex) is refused by name rathe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from oneblock.errors import ConversionError
+from oneblock.io import jsontext
+from oneblock.io.files import read_bytes
 from oneblock.io.gguf.tokenizer import _LLAMA3_SPLIT
 from oneblock.io.gguf.writer import Entry
 
@@ -61,14 +62,13 @@ def vocabulary_from_hf(directory: str | Path, vocab_size: int | None = None) -> 
         ConversionError: no tokenizer.json, a model other than byte-level BPE, or an unknown word-splitting rule.
     """
     path = Path(directory)
-    try:
-        spec = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
-        config_path = path / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    except (OSError, ValueError) as error:
-        raise ConversionError(
-            f"{str(path)!r} has no readable tokenizer.json ({error}); a GGUF file needs the model's tokenizer"
-        ) from None
+    if not (path / "tokenizer.json").is_file():
+        raise ConversionError(f"{str(path)!r} has no tokenizer.json; a GGUF file needs the model's tokenizer")
+    spec = _read_json(path / "tokenizer.json")
+    config_path = path / "tokenizer_config.json"
+    config = _read_json(config_path) if config_path.is_file() else {}
+    if not isinstance(spec, dict) or not isinstance(config, dict):
+        raise ConversionError(f"{str(path)!r}: tokenizer.json and tokenizer_config.json must hold JSON objects")
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or spec.get("decoder", {}).get("type") != "ByteLevel":
         raise ConversionError(
@@ -102,3 +102,9 @@ def vocabulary_from_hf(directory: str | Path, vocab_size: int | None = None) -> 
     if isinstance(template, str) and template:
         entries.append(Entry("tokenizer.chat_template", template, _STR))
     return entries
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file of a Hugging Face directory, through the bounded reader (size, depth, digits)."""
+    raw = read_bytes(path, "tokenizer file", ConversionError, limit=jsontext.MAX_BYTES)
+    return jsontext.loads(raw, what=repr(str(path)), error=ConversionError)

@@ -101,7 +101,7 @@ def write_gguf(
     from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
     target = Path(path)
-    writer = GGUFWriter(None, arch)
+    writer = _writer(GGUFWriter)(None, arch)
     writer.add_string(DIGEST_KEY, PLACEHOLDER)
     for entry in metadata:
         item = GGUFValueType(entry.item) if entry.item is not None else None
@@ -130,6 +130,25 @@ def write_gguf(
         raise
     fsync_directory(target.parent)
     return target
+
+
+def _writer(base: type) -> type:
+    """``gguf.GGUFWriter`` that also writes an empty array (its item type and a count of 0), as GGUF allows.
+
+    The format stores an array as item type, count, items; llama.cpp's reader and ``gguf.GGUFReader`` read a
+    count of 0, and oneblock loads such a file, but ``GGUFWriter`` refuses to pack one. The array's item type
+    comes from the file it was copied from (``Entry.item``).
+    """
+    from gguf import GGUFValueType
+
+    class Writer(base):
+        def _pack_val(self, val: Any, vtype: Any, add_vtype: bool, sub_type: Any = None) -> bytes:
+            if vtype == GGUFValueType.ARRAY and sub_type is not None and isinstance(val, Sequence) and not len(val):
+                prefix = self._pack("I", vtype) if add_vtype else b""
+                return prefix + self._pack("I", sub_type) + self._pack("Q", 0)
+            return bytes(super()._pack_val(val, vtype, add_vtype, sub_type))
+
+    return Writer
 
 
 def _seal(path: Path) -> None:
