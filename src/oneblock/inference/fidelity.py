@@ -72,7 +72,8 @@ def fidelity(reference: Sequence[Tensor], candidate: Sequence[Tensor]) -> Fideli
     total, agree, count = 0.0, 0, 0
     for ref, cand in zip(reference, candidate, strict=True):
         if ref.shape != cand.shape:
-            raise InputError(f"logits of one window must have one shape; got {tuple(ref.shape)} and {tuple(cand.shape)}")
+            shapes = f"{tuple(ref.shape)} and {tuple(cand.shape)}"
+            raise InputError(f"the logits of one window must have one shape; got {shapes}")
         p = torch.log_softmax(ref.double(), dim=-1)  # (W - 1, V)
         q = torch.log_softmax(cand.double(), dim=-1)
         total += float((p.exp() * (p - q)).sum())

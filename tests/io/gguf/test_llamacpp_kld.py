@@ -85,7 +85,8 @@ def figures(tmp_path_factory):
         "llama.cpp f32": fidelity(reference, llama(f32, stepwise=False)),  # float32 products: no rounding to follow
         "oneblock f32 stepwise": fidelity(reference[:1], [stepwise_logits(exact, parts[0])]),
     }
-    print("\n".join(f"{name}: KLD {f.kld:.5f}, top-1 {f.top1:.2%} over {f.tokens} tokens" for name, f in figures.items()))
+    for name, f in figures.items():
+        print(f"{name}: KLD {f.kld:.5f}, top-1 {f.top1:.2%} over {f.tokens} tokens")
     return figures
 
 

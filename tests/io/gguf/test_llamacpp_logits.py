@@ -99,4 +99,3 @@ def test_first_greedy_token_and_logits_match_llama_cpp(figures):
     for text, worst, first, _ in figures:
         assert first, text
         assert worst <= 0.05, (text, worst)
-
