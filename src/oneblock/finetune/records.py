@@ -62,7 +62,7 @@ def read_data(path: str | Path) -> Dataset:
     path = Path(path)
     name = str(path)
     if not path.is_file():
-        raise InputError(f"data file {name!r} does not exist or is not a file; pass --data FILE")
+        raise InputError(f"data file {name!r} does not exist or is not a file")
     try:
         raw = path.read_bytes()
     except OSError as error:

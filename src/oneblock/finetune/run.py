@@ -66,13 +66,13 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ConfigError(f"--method must be one of {', '.join(METHODS)}; got {self.method!r}")
+            raise ConfigError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if not 0.0 <= self.eval_share < 1.0:
-            raise ConfigError(f"--eval-share must lie in [0, 1); got {self.eval_share!r}")
+            raise ConfigError(f"eval_share must lie in [0, 1); got {self.eval_share!r}")
         if self.eval_data is not None and self.eval_share:
-            raise ConfigError("give --eval FILE or --eval-share, not both")
+            raise ConfigError("give eval_data or eval_share, not both")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -94,7 +94,7 @@ def split_examples(examples: list[Example], share: float, seed: int) -> tuple[li
     n_out = max(1, round(len(examples) * share))
     if n_out >= len(examples):
         raise ConfigError(
-            f"--eval-share {share} of {len(examples)} examples leaves none to train on; lower it or add data"
+            f"eval_share {share} of {len(examples)} examples leaves none to train on; lower it or add data"
         )
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
     return [examples[i] for i in order[n_out:]], [examples[i] for i in order[:n_out]]
@@ -163,7 +163,7 @@ def prepare(
     if fit_context and cfg.seq_len is not None and cfg.seq_len > context:
         cfg = cfg.replace(seq_len=context)
     if cfg.seq_len is not None and cfg.seq_len > context:
-        raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
+        raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
     train, held_out = _examples(ft, cfg, tokenizer)
     torch.manual_seed(cfg.seed)  # the adapters' initialization, the same on every rank and on resume
     _adapt(model, ft)
@@ -210,7 +210,7 @@ def _unfreeze(model: nn.Module) -> None:
     if quantized:
         raise ConfigError(
             f"full fine-tuning needs float weights, and {len(quantized)} matrices of this model are "
-            "4-bit; pass --dtype float32 to train the dequantized model, or --method lora to train adapters over it"
+            "4-bit; pass dtype='float32' to train the dequantized model, or method='lora' to train adapters over it"
         )
     for parameter in model.parameters():
         parameter.requires_grad_(True)
