@@ -179,7 +179,7 @@ def load_chat_model(
     if not loaded.tokenizer.chat_template:
         raise ConversionError(
             f"{path.name} has no tokenizer.chat_template, so it is not a chat model; "
-            "use 'oneblock generate --checkpoint FILE --prompt TEXT' to continue text with it"
+            "use 'oneblock generate --model FILE --prompt TEXT' to continue text with it"
         )
     return loaded.model, loaded.tokenizer
 
