@@ -125,9 +125,9 @@ def test_direction_mistakes_are_explained(gpt2_dir, tmp_path, capsys):
     assert cli(str(gpt2_dir[0]), str(ckpt)) == 0
     capsys.readouterr()
     assert cli(str(ckpt), str(tmp_path / "out")) == 2
-    assert "is a file (add --to-hf" in capsys.readouterr().err
+    assert "is a file (add --to hf" in capsys.readouterr().err
     assert cli(str(gpt2_dir[0]), str(tmp_path / "out"), "--to-hf") == 2
-    assert "is a directory (drop --to-hf" in capsys.readouterr().err
+    assert "is a directory (drop --to hf" in capsys.readouterr().err
     assert cli(str(tmp_path / "missing"), str(tmp_path / "out")) == 2
     assert "does not exist" in capsys.readouterr().err
 

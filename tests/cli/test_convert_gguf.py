@@ -130,7 +130,7 @@ def test_existing_output_preset_source_and_double_source_are_refused(source_and_
     code = main(["convert", "--model", str(source), str(source), str(tmp_path / "p.gguf"), "--to", "gguf"])
     assert "give the source once" in one_line_error(capsys, code)
     code = main(["convert", str(source), str(tmp_path / "p.gguf"), "--to-hf", "--to", "gguf"])
-    assert "--to-hf and --to gguf contradict each other" in one_line_error(capsys, code)
+    assert "--to-hf and --to set the same thing; give one of them" in one_line_error(capsys, code)
     code = main(["convert", str(source), str(tmp_path / "p"), "--to", "hf", "--type", "f16"])
     assert "add --to gguf" in one_line_error(capsys, code)
     checkpoint = tmp_path / "m.safetensors"

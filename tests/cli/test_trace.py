@@ -73,7 +73,7 @@ def test_table_output(capsys):
 def test_errors(capsys):
     for argv, text in [
         (["--block", "2"], "--block 2 is out of range: the model has blocks 0..1"),
-        (["--seq-len", "129"], "seq_len (129) exceeds max_seq_len (128)"),
+        (["--seq-len", "129"], "--seq-len (129) exceeds max_seq_len (128); pass a shorter --seq-len"),
         (["--batch", "0"], "--batch must be a positive integer; got 0"),
         (["--stack", "encoder"], "--stack only applies to encoder-decoder models"),
         (["--src-len", "3"], "--src-len only applies to encoder-decoder models; this one is a decoder"),

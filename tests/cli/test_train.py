@@ -122,7 +122,7 @@ def test_existing_run_and_resume_flags_are_refused(tmp_path, capsys):
     assert main([*argv, "--out", str(run)]) == 2
     assert "already holds a run; pass --resume" in capsys.readouterr().err
     assert main(["train", "--resume", "--out", str(run), "--steps", "9", "--d-model", "32"]) == 2
-    assert "drop --steps, model flags" in capsys.readouterr().err
+    assert "drop --steps, --d-model (or start a new --out)" in capsys.readouterr().err
     assert main(["train", "--resume", "--out", str(tmp_path / "none")]) == 2
     assert "config.json' does not exist" in capsys.readouterr().err
 

@@ -65,8 +65,8 @@ def test_html_of_an_encoder_decoder_takes_a_target(tmp_path):
     [
         (["--text", "hi"], "--text and --target describe the --html page"),
         (["--html", "x.html"], "--html needs --text"),
-        (["--preset", "lesson", "--model", "minilm", "--html", "x.html", "--text", "a"], "give one model source"),
-        (["--model", "missing.gguf", "--html", "x.html", "--text", "a"], "is not a file"),
+        (["--preset", "lesson", "--model", "minilm", "--html", "x.html", "--text", "a"], "--preset and --model set"),
+        (["--model", "missing.gguf", "--html", "x.html", "--text", "a"], "'missing.gguf' does not exist"),
         (["--preset", "nope", "--html", "x.html", "--text", "a"], "unknown preset 'nope'"),
         (["--preset", "tiny", "--html", "x.html", "--text", "a"], r"outside the model's vocabulary \[0, 10\)"),
         (["--preset", "lesson", "--html", "x.html", "--text", "a", "--target", "b"], "apply to encoder-decoder"),

@@ -65,7 +65,7 @@ def test_a_directory_without_tokenizer_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("source", "error", "match"),
     [
-        ({"preset": "lesson", "hf": "x"}, InputError, "give one model source; got --hf, --preset"),
+        ({"preset": "lesson", "hf": "x"}, InputError, "give one model source; got hf, preset"),
         ({"model": "nothing.gguf"}, CheckpointError, "is not a file"),
         ({"checkpoint": "nothing.safetensors"}, CheckpointError, "nothing.safetensors"),
         ({"preset": "nope"}, ConfigError, "unknown preset 'nope'"),

@@ -111,7 +111,7 @@ def test_conversation_needs_a_template(tmp_path):
 
 def test_long_examples_refused_or_truncated(tmp_path, smol_tokenizer):
     data = read_data(write_jsonl(tmp_path / "l.jsonl", [chat("hi", "word " * 50), chat("hi", "ok")]))
-    with pytest.raises(InputError, match=r"1 of 2 examples are longer than --seq-len 40 tokens .* --truncate"):
+    with pytest.raises(InputError, match=r"1 of 2 examples are longer than seq_len 40 tokens .* truncate=True"):
         build_examples(data, smol_tokenizer, seq_len=40, truncate=False)
     examples = build_examples(data, smol_tokenizer, seq_len=40, truncate=True)
     assert [len(e.ids) <= 41 for e in examples] == [True, True]

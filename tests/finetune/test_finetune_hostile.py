@@ -124,11 +124,11 @@ except InputError as error:
 def test_eval_naming_the_training_data_is_refused(tmp_path, base, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", pair_records())
     err = _one_line(capsys, main(_finetune(base, data, tmp_path / "r", "--eval", str(data))))
-    assert "--eval" in err and "holds the same data as --data" in err and "--eval-share" in err
+    assert "--eval" in err and "holds the same data as the training data" in err and "--eval-share" in err
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(data.read_bytes())  # another name, the same bytes
     err = _one_line(capsys, main(_finetune(base, data, tmp_path / "r", "--eval", str(copy))))
-    assert "holds the same data as --data" in err
+    assert "holds the same data as the training data" in err
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 

@@ -65,7 +65,7 @@ def test_full_finetune_of_4bit_weights_refused(tmp_path):
 
     data = write_jsonl(tmp_path / "d.jsonl", pair_records())
     ft = FinetuneConfig(model=str(smollm2_gguf_path()), data=str(data), method="full")
-    with pytest.raises(ConfigError, match=r"full fine-tuning needs float weights.*--dtype float32"):
+    with pytest.raises(ConfigError, match=r"full fine-tuning needs float weights.*dtype='float32'"):
         prepare(ft, TrainConfig(task="finetune", steps=1, seq_len=64, warmup_steps=0), run_dir=None)
 
 

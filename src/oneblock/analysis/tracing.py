@@ -166,7 +166,7 @@ def example_tokens(cfg: ModelConfig, batch: int, seq_len: int, *, seed: int = 0)
     if batch <= 0 or seq_len <= 0:
         raise InputError(f"batch and seq_len must be positive; got batch={batch}, seq_len={seq_len}")
     if seq_len > cfg.max_seq_len:
-        raise InputError(f"seq_len ({seq_len}) exceeds max_seq_len ({cfg.max_seq_len}); pass a shorter --seq-len")
+        raise InputError(f"seq_len ({seq_len}) exceeds max_seq_len ({cfg.max_seq_len}); pass a shorter seq_len")
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=generator)
 

@@ -18,9 +18,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oneblock.cli import precision
+from oneblock.cli.options import add_threads_option, set_threads
+
 if TYPE_CHECKING:
     from oneblock.inference.chat import ChatSession
 
+DTYPES = ("float32", "bfloat16")
 DEFAULT_NEW_TOKENS = 256
 DEFAULT_TEMPERATURE = 0.2  # SmolLM2's model card suggests 0.2 with top-p 0.9
 DEFAULT_TOP_P = 0.9
@@ -46,7 +50,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--adapter", metavar="DIR", help="a peft LoRA adapter directory to chat with (unmerged unless --merge)"
     )
     parser.add_argument(
-        "--merge", action="store_true", help="fold the adapter into the weights (needs float weights: --exact, --bf16)"
+        "--merge", action="store_true", help="fold the adapter into the weights (needs float weights: --exact, --dtype)"
     )
     parser.add_argument(
         "--system", metavar="TEXT", help="the system prompt, kept at the top of the context (default: the template's)"
@@ -74,13 +78,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"the longest reply in tokens (default: {DEFAULT_NEW_TOKENS})",
     )
     parser.add_argument("--seed", type=int, metavar="S", help="seed the sampler, so a conversation can be repeated")
-    precision = parser.add_mutually_exclusive_group()
-    precision.add_argument(
-        "--exact",
-        action="store_true",
-        help="dequantize every weight to float32: the exact reference model (default: 4-bit weights as stored)",
-    )
-    precision.add_argument("--bf16", action="store_true", help="dequantize every weight to bfloat16")
+    precision.add_precision_options(parser, dtypes=DTYPES)
+    add_threads_option(parser)
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -107,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         prompt = decode_utf8(raw.read(), what) if raw is not None else check_text(sys.stdin.read(), what)
     if prompt is not None and not prompt.strip():
         raise InputError("the prompt is empty; give PROMPT, pipe text on stdin, or run at a terminal to chat")
+    set_threads(args.threads)
     path = model_path(args.model)
     if args.merge and args.adapter is None:
         raise InputError("--merge folds an adapter into the weights; give --adapter DIR too")
@@ -153,7 +153,8 @@ def model_path(given: str | None) -> Path:
 def _dtype(args: argparse.Namespace) -> Any:
     import torch
 
-    return torch.float32 if args.exact else torch.bfloat16 if args.bf16 else None
+    name = precision.weights_dtype(args)
+    return getattr(torch, name) if name is not None else None
 
 
 def load_chat_model(
@@ -178,7 +179,7 @@ def load_chat_model(
     if not loaded.tokenizer.chat_template:
         raise ConversionError(
             f"{path.name} has no tokenizer.chat_template, so it is not a chat model; "
-            "use 'oneblock generate --checkpoint FILE --prompt TEXT' to continue text with it"
+            "use 'oneblock generate --model FILE --prompt TEXT' to continue text with it"
         )
     return loaded.model, loaded.tokenizer
 

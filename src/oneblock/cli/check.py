@@ -16,7 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "check",
         help="run the sanity checks (attention rows, causality, position-wise FFN, ...); exit 1 on a failure",
         description=(
-            "Build the model (or load --checkpoint) and run oneblock's sanity checks on random token ids: "
+            "Build the model (or load the file --model names) and run oneblock's sanity checks on random token ids: "
             "attention weights of the right shape whose rows sum to one, future weights exactly zero under the "
             "causal mask, outputs at earlier positions unmoved by a later token, a batch row equal to the same "
             "sequence run alone, and a position-wise feed-forward network. Exits 1 if any check fails."
@@ -24,6 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     options.add_model_options(parser)
     options.add_seed_option(parser)
+    options.add_threads_option(parser)
     options.add_json_option(parser)
     return parser
 
@@ -32,6 +33,7 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
     """The checks' results as plain data."""
     from oneblock.analysis.checks import run_checks
 
+    options.set_threads(args.threads)
     model, cfg = options.model_and_config(args, seed=args.seed)
     _refuse_too_small(cfg)
     results = run_checks(model, seed=args.seed)

@@ -1,4 +1,4 @@
-"""``oneblock convert``: a Hugging Face model directory to a oneblock checkpoint, or back with ``--to-hf``."""
+"""``oneblock convert``: a Hugging Face model directory to a oneblock checkpoint, or back with ``--to hf``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from oneblock.cli.convert_gguf import add_arguments as add_gguf_arguments
-from oneblock.cli.options import add_json_option
+from oneblock.cli.options import add_json_option, add_model_option
+from oneblock.cli.spelling import Spelled, add_alias
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -17,27 +18,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "convert",
         help="convert a Hugging Face model directory to a oneblock checkpoint, or back",
         description=(
-            "SRC, a Hugging Face directory (config.json and model.safetensors) of a GPT-2, BERT, BART, Llama "
-            "or T5 model, becomes DST, one oneblock .safetensors checkpoint. With --to-hf, SRC is a oneblock "
-            "checkpoint and DST a directory that transformers' from_pretrained loads. Every tensor is copied "
-            "exactly or the conversion fails naming it."
+            "--model SRC, a Hugging Face directory (config.json and model.safetensors) of a GPT-2, BERT, BART, "
+            "Llama or T5 model, becomes DST, one oneblock .safetensors checkpoint. With --to hf, SRC is a oneblock "
+            "checkpoint and DST a directory that transformers' from_pretrained loads; with --to gguf, DST is a "
+            "GGUF file for llama.cpp. Every tensor is copied exactly or the conversion fails naming it."
         ),
     )
-    parser.add_argument("src", metavar="SRC", nargs="?", help="the model to read (or --model SRC)")
+    parser.add_argument("src", metavar="SRC", nargs="?", help=argparse.SUPPRESS)  # SRC DST: the older spelling
     parser.add_argument("dst", metavar="DST", nargs="?", help="where to write it")
-    parser.add_argument("--model", metavar="SRC", help="the model to read, as the other commands say it")
-    parser.add_argument(
-        "--to-hf",
-        action="store_true",
-        help="read a oneblock checkpoint, write a Hugging Face directory (default: the other way round)",
+    add_model_option(
+        parser,
+        metavar="SRC",
+        help="the model to read: a Hugging Face directory, a oneblock checkpoint (--to hf), or with --adapter or "
+        "--to gguf anything load_model reads; a first positional SRC (oneblock convert SRC DST) is an alias",
     )
-    parser.add_argument(
+    to = parser.add_argument(
         "--to",
+        action=Spelled,
         choices=("checkpoint", "hf", "gguf"),
-        help="what to write: a oneblock checkpoint, a Hugging Face directory or a GGUF file for llama.cpp (default: "
-        "checkpoint from a Hugging "
-        "Face directory, hf with --to-hf)",
+        help="what to write: checkpoint (a oneblock checkpoint; the default), hf (a Hugging Face directory) or gguf "
+        "(a GGUF file for llama.cpp)",
     )
+    add_alias(parser, "--to-hf", of=to, const="hf")
     parser.add_argument(
         "--adapter",
         metavar="DIR",
@@ -62,15 +64,13 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.models.inputs import config_of
 
     src, dst = _source_and_destination(args)
-    if args.to_hf and args.to in ("checkpoint", "gguf"):
-        raise ConversionError(f"--to-hf and --to {args.to} contradict each other; give one")
     if args.to == "gguf":
         from oneblock.cli import convert_gguf
 
         return convert_gguf.run(args, src, dst)
     if args.type is not None or args.adapter_only:
         raise ConversionError("--type and --adapter-only shape a GGUF file; add --to gguf")
-    to_hf = args.to_hf or args.to == "hf"
+    to_hf = args.to == "hf"
     if args.adapter is not None:
         model = _merged(args, src, dst, to_hf=to_hf)
     else:
@@ -114,7 +114,7 @@ def _source_and_destination(args: argparse.Namespace) -> tuple[Path, Path]:
             raise ConversionError(f"give the source once: --model {args.model} or SRC ({src}), not both")
         src, dst = args.model, src
     if src is None or dst is None:
-        raise ConversionError("convert needs a source and a destination: oneblock convert SRC DST [--to ...]")
+        raise ConversionError("convert needs a source and a destination: oneblock convert --model SRC DST [--to ...]")
     return Path(src), Path(dst)
 
 
@@ -151,18 +151,18 @@ def _check_paths(src: Path, dst: Path, *, to_hf: bool, force: bool) -> None:
         raise ConversionError(f"convert: the source {str(src)!r} does not exist")
     if to_hf and src.is_dir():
         raise ConversionError(
-            f"convert --to-hf reads a oneblock checkpoint file; {str(src)!r} is a directory (drop --to-hf to "
+            f"convert --to hf reads a oneblock checkpoint file; {str(src)!r} is a directory (drop --to hf to "
             "convert a Hugging Face directory)"
         )
     if not to_hf and src.is_file():
         raise ConversionError(
-            f"convert reads a Hugging Face directory; {str(src)!r} is a file (add --to-hf to convert a oneblock "
+            f"convert reads a Hugging Face directory; {str(src)!r} is a file (add --to hf to convert a oneblock "
             "checkpoint to Hugging Face)"
         )
     if dst.exists() and not force:
         raise ConversionError(f"convert: {str(dst)!r} already exists; pass --force to replace it")
     if to_hf and dst.is_file():
-        raise ConversionError(f"convert --to-hf writes a directory; {str(dst)!r} is a file")
+        raise ConversionError(f"convert --to hf writes a directory; {str(dst)!r} is a file")
     if not to_hf and dst.is_dir():
         raise ConversionError(f"convert writes one checkpoint file; {str(dst)!r} is a directory")
 

@@ -46,16 +46,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="store_true",
         help="build the model (on the meta device: no memory) and compare with sum(p.numel()); exit 1 on mismatch",
     )
-    lora = parser.add_argument_group("LoRA adapters")
-    lora.add_argument(
-        "--lora-rank", type=int, metavar="R", help="also count the trainable parameters of rank-R LoRA adapters"
-    )
-    lora.add_argument(
-        "--lora-targets",
-        metavar="NAMES",
-        default="q,k,v,o,gate,up,down",
-        help="comma-separated layers the adapters go on, or all-linear (default: q,k,v,o,gate,up,down)",
-    )
+    lora = parser.add_argument_group("LoRA adapters (the flags of oneblock finetune)")
+    options.add_lora_options(lora, rank=None, counting=True)
     options.add_json_option(parser)
     return parser
 
@@ -76,14 +68,14 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
         "flops_per_token": count_flops(cfg, args.seq_len),
         "memory_bytes": weight_memory(cfg),
     }
-    targets = tuple(t for t in args.lora_targets.split(",") if t.strip())
-    if args.lora_rank is not None:
+    lora = options.lora_config(args) if args.lora_rank is not None else None
+    if lora is not None:
         from oneblock.analysis.counting import lora_parameters
 
-        trainable = lora_parameters(cfg, args.lora_rank, targets)
+        trainable = lora_parameters(cfg, lora.rank, lora.targets)
         data["lora"] = {
-            "rank": args.lora_rank,
-            "targets": list(targets),
+            "rank": lora.rank,
+            "targets": list(lora.targets),
             "trainable": trainable,
             "share_of_base": trainable / count.total,
         }
@@ -92,10 +84,10 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
         measured = sum(p.numel() for p in model.parameters())  # parameters() yields a tied matrix once
         data["measured"] = measured
         data["verified"] = measured == count.total
-        if args.lora_rank is not None:
-            from oneblock.finetune.lora import LoraConfig, adapter_state_dict, apply_lora
+        if lora is not None:
+            from oneblock.finetune.lora import adapter_state_dict, apply_lora
 
-            apply_lora(model, LoraConfig(rank=args.lora_rank, targets=targets))
+            apply_lora(model, lora)
             built = sum(p.numel() for p in adapter_state_dict(model).values())
             data["lora"]["measured"] = built
             data["verified"] = data["verified"] and built == data["lora"]["trainable"]

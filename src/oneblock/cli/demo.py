@@ -24,6 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         ),
     )
     options.add_seed_option(parser)
+    options.add_threads_option(parser)
     options.add_json_option(parser)
     parser.add_argument(
         "--step",
@@ -38,6 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from oneblock.lesson import STEPS, run_lesson
 
+    options.set_threads(args.threads)
     figures = run_lesson(seed=args.seed, steps=args.step)
     status = 0 if figures.get("tiny", {}).get("all_passed", True) else 1  # a failed sanity check fails the demo
     if args.json:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from oneblock.cli.options import add_json_option
+from oneblock.cli.options import add_json_option, add_model_option, add_threads_option, set_threads
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
@@ -25,8 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--similarity", action="store_true", help="print the cosine-similarity matrix of the texts instead"
     )
-    parser.add_argument(
-        "--model",
+    add_model_option(
+        parser,
         metavar="DIR",
         help=f"a local sentence-transformers directory of a BERT model (default: {DEFAULT_MODEL_NAME})",
     )
@@ -41,6 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--show", type=int, default=4, metavar="K", help="leading values shown per vector in the table (default: 4)"
     )
+    add_threads_option(parser)
     add_json_option(parser)
     return parser
 
@@ -48,6 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from oneblock.inference.embedding import load_sentence_model
 
+    set_threads(args.threads)
     try:
         model = load_sentence_model(args.model)
     except ImportError as error:

@@ -42,26 +42,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--out", default="experiments", metavar="DIR", help="directory for the PNG and report (default: experiments)"
     )
-    parser.add_argument(
-        "--threads", type=int, default=1, metavar="N",
-        help="CPU threads for torch; the models are tiny, so more threads mostly add overhead (default: 1)",
-    )  # fmt: skip
+    options.add_threads_option(parser, default=1, note="; the models are tiny, so more threads mostly add overhead")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     options.add_json_option(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from oneblock.analysis.plotting import require_matplotlib
     from oneblock.cli.render import print_json
-    from oneblock.errors import ConfigError
 
     require_matplotlib()  # fail before minutes of work if the figure cannot be drawn
-    if args.threads <= 0:
-        raise ConfigError(f"--threads must be a positive integer; got {args.threads}")
-    torch.set_num_threads(args.threads)
+    options.set_threads(args.threads)
     runners = {"residuals": _residuals, "norm-placement": _norm_placement, "warmup": _warmup}
     report = runners[args.name](args)
     if args.json:

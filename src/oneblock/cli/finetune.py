@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oneblock.cli import options
+from oneblock.cli import options, precision, spelling
 
 # flag destination -> TrainConfig field, for the flags that default to "keep the finetune default".
 TRAIN_FLAGS = {
@@ -57,23 +57,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         ),
     )
     what = parser.add_argument_group("model and data")
-    what.add_argument("--model", metavar="SOURCE", help="a .gguf file, Hugging Face directory or oneblock checkpoint")
+    options.add_model_option(
+        what, help="the pretrained model: a .gguf file, Hugging Face directory or oneblock checkpoint"
+    )
     what.add_argument("--data", metavar="FILE", help="training data: .jsonl (chat or prompt/completion), .json, .txt")
     what.add_argument("--eval", dest="eval_data", metavar="FILE", help="held-out data scored during training")
     what.add_argument("--eval-share", type=options.finite_float, metavar="P", help="hold out this share instead")
     what.add_argument("--seq-len", type=int, metavar="T", help="tokens per training row (512, or the context)")
     what.add_argument("--truncate", action="store_true", help="cut examples longer than --seq-len (default: refuse)")
     what.add_argument("--pack", action="store_true", help="pack short examples into one row (block-diagonal mask)")
-    what.add_argument("--dtype", choices=("float32",), help="train over the dequantized float32 model")
+    precision.add_precision_options(what, dtypes=("float32",), training=True)
     method = parser.add_argument_group("method")
     method.add_argument("--method", choices=("lora", "full"), default="lora", help="adapters or every parameter")
-    method.add_argument("--rank", type=int, default=8, metavar="R", help="LoRA rank (8)")
-    method.add_argument("--alpha", type=options.finite_float, default=16.0, metavar="A", help="LoRA alpha (16)")
-    method.add_argument("--lora-dropout", type=options.finite_float, default=0.0, metavar="P", help="(0)")
-    method.add_argument("--rslora", action="store_true", help="scale by alpha / sqrt(rank) instead of alpha / rank")
-    method.add_argument(
-        "--targets", default="q,k,v,o,gate,up,down", help="layers to adapt: q,k,v,o,gate,up,down or all-linear"
-    )
+    options.add_lora_options(method, rank=8)
     opt = parser.add_argument_group("optimization")
     opt.add_argument("--steps", type=int, metavar="N", help="optimizer steps (100)")
     opt.add_argument("--batch-size", type=int, metavar="B", help="examples per micro-batch and process (4)")
@@ -83,7 +79,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     opt.add_argument("--warmup", type=int, metavar="N", help="linear warmup steps (a tenth of --steps)")
     opt.add_argument("--weight-decay", type=options.finite_float, metavar="W", help="AdamW decay (0)")
     opt.add_argument("--grad-clip", type=options.finite_float, metavar="G", help="max gradient norm, 0 = off (1)")
-    opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward pass")
     opt.add_argument(
         "--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state (FSDP2)"
     )
@@ -95,7 +90,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     run.add_argument("--keep", type=int, metavar="K", help="checkpoints to keep (2)")
     run.add_argument("--eval-every", type=int, metavar="N", help="held-out evaluation every N steps (0: at the end)")
     run.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:i (default: auto)")
-    run.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+    options.add_threads_option(run)
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     options.add_json_option(parser)
     return parser
@@ -104,7 +99,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
     """The run's settings from the flags (unset flags keep the fine-tuning defaults)."""
     from oneblock.errors import ConfigError
-    from oneblock.finetune.lora import LoraConfig
     from oneblock.finetune.run import FinetuneConfig
     from oneblock.train.config import TrainConfig
 
@@ -116,15 +110,14 @@ def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
     settings = {**DEFAULTS, "lr": DEFAULT_LR[args.method], **given}
     if "warmup_steps" not in settings:
         settings["warmup_steps"] = settings["steps"] // 10
+    dtype = precision.weights_dtype(args, training=True)
     train = TrainConfig(task="finetune", bf16=args.bf16, fsdp=args.fsdp, **settings)
-    targets = tuple(t for t in args.targets.split(",") if t.strip())
-    lora = LoraConfig(rank=args.rank, alpha=args.alpha, dropout=args.lora_dropout, rslora=args.rslora, targets=targets)
     ft = FinetuneConfig(
         model=args.model,
         data=args.data,
         method=args.method,
-        lora=lora,
-        dtype=args.dtype,
+        lora=options.lora_config(args),
+        dtype=dtype,
         pack=args.pack,
         truncate=args.truncate,
         eval_data=args.eval_data,
@@ -134,11 +127,30 @@ def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
 
 
 def _refuse_flags_on_resume(args: argparse.Namespace) -> None:
-    given = [f"--{d.replace('_', '-')}" for d in (*TRAIN_FLAGS, "model", "data", "eval_data") if getattr(args, d)]
+    given = [spelling.flag(args, d) for d in (*TRAIN_FLAGS, "model", "data", "eval_data") if getattr(args, d)]
     options.refuse_flags_on_resume(given)
 
 
+# The library's parameters, as the flags of ``oneblock finetune`` say them (``spelling.in_flags``).
+FLAG_NAMES = {
+    "resume=True": "--resume",
+    "run_dir": "--out",
+    "seq_len": "--seq-len",
+    "truncate=True": "--truncate",
+    "eval_share": "--eval-share",
+    "eval_data": "--eval",
+    "dtype='float32'": "--dtype float32",
+    "method='lora'": "--method lora",
+    "device 'cpu'": "--device cpu",
+}
+
+
 def run(args: argparse.Namespace) -> int:
+    with spelling.in_flags(FLAG_NAMES):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from oneblock.errors import ConfigError
     from oneblock.finetune.run import finish, prepare, read_run
     from oneblock.train import distributed

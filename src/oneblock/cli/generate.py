@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from oneblock.cli import options
+from oneblock.cli import options, precision
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_NEW_TOKENS = 50
@@ -24,14 +24,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "when one lies beside it, else UTF-8 bytes (ids 0..255)."
         ),
     )
-    parser.add_argument(
-        "--model",
-        "--checkpoint",
-        dest="model",
-        required=True,
-        metavar="PATH",
-        help="a oneblock .safetensors checkpoint, a Hugging Face model directory, or a .gguf file "
-        "(--checkpoint is the same flag)",
+    options.add_model_option(
+        parser,
+        aliases=("--checkpoint",),
+        help="the decoder to run (required): a oneblock .safetensors checkpoint, a Hugging Face model directory, "
+        "a .gguf file or a preset name (random weights)",
     )
     options.add_adapter_options(parser)
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue (quote it)")
@@ -65,12 +62,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--ignore-eos", action="store_true", help="keep going after the end-of-text token (default: stop there)"
     )
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        help="cast the weights (default: as stored; for a GGUF file 4-bit matrices stay 4-bit, the fast path, "
-        "and --dtype float32 is the exact dequantized model)",
-    )
+    precision.add_precision_options(parser, dtypes=DTYPES)
+    options.add_threads_option(parser)
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -106,7 +99,15 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.inference.text import check_text
     from oneblock.inference.tokenizer import TextStream
 
+    if args.model is None:
+        raise InputError(
+            "generate needs --model SOURCE: a checkpoint, a Hugging Face directory, a .gguf file or a preset"
+        )
     check_text(args.prompt, "--prompt")
+    precision.refuse_rounding_beside_exact(
+        args, {"--int8": args.int8, "--cache-dtype bfloat16": args.cache_dtype == "bfloat16"}
+    )
+    options.set_threads(args.threads)
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
     sampling = Sampling(
@@ -204,19 +205,18 @@ def _threads() -> int:
 
 def _load(args: argparse.Namespace) -> Any:
     """The decoder and its tokenizer, through ``oneblock.inference.load.load_model``."""
-    from pathlib import Path
-
     import torch
 
-    from oneblock.errors import CheckpointError, InputError
+    from oneblock.cli import spelling
+    from oneblock.errors import InputError
     from oneblock.inference.load import load_model
     from oneblock.models import Decoder
     from oneblock.models.inputs import config_of
 
-    if not Path(args.model).exists():
-        raise CheckpointError(f"--model {args.model!r} does not exist")
+    options.source_kind(args.model, spelling.flag(args, "model"))  # a missing file named as the user typed it
     options.check_adapter_options(args)
-    dtype = getattr(torch, args.dtype) if args.dtype is not None else None
+    name = precision.weights_dtype(args)
+    dtype = getattr(torch, name) if name is not None else None
     loaded = load_model(args.model, dtype=dtype, tokenizer=args.tokenizer, adapter=args.adapter, merge=args.merge)
     model = loaded.model
     if not isinstance(model, Decoder):

@@ -65,6 +65,7 @@ def build_parser(only: str | None = None) -> Parser:
         ),
     )
     from oneblock import __version__
+    from oneblock.cli.spelling import FLAG_NAMES, flag_names
 
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
@@ -72,7 +73,7 @@ def build_parser(only: str | None = None) -> Parser:
     for name in SUBCOMMANDS if only is None else (only,):
         module = importlib.import_module(f"oneblock.cli.{name}")
         sub = module.add_parser(subparsers)
-        sub.set_defaults(_run=module.run)
+        sub.set_defaults(_run=module.run, **{FLAG_NAMES: flag_names(sub)})  # messages name a flag by its one name
     return parser
 
 

@@ -1,5 +1,5 @@
-"""Flags shared by the subcommands: a model configuration (a preset, overridden flag by flag), a
-checkpoint, the random seed and ``--json``.
+"""Flags shared by the subcommands: the model (``--model SOURCE``, a preset overridden flag by flag or a file),
+threads, numeric precision, LoRA adapters, the random seed and ``--json``.
 
 Nothing heavy is imported at module level; ``oneblock --help`` builds every parser and should stay fast.
 """
@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oneblock.cli.spelling import Spelled, add_alias, flag
 from oneblock.config import ACTIVATIONS, ARCHS, FFNS, NORM_POSITIONS, NORMS, POSITIONS, ModelConfig
-from oneblock.errors import ConfigError
+from oneblock.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
 
 DEFAULT_PRESET = "lesson"
+SOURCES = "a GGUF file, a Hugging Face model directory, a oneblock checkpoint or a preset name"
+# What ``describe`` calls a model read from a file, by ``source_kind``.
+_KIND_LABELS = {"checkpoint": "checkpoint", "gguf": "GGUF file", "hf": "Hugging Face directory"}
 
 # flag destination -> ModelConfig field, for the flags that carry a value.
 _FIELDS: dict[str, str] = {
@@ -43,19 +48,61 @@ def _preset_names() -> str:
     return ", ".join(PRESETS)
 
 
-def add_model_options(parser: argparse.ArgumentParser, *, checkpoint: bool = True) -> None:
-    """Add ``--preset``, one flag per config field and, optionally, ``--checkpoint``.
+def add_model_option(
+    container: Any, *, help: str, aliases: tuple[str, ...] = (), metavar: str = "SOURCE", default: Any = None
+) -> argparse.Action:
+    """Add ``--model SOURCE``, the one name for the model a command reads, with ``aliases`` as hidden spellings."""
+    action = container.add_argument("--model", action=Spelled, metavar=metavar, default=default, help=help)
+    if aliases:
+        add_alias(container, *aliases, of=action)
+    return action
 
-    Every flag defaults to ``None`` ("keep the preset's value") so that ``config_from_args`` can tell which
-    were given.
+
+def source_kind(source: str, flag_name: str = "--model") -> str:
+    """``"gguf"``, ``"hf"``, ``"checkpoint"`` or ``"preset"``: what ``oneblock.inference.load.load_model`` reads
+    ``source`` as.
+
+    Raises:
+        CheckpointError: no such file or directory, and no preset of that name.
+    """
+    path = Path(source)
+    if path.is_file():
+        return "gguf" if path.suffix.lower() == ".gguf" else "checkpoint"
+    if path.is_dir():
+        return "hf"
+    from oneblock.presets import PRESETS
+
+    if source in PRESETS:
+        return "preset"
+    raise CheckpointError(
+        f"{flag_name} {source!r} does not exist (no such file or directory) and is no preset name (unknown preset "
+        f"{source!r}); give a .gguf file, a Hugging Face model directory, a oneblock checkpoint or one of the presets "
+        f"{_preset_names()}"
+    )
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, files: bool = True) -> None:
+    """Add ``--model`` (a preset name, or with ``files`` any file ``load_model`` reads) and one flag per config field.
+
+    ``--preset`` (and, with ``files``, ``--checkpoint``) stay as hidden aliases of ``--model``. Every config flag
+    defaults to ``None`` ("keep the preset's value") so that ``config_from_args`` can tell which were given.
     """
     group = parser.add_argument_group("model configuration (flags override the preset)")
-    group.add_argument(
-        "--preset",
-        default=None,
-        metavar="NAME",
-        help=f"start from a named configuration: {_preset_names()} (default: {DEFAULT_PRESET})",
-    )
+    if files:
+        add_model_option(
+            group,
+            aliases=("--preset", "--checkpoint"),
+            help=f"a preset name ({_preset_names()}; default: {DEFAULT_PRESET}), overridden by the flags below, or "
+            "a GGUF file, Hugging Face directory or oneblock checkpoint, which carry their own config (a GGUF file is "
+            "read as float32)",
+        )
+    else:
+        add_model_option(
+            group,
+            aliases=("--preset",),
+            metavar="NAME",
+            help=f"the preset to start from, with fresh weights: {_preset_names()} (default: {DEFAULT_PRESET})",
+        )
     group.add_argument("--arch", choices=ARCHS, help="model family: encoder, decoder or encoder-decoder")
     group.add_argument("--vocab-size", type=int, metavar="V", help="number of token ids")
     group.add_argument("--d-model", type=int, metavar="C", help="model width, the residual stream's size")
@@ -86,12 +133,6 @@ def add_model_options(parser: argparse.ArgumentParser, *, checkpoint: bool = Tru
         "--untied", action="store_true", default=None, help="give the LM head its own matrix (default: tied)"
     )
     group.add_argument("--dropout", type=finite_float, metavar="P", help="dropout probability in [0, 1)")
-    if checkpoint:
-        group.add_argument(
-            "--checkpoint",
-            metavar="PATH",
-            help="load a oneblock checkpoint (weights and config) instead of building from flags",
-        )
 
 
 def add_adapter_options(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +153,63 @@ def check_adapter_options(args: argparse.Namespace) -> None:
     """Refuse ``--merge`` without ``--adapter``."""
     if getattr(args, "merge", False) and getattr(args, "adapter", None) is None:
         raise ConfigError("--merge folds an adapter into the weights; give --adapter DIR too")
+
+
+DEFAULT_LORA_TARGETS = "q,k,v,o,gate,up,down"
+
+
+def add_lora_options(container: Any, *, rank: int | None, counting: bool = False) -> None:
+    """Add ``--lora-rank``, ``--lora-alpha``, ``--lora-dropout``, ``--rslora`` and ``--lora-targets``, spelled
+    alike in ``finetune`` and ``count`` (so that finetune's flags can be pasted into count), with finetune's
+    short forms ``--rank``, ``--alpha`` and ``--targets`` as aliases.
+
+    Args:
+        container: the parser or argument group.
+        rank: the default rank; ``None`` (count) counts no adapters unless ``--lora-rank`` is given.
+        counting: the flags that do not change a count say so.
+    """
+    same = "; does not change the count" if counting else ""
+    shown = "none" if rank is None else str(rank)
+    what = "count the trainable parameters of rank-R LoRA adapters" if counting else "LoRA rank"
+    rank_flag = container.add_argument(
+        "--lora-rank", action=Spelled, type=int, default=rank, metavar="R", help=f"{what} (default: {shown})"
+    )
+    alpha = container.add_argument(
+        "--lora-alpha", action=Spelled, type=finite_float, default=16.0, metavar="A",
+        help=f"LoRA alpha: the update is scaled by alpha / rank (default: 16){same}",
+    )  # fmt: skip
+    container.add_argument(
+        "--lora-dropout", action=Spelled, type=finite_float, default=0.0, metavar="P",
+        help=f"dropout on the adapters' input during training (default: 0){same}",
+    )  # fmt: skip
+    container.add_argument(
+        "--rslora", action="store_true", help=f"scale by alpha / sqrt(rank) instead of alpha / rank{same}"
+    )
+    targets = container.add_argument(
+        "--lora-targets", action=Spelled, default=DEFAULT_LORA_TARGETS, metavar="NAMES",
+        help=f"comma-separated layers the adapters go on, or all-linear (default: {DEFAULT_LORA_TARGETS})",
+    )  # fmt: skip
+    add_alias(container, "--rank", of=rank_flag)
+    add_alias(container, "--alpha", of=alpha)
+    add_alias(container, "--targets", of=targets)
+
+
+def lora_config(args: argparse.Namespace) -> Any:
+    """The ``LoraConfig`` of the LoRA flags (validated there: a rank below 1, an unknown target, ...)."""
+    from oneblock.finetune.lora import LoraConfig
+
+    targets = tuple(t for t in args.lora_targets.split(",") if t.strip())
+    return LoraConfig(
+        rank=args.lora_rank, alpha=args.lora_alpha, dropout=args.lora_dropout, rslora=args.rslora, targets=targets
+    )
+
+
+def add_threads_option(parser: Any, *, default: int | None = None, note: str = "") -> None:
+    """Add ``--threads N``: the CPU threads torch computes with (``set_threads`` applies it)."""
+    shown = "torch's choice" if default is None else str(default)
+    parser.add_argument(
+        "--threads", type=int, default=default, metavar="N", help=f"CPU threads for torch{note} (default: {shown})"
+    )
 
 
 def set_threads(threads: int | None) -> None:
@@ -174,67 +272,100 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return changes
 
 
+def file_kind(args: argparse.Namespace) -> str | None:
+    """What ``--model`` names when it is a file (``"gguf"``, ``"hf"``, ``"checkpoint"``); ``None`` for a preset."""
+    source = getattr(args, "model", None)
+    if source is None:
+        return None
+    kind = source_kind(source, flag(args, "model"))
+    return None if kind == "preset" else kind
+
+
+def _preset(args: argparse.Namespace) -> str:
+    source = getattr(args, "model", None)
+    return source if source is not None else DEFAULT_PRESET
+
+
 def config_from_args(args: argparse.Namespace) -> ModelConfig:
     """The ``ModelConfig`` the flags describe: the preset with the given flags applied.
 
     Raises:
-        ConfigError: an unknown preset or an impossible combination, e.g.
-            ``n_heads (3) must divide d_model (64)``.
+        ConfigError: an impossible combination, e.g. ``n_heads (3) must divide d_model (64)``, or a file where
+            only a preset can stand (``oneblock train`` builds fresh weights).
+        CheckpointError: ``--model`` names neither a file nor a preset.
     """
     from oneblock.presets import get_preset
 
-    preset = args.preset if args.preset is not None else DEFAULT_PRESET
-    cfg = get_preset(preset)
+    kind = file_kind(args)
+    if kind is not None:
+        named = flag(args, "model")
+        raise ConfigError(
+            f"{named} {args.model!r} is a {_KIND_LABELS[kind]}; this command builds fresh weights from a preset "
+            f"({_preset_names()}): give a preset name (oneblock finetune --model trains a model from a file)"
+        )
+    cfg = get_preset(_preset(args))
     changes = _overrides(args)
     return cfg.replace(**changes) if changes else cfg
 
 
 def describe(args: argparse.Namespace) -> str:
     """A label for what the flags describe: ``gpt2``, ``lesson + d_model=128``, ``checkpoint model.st``."""
-    if getattr(args, "checkpoint", None):
-        return f"checkpoint {args.checkpoint}"
-    preset = args.preset if args.preset is not None else DEFAULT_PRESET
+    kind = file_kind(args)
+    if kind is not None:
+        return f"{_KIND_LABELS[kind]} {args.model}"
+    preset = _preset(args)
     changes = _overrides(args)
     if not changes:
         return preset
     return preset + " + " + ", ".join(f"{k}={v}" for k, v in changes.items())
 
 
-def load_checkpoint(path: str) -> nn.Module:
-    """The model stored at ``path`` by ``oneblock.io.checkpoint.save`` (its config is ``model.config``)."""
-    from oneblock.io import checkpoint
-
-    return checkpoint.load(path)
+def config_flags_given(args: argparse.Namespace) -> list[str]:
+    """The config flags given (``--d-model``, ``--no-bias``, ...), as they are spelled."""
+    given = [dest for dest in _FIELDS if getattr(args, dest, None) is not None]
+    given += [d for d in ("no_bias", "untied") if getattr(args, d, None)]
+    return ["--" + d.replace("_", "-") for d in given]
 
 
 def _refuse_mixed(args: argparse.Namespace) -> None:
-    given = [dest for dest in _FIELDS if getattr(args, dest, None) is not None]
-    given += [d for d in ("no_bias", "untied") if getattr(args, d, None)]
-    if args.preset is not None:
-        given.insert(0, "preset")
+    given = config_flags_given(args)
     if given:
-        flags = ", ".join("--" + d.replace("_", "-") for d in given)
-        raise ConfigError(f"--checkpoint carries its own config; drop {flags} or drop --checkpoint")
+        named = flag(args, "model")
+        raise ConfigError(f"{named} carries its own config; drop {', '.join(given)} or drop {named}")
+
+
+def _from_file(args: argparse.Namespace, kind: str, *, exact: bool = True) -> nn.Module:
+    """The model of a file, in eval mode; with ``exact``, a GGUF file as its float32 model (real parameters, not
+    4-bit codes), else as stored (seconds faster, for its config alone)."""
+    _refuse_mixed(args)
+    if kind == "checkpoint":
+        from oneblock.io import checkpoint
+
+        return checkpoint.load(args.model).eval()
+    import torch
+
+    from oneblock.inference.load import load_model
+
+    return load_model(args.model, dtype=torch.float32 if exact else None).model.eval()
 
 
 def model_and_config(
     args: argparse.Namespace, *, seed: int | None = None, meta: bool = False
 ) -> tuple[nn.Module, ModelConfig]:
-    """``(model, cfg)`` from ``--checkpoint`` or from the config flags.
+    """``(model, cfg)`` from the file ``--model`` names, or from the preset and the config flags.
 
     Args:
         args: parsed flags.
         seed: seed ``torch`` before building, so random weights are reproducible.
-        meta: build on the meta device (shapes and counts only, no memory, no time); ignored for checkpoints.
+        meta: build on the meta device (shapes and counts only, no memory, no time); ignored for files.
     """
     import torch
 
-    if getattr(args, "checkpoint", None):
-        _refuse_mixed(args)
+    kind = file_kind(args)
+    if kind is not None:
         from oneblock.models.inputs import config_of
 
-        model = load_checkpoint(args.checkpoint)
-        model.eval()
+        model = _from_file(args, kind)
         return model, config_of(model)
     from oneblock.models import build_model
 
@@ -251,10 +382,15 @@ def model_and_config(
 
 
 def config_only(args: argparse.Namespace) -> ModelConfig:
-    """The config of ``--checkpoint`` (read from its header) or of the flags; builds nothing."""
-    if getattr(args, "checkpoint", None):
+    """The config of the flags, or of the file ``--model`` names (a checkpoint's is read from its header)."""
+    kind = file_kind(args)
+    if kind == "checkpoint":
         _refuse_mixed(args)
         from oneblock.io import checkpoint
 
-        return checkpoint.read_info(args.checkpoint).config
+        return checkpoint.read_info(args.model).config
+    if kind is not None:
+        from oneblock.models.inputs import config_of
+
+        return config_of(_from_file(args, kind, exact=False))
     return config_from_args(args)

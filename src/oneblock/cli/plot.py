@@ -41,9 +41,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         type=float,
         metavar="S",
         help="redraw the random weight matrices with this std (default: the model's 0.02); larger values (0.2, say) "
-        "give sharper untrained patterns. Ignored with --checkpoint",
+        "give sharper untrained patterns. Ignored for a model read from a file",
     )
     options.add_seed_option(parser)
+    options.add_threads_option(parser)
     options.add_json_option(parser)
     return parser
 
@@ -67,15 +68,17 @@ def run(args: argparse.Namespace) -> int:
     require_matplotlib()  # fail before any work if the extra is missing
     if args.init_std is not None and not args.init_std > 0:
         raise InputError(f"--init-std must be positive; got {args.init_std}")
+    options.set_threads(args.threads)
+    trained = options.file_kind(args) is not None
     model, cfg = options.model_and_config(args, seed=args.seed)
-    if args.init_std is not None and not args.checkpoint:
+    if args.init_std is not None and not trained:
         init_weights(model, cfg, std=args.init_std)
     tokens = _tokens(args, cfg)
     out = Path(args.out)
     variants = mask_variants(model)
     maps = {label: attention_weights(m, tokens, layer=args.layer) for label, m in variants.items()}
     label = options.describe(args)
-    if not args.checkpoint:
+    if not trained:
         std = args.init_std if args.init_std is not None else _default_init_std()
         label += f" (untrained, init std {std:g})"
     count = count_parameters(cfg)
@@ -115,7 +118,10 @@ def _tokens(args: argparse.Namespace, cfg: ModelConfig) -> Tensor:
     from oneblock.errors import InputError
 
     if args.tokens is None:
-        return example_tokens(cfg, 1, args.seq_len, seed=args.seed)[0]
+        from oneblock.cli.spelling import in_flags
+
+        with in_flags({"seq_len": "--seq-len"}):
+            return example_tokens(cfg, 1, args.seq_len, seed=args.seed)[0]
     tokens = torch.tensor(args.tokens)
     bad = [t for t in args.tokens if not 0 <= t < cfg.vocab_size]
     if bad:

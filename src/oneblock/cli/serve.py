@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oneblock.cli.options import add_adapter_options, check_adapter_options
+from oneblock.cli import spelling
+from oneblock.cli.options import add_adapter_options, add_threads_option, check_adapter_options, set_threads
+from oneblock.cli.spelling import Spelled, add_alias
 
 DEFAULT_PORT = 8080
 DEFAULT_BATCH = 8
@@ -63,11 +65,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-queue", type=int, default=DEFAULT_QUEUE, metavar="Q",
         help=f"requests waiting for a row; beyond, 429 with Retry-After (default: {DEFAULT_QUEUE})",
     )  # fmt: skip
-    limits.add_argument(
-        "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
+    default_new = limits.add_argument(
+        "--default-max-new-tokens", action=Spelled, type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
         help=f"new tokens when a request sets no max_tokens (default: {DEFAULT_MAX_TOKENS}; always capped by the "
         "context)",
     )  # fmt: skip
+    add_alias(limits, "--max-tokens", of=default_new)
     limits.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
         help=f"seconds of generation per request; then it ends with finish_reason 'length' "
@@ -77,6 +80,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--grace", type=float, default=DEFAULT_GRACE, metavar="S",
         help=f"seconds requests in flight get to finish when stopping (default: {DEFAULT_GRACE:g})",
     )  # fmt: skip
+    add_threads_option(parser)
     return parser
 
 
@@ -86,7 +90,12 @@ def run(args: argparse.Namespace) -> int:
     check_adapter_options(args)
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must lie in [0, 65535]; got {args.port}")
-    counts = (("--max-batch", args.max_batch), ("--max-queue", args.max_queue), ("--max-tokens", args.max_tokens))
+    new_tokens = spelling.flag(args, "default_max_new_tokens")
+    counts = [
+        ("--max-batch", args.max_batch),
+        ("--max-queue", args.max_queue),
+        (new_tokens, args.default_max_new_tokens),
+    ]
     for flag, value in counts:
         if value < 1:
             raise InputError(f"{flag} must be at least 1; got {value}")
@@ -99,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("oneblock: error: serving needs the explore extra: pip install 'oneblock[explore]'", file=sys.stderr)
         return 2
+    set_threads(args.threads)
     api_key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE) or None
     from oneblock.inference.load import load_model
     from oneblock.serve.app import Limits
@@ -115,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(source, adapter=args.adapter, merge=args.merge)
     embedder = _embedder(args.embedding_model)
     engine = Engine(loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue)
-    limits = Limits(default_max_tokens=args.max_tokens, request_seconds=args.timeout)
+    limits = Limits(default_max_tokens=args.default_max_new_tokens, request_seconds=args.timeout)
     name = Path(str(source)).stem if loaded.kind != "preset" else str(source)
     serve(
         engine, model_name=name, host=args.host, port=args.port, embedder=embedder, api_key=api_key,

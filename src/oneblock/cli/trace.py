@@ -41,6 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("--depth", type=int, metavar="D", help="leave out modules nested deeper than D")
     options.add_seed_option(parser)
+    options.add_threads_option(parser)
     options.add_json_option(parser)
     return parser
 
@@ -68,6 +69,7 @@ def _root(model: Any, args: argparse.Namespace) -> tuple[Any, str]:
 def figures(args: argparse.Namespace) -> dict[str, Any]:
     """The trace as plain data: one row per module call."""
     from oneblock.analysis.tracing import forward_call, trace_shapes
+    from oneblock.cli.spelling import in_flags
     from oneblock.errors import InputError
 
     for flag in ("batch", "seq_len", "src_len"):
@@ -76,11 +78,13 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
             raise InputError(f"--{flag.replace('_', '-')} must be a positive integer; got {value}")
     if args.depth is not None and args.depth < 0:
         raise InputError(f"--depth must be 0 or more (0 keeps only the traced module); got {args.depth}")
+    options.set_threads(args.threads)
     model, cfg = options.model_and_config(args, seed=args.seed)
     if args.src_len is not None and cfg.arch != "encoder-decoder":
         raise InputError(f"--src-len only applies to encoder-decoder models; this one is a {cfg.arch}")
     root, name = _root(model, args)
-    call = forward_call(model, args.batch, args.seq_len, src_len=args.src_len, seed=args.seed)
+    with in_flags({"seq_len": "--seq-len"}):
+        call = forward_call(model, args.batch, args.seq_len, src_len=args.src_len, seed=args.seed)
     rows = trace_shapes(root, call, max_depth=args.depth)
     return {
         "model": options.describe(args),

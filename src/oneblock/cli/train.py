@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oneblock.cli import options
+from oneblock.cli import options, precision, spelling
 
 # flag destination -> TrainConfig field, for the flags that default to "keep the TrainConfig default".
 TRAIN_FLAGS = {
@@ -83,7 +83,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     opt.add_argument(
         "--grad-clip", type=options.finite_float, metavar="G", help="max global gradient norm, 0 = off (1.0)"
     )
-    opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward pass")
+    precision.add_bf16_option(opt)
     opt.add_argument("--seed", type=options.seed, help="seed of weights, data and dropout (0)")
     run = parser.add_argument_group("run directory")
     run.add_argument("--out", metavar="DIR", help="run directory (default: runs/<task>-<date>-<time>)")
@@ -100,10 +100,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     run.add_argument("--plot", action="store_true", help="write loss curves to RUN/loss.png (needs matplotlib)")
     run.add_argument("--samples", type=int, default=200, metavar="N", help="lm: bytes to sample at the end (200)")
     run.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:i (default: auto)")
-    run.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+    options.add_threads_option(run)
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     options.add_json_option(parser)
-    options.add_model_options(parser, checkpoint=False)
+    options.add_model_options(parser, files=False)
     return parser
 
 
@@ -140,12 +140,28 @@ def model_config(args: argparse.Namespace, cfg: Any):  # -> ModelConfig
 def _refuse_flags_on_resume(args: argparse.Namespace) -> None:
     given = [f"--{d.replace('_', '-')}" for d in TRAIN_FLAGS if getattr(args, d) is not None]
     given += [f"--{d}" for d in ("bf16",) if getattr(args, d)]
-    if options.describe(args) != options.DEFAULT_PRESET or args.preset is not None:
-        given.append("model flags")
-    options.refuse_flags_on_resume(given)
+    if args.model is not None:
+        given.append(spelling.flag(args, "model"))
+    options.refuse_flags_on_resume(given + options.config_flags_given(args))
+
+
+def flag_names(args: argparse.Namespace) -> dict[str, str]:
+    """The library's parameters, as the flags of ``oneblock train`` say them (``spelling.in_flags``)."""
+    return {
+        "resume with weights_only=True": f"oneblock train --resume-weights-only --out {args.out}",
+        "resume=True": "--resume",
+        "run_dir": "--out",
+        "seq_len": "--seq-len",
+        "device 'cpu'": "--device cpu",
+    }
 
 
 def run(args: argparse.Namespace) -> int:
+    with spelling.in_flags(flag_names(args)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from oneblock.errors import ConfigError
     from oneblock.train import distributed
     from oneblock.train.loop import Trainer

@@ -126,7 +126,7 @@ def load_explore_model(
         CheckpointError, ConversionError, ConfigError: the source cannot be read (named in the message).
     """
     if merge and adapter is None:
-        raise InputError("--merge folds an adapter into the weights; give --adapter DIR too")
+        raise InputError("merge=True folds an adapter into the weights; give adapter=DIR too")
     opened = _open(model=model, checkpoint=checkpoint, hf=hf, preset=preset, seed=seed)
     if adapter is None:
         return opened
@@ -140,8 +140,8 @@ def load_explore_model(
 
 
 def _open(*, model: str | None, checkpoint: str | None, hf: str | None, preset: str | None, seed: int) -> Explorable:
-    given = {"--model": model, "--checkpoint": checkpoint, "--hf": hf, "--preset": preset}
-    chosen = [flag for flag, value in given.items() if value is not None]
+    given = {"model": model, "checkpoint": checkpoint, "hf": hf, "preset": preset}
+    chosen = [name for name, value in given.items() if value is not None]
     if len(chosen) > 1:
         raise InputError(f"give one model source; got {', '.join(chosen)}")
     if model is not None and model.lower() == MINILM:
@@ -149,11 +149,11 @@ def _open(*, model: str | None, checkpoint: str | None, hf: str | None, preset: 
     if model is not None:
         path = Path(model)
         if not path.is_file():
-            raise CheckpointError(f"--model {model!r} is not a file; give a .gguf file or 'minilm'")
+            raise CheckpointError(f"model={model!r} is not a file; give a .gguf file or 'minilm'")
         return _opened(path, path.stem, str(path))
     if checkpoint is not None:
         if not Path(checkpoint).is_file():
-            raise CheckpointError(f"--checkpoint {checkpoint!r} is not a file; give a oneblock checkpoint")
+            raise CheckpointError(f"checkpoint={checkpoint!r} is not a file; give a oneblock checkpoint")
         return _opened(checkpoint, Path(checkpoint).name, f"checkpoint {checkpoint}")
     if hf is not None:
         return _hf(hf)
@@ -169,7 +169,7 @@ def _hf(directory: str) -> Explorable:
 
     root = Path(directory)
     if not root.is_dir():
-        raise CheckpointError(f"--hf {directory!r} is not a directory; give a Hugging Face model directory")
+        raise CheckpointError(f"hf={directory!r} is not a directory; give a Hugging Face model directory")
     if find_tokenizer(root) is None:
         raise CheckpointError(f"{directory!r} has no tokenizer.json; the explorer needs the model's own tokenizer")
     return _opened(root, root.name, f"Hugging Face directory {directory}")

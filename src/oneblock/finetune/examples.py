@@ -36,16 +36,16 @@ def build_examples(dataset: Dataset, tokenizer: Tokenizer, *, seq_len: int, trun
     if long and not truncate:
         longest = max(len(e.ids) - 1 for e in long)
         raise InputError(
-            f"{len(long)} of {len(examples)} examples are longer than --seq-len {seq_len} tokens (the longest, "
-            f"{long[0].where if len(long) == 1 else 'e.g. ' + long[0].where}, has {longest}); raise --seq-len or "
-            "pass --truncate to cut them"
+            f"{len(long)} of {len(examples)} examples are longer than seq_len {seq_len} tokens (the longest, "
+            f"{long[0].where if len(long) == 1 else 'e.g. ' + long[0].where}, has {longest}); raise seq_len or "
+            "pass truncate=True to cut them"
         )
     if long:
         examples = [Example(e.ids[: seq_len + 1], e.trained[: seq_len + 1], e.where) for e in examples]
     kept = [e for e in examples if e.n_trained > 0]
     if not kept:
         raise InputError(
-            f"no token of {dataset.path} is trained: every example's assistant answer lies beyond --seq-len "
-            f"{seq_len} or is empty; raise --seq-len or check the data"
+            f"no token of {dataset.path} is trained: every example's assistant answer lies beyond seq_len "
+            f"{seq_len} or is empty; raise seq_len or check the data"
         )
     return kept

@@ -86,7 +86,7 @@ def read_data(path: str | Path, *, max_bytes: int | None = None) -> Dataset:
     path = Path(path)
     name = str(path)
     if not path.is_file():
-        raise InputError(f"data file {name!r} does not exist or is not a file; pass --data FILE")
+        raise InputError(f"data file {name!r} does not exist or is not a file")
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise InputError(

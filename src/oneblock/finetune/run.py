@@ -67,13 +67,13 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ConfigError(f"--method must be one of {', '.join(METHODS)}; got {self.method!r}")
+            raise ConfigError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if not 0.0 <= self.eval_share < 1.0:
-            raise ConfigError(f"--eval-share must lie in [0, 1); got {self.eval_share!r}")
+            raise ConfigError(f"eval_share must lie in [0, 1); got {self.eval_share!r}")
         if self.eval_data is not None and self.eval_share:
-            raise ConfigError("give --eval FILE or --eval-share, not both")
+            raise ConfigError("give eval_data or eval_share, not both")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -95,7 +95,7 @@ def split_examples(examples: list[Example], share: float, seed: int) -> tuple[li
     n_out = max(1, round(len(examples) * share))
     if n_out >= len(examples):
         raise ConfigError(
-            f"--eval-share {share} of {len(examples)} examples leaves none to train on; lower it or add data"
+            f"eval_share {share} of {len(examples)} examples leaves none to train on; lower it or add data"
         )
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
     return [examples[i] for i in order[n_out:]], [examples[i] for i in order[:n_out]]
@@ -164,7 +164,7 @@ def prepare(
     if fit_context and cfg.seq_len is not None and cfg.seq_len > context:
         cfg = cfg.replace(seq_len=context)
     if cfg.seq_len is not None and cfg.seq_len > context:
-        raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
+        raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
     data, train, held_out = _examples(ft, cfg, tokenizer, tell=trainer_kwargs.get("on_note") or _warn)
     torch.manual_seed(cfg.seed)  # the adapters' initialization, the same on every rank and on resume
     _adapt(model, ft)
@@ -202,9 +202,9 @@ def _examples(
             evaluation.sha256,
         ):
             raise ConfigError(
-                f"--eval {str(ft.eval_data)!r} holds the same data as --data {str(ft.data)!r}, so its figures would "
-                "score the training examples, not held-out ones; give --eval a file of other examples, or hold out "
-                "a share of the data with --eval-share"
+                f"eval_data {str(ft.eval_data)!r} holds the same data as the training data {str(ft.data)!r}, so its "
+                "figures would score the training examples, not held-out ones; give eval_data a file of other "
+                "examples, or hold out a share of the training data with eval_share"
             )
         train = examples
         held_out = build_examples(evaluation, tokenizer, seq_len=cfg.seq_len, truncate=ft.truncate)
@@ -255,7 +255,7 @@ def _unfreeze(model: nn.Module) -> None:
     if quantized:
         raise ConfigError(
             f"full fine-tuning needs float weights, and {len(quantized)} matrices of this model are "
-            "4-bit; pass --dtype float32 to train the dequantized model, or --method lora to train adapters over it"
+            "4-bit; pass dtype='float32' to train the dequantized model, or method='lora' to train adapters over it"
         )
     for parameter in model.parameters():
         parameter.requires_grad_(True)

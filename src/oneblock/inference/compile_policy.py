@@ -23,8 +23,8 @@ _CHOICES = ("auto", "force")
 _said = False
 
 REASON = (
-    "oneblock: --compile is off on the CPU: torch.compile's decoding step measured slower than the eager one on "
-    "CPUs, and compiling takes tens of seconds (set ONEBLOCK_COMPILE=force to compile anyway)"
+    "oneblock: compiling the decoding step is off on the CPU: torch.compile's step measured slower than the eager "
+    "one on CPUs, and compiling takes tens of seconds (set ONEBLOCK_COMPILE=force to compile anyway)"
 )
 
 

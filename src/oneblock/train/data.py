@@ -46,9 +46,9 @@ def read_text(path: str | Path | None, *, max_bytes: int | None = None) -> bytes
         return default_corpus()
     path = Path(path)
     if not path.exists():
-        raise InputError(f"text file {str(path)!r} does not exist; pass an existing UTF-8 file to --text")
+        raise InputError(f"text file {str(path)!r} does not exist; give an existing UTF-8 file")
     if path.is_dir():
-        raise InputError(f"text file {str(path)!r} is a directory; pass a UTF-8 file to --text")
+        raise InputError(f"text file {str(path)!r} is a directory; give a UTF-8 file")
     limit, source = limits.text_limit(max_bytes)
     try:
         with path.open("rb") as f:
@@ -104,7 +104,7 @@ def split(ids: Tensor, val_fraction: float, window: int) -> tuple[Tensor, Tensor
     if n_train < window:
         raise InputError(
             f"text of {len(ids)} bytes is too short for windows of {window} bytes with a held-out split of "
-            f"{n_val}; use a longer text or a smaller --seq-len"
+            f"{n_val}; use a longer text or a smaller seq_len"
         )
     return ids[:n_train], ids[n_train:]
 

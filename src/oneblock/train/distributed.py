@@ -50,7 +50,7 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
         raise ConfigError(f"device {name!r} is not supported for training; use auto, cpu, cuda or cuda:i")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"device {name!r} requested but CUDA is not available; use --device cpu")
+            raise ConfigError(f"device {name!r} requested but CUDA is not available; use device 'cpu'")
         if device.index is None:
             device = torch.device("cuda", local_rank)
     return device

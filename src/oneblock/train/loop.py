@@ -222,7 +222,7 @@ class Trainer:
         if self.checkpoints is None:
             return None
         if rewind is not None and self._skeleton is not None:  # gathering the shards takes every rank
-            self._note("a Ctrl-C under --fsdp saves nothing: resume from the last periodic checkpoint")
+            self._note("a Ctrl-C under FSDP saves nothing: resume from the last periodic checkpoint")
             return None
         if rewind is None:
             rngs, data = distributed.gather(rng_state(), self.ctx), self.objective.state_dict()
@@ -271,7 +271,7 @@ class Trainer:
                 self._start_afresh(announce=False)
                 self._note(f"no complete checkpoint in {where}: starting the run afresh from its config.json")
                 return False
-            raise CheckpointError(f"nothing to resume: no checkpoint in {where}; start the run without --resume")
+            raise CheckpointError(f"nothing to resume: no checkpoint in {where}; start the run without resume=True")
         if self._skeleton is not None:  # read into the unsharded structure, then shard into place
             full = sharding.allocate(self._skeleton)
             state = checkpoints.load(latest, self.objective.unwrap(full), head=full if self._head is not None else None)
@@ -301,8 +301,8 @@ class Trainer:
         self._take_notes()
         if found is not None:
             raise CheckpointError(
-                f"{str(self.run_dir)!r} already holds a run; pass --resume to continue it (its newest complete "
-                f"checkpoint is {found.name}) or choose another --out"
+                f"{str(self.run_dir)!r} already holds a run; pass resume=True to continue it (its newest complete "
+                f"checkpoint is {found.name}) or choose another run_dir"
             )
         if self.checkpoints.damaged_steps():
             raise CheckpointError(rundir.none_verifies(self.checkpoints, self.run_dir))

@@ -36,7 +36,7 @@ def check_same_data(config_path: Path, source: dict[str, Any] | None) -> None:
     raise CheckpointError(
         f"{what} is not the data this run trained on: the run recorded {_describe_text(recorded)}, it now has "
         f"{source['bytes']} bytes with SHA-256 {source['sha256'][:16]}...; put the original text back, or start a "
-        "new run in another --out"
+        "new run in another run_dir"
     )
 
 
@@ -45,8 +45,8 @@ def none_verifies(checkpoints: CheckpointDir, run_dir: Path | None) -> str:
     return (
         f"no checkpoint of {str(run_dir)!r} verifies; the steps that fail their check were moved aside to "
         f"{str(checkpoints.root / DAMAGED)!r}, not deleted ({checkpoints.describe_damaged()}). Continue from the "
-        f"newest weights that verify, with a fresh optimizer state: oneblock train --resume-weights-only --out "
-        f"{run_dir}; or start the run again in a new --out"
+        "newest weights that verify, with a fresh optimizer state: resume with weights_only=True; "
+        "or start the run again in a new run_dir"
     )
 
 
@@ -54,7 +54,7 @@ def no_weights_verify(checkpoints: CheckpointDir) -> str:
     """The refusal of ``--resume-weights-only`` when not even the weights of a damaged step verify."""
     return (
         f"no weights in {str(checkpoints.root / DAMAGED)!r} verify either "
-        f"({checkpoints.describe_damaged(weights_only=True)}); start the run again in a new --out"
+        f"({checkpoints.describe_damaged(weights_only=True)}); start the run again in a new run_dir"
     )
 
 

@@ -24,7 +24,7 @@ KEEP_ALIVE_SECONDS = 5
 MAX_HEADER_BYTES = 16384
 
 
-def check_bind_host(host: str, flag: str = "--host") -> str:
+def check_bind_host(host: str, flag: str = "host") -> str:
     """``host`` if it names an address; an empty one would bind every interface, so it is refused.
 
     Raises:
