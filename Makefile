@@ -12,6 +12,23 @@ LLAMACPP_CMAKE   := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=O
 LLAMACPP_WHEELS  := $(HOME)/.cache/oneblock/wheels/llama-cpp-python-$(LLAMACPP_VERSION)-$(LLAMACPP_ISA)
 LLAMACPP_STAMP   := $(VENV)/.llamacpp-$(LLAMACPP_ISA)
 
+# llama.cpp's own tools (llama-bench, test-backend-ops, ...), built from the same sdist's vendored tree into
+# ~/.cache/oneblock/llama.cpp/build-<isa>: AVX2/FMA/F16C everywhere, AVX-512 only where /proc/cpuinfo lists
+# avx512f, VNNI only where it lists avx512_vnni, AMX off (benchmarks/llamacpp_tools.py finds them by the same name).
+LLAMATOOLS_ISA    := $(shell if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then \
+                       if grep -qw avx512_vnni /proc/cpuinfo; then echo avx512_vnni; else echo avx512; fi; \
+                       else echo avx2; fi)
+LLAMATOOLS_HOME   := $(HOME)/.cache/oneblock/llama.cpp
+LLAMATOOLS_SDIST  := $(LLAMATOOLS_HOME)/llama_cpp_python-$(LLAMACPP_VERSION)
+LLAMATOOLS_BUILD  := $(LLAMATOOLS_HOME)/build-$(LLAMATOOLS_ISA)
+LLAMATOOLS_STAMP  := $(LLAMATOOLS_BUILD)/.oneblock-built
+LLAMATOOLS_CMAKE  := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+                     $(if $(filter avx512%,$(LLAMATOOLS_ISA)),-DGGML_AVX512=ON,-DGGML_AVX512=OFF) \
+                     $(if $(filter avx512_vnni,$(LLAMATOOLS_ISA)),-DGGML_AVX512_VNNI=ON,-DGGML_AVX512_VNNI=OFF) \
+                     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF \
+                     -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
+LLAMATOOLS_TARGETS := llama-bench test-backend-ops test-export-graph-ops llama-server llama-perplexity
+
 .PHONY: setup browser demo test lint bench bench-llamacpp clean
 
 $(PY):
@@ -47,8 +64,9 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
+# Uses llama.cpp's tools where `make bench-llamacpp` built them (each row: oneblock's figure beside llama.cpp's).
 bench: setup
-	$(PY) benchmarks/bench.py
+	LLAMACPP_TOOLS=$(LLAMATOOLS_BUILD)/bin $(PY) benchmarks/bench.py
 
 # llama.cpp's Python binding, the yardstick of `make bench` and a real client in the tests (models, LoRA adapters,
 # the HTTP API). Built once from source for this CPU's vector extensions (AVX-512 only where /proc/cpuinfo lists
@@ -64,7 +82,23 @@ $(LLAMACPP_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --no-deps diskcache
 	touch $(LLAMACPP_STAMP)
 
-bench-llamacpp: $(LLAMACPP_STAMP)
+# The tools take 15-25 minutes on 2 cores, once; `make test` does not build them.
+$(LLAMATOOLS_STAMP): | $(STAMP)
+	@set -e; mkdir -p $(LLAMATOOLS_HOME); \
+	if [ ! -d $(LLAMATOOLS_SDIST)/vendor/llama.cpp ]; then \
+		if ! ls $(LLAMATOOLS_SDIST).tar.gz >/dev/null 2>&1; then \
+			$(PY) -m pip download --quiet --no-deps --no-binary :all: -d $(LLAMATOOLS_HOME) \
+				llama-cpp-python==$(LLAMACPP_VERSION); \
+		fi; \
+		tar -xzf $(LLAMATOOLS_SDIST).tar.gz -C $(LLAMATOOLS_HOME); \
+	fi; \
+	echo "building llama.cpp's tools for $(LLAMATOOLS_ISA) into $(LLAMATOOLS_BUILD) (once)"; \
+	cmake -S $(LLAMATOOLS_SDIST)/vendor/llama.cpp -B $(LLAMATOOLS_BUILD) -DCMAKE_BUILD_TYPE=Release \
+		$(LLAMATOOLS_CMAKE) >/dev/null; \
+	cmake --build $(LLAMATOOLS_BUILD) --config Release -j $$(nproc) --target $(LLAMATOOLS_TARGETS); \
+	touch $@
+
+bench-llamacpp: $(LLAMACPP_STAMP) $(LLAMATOOLS_STAMP)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -11,6 +11,8 @@ Sections (same weights and inputs for every contender; random weights, nothing i
   int8) vs transformers ``generate``;
 * bert: BERT-base encoder (B=8, T=128, padded batch) vs transformers ``BertModel``;
 * minilm: ``oneblock.inference.embedding.embed`` vs sentence-transformers on all-MiniLM-L6-v2;
+* kernels: ``benchmarks/bench_kernels.py``: SmolLM2's block products at M = 1, 4, 8, oneblock beside llama.cpp's
+  ``test-backend-ops`` (built by ``make bench-llamacpp``; without it, oneblock's figures alone);
 * smollm2: ``benchmarks/bench_smollm2.py``: SmolLM2 GGUF in cold processes, oneblock vs llama.cpp vs transformers.
 * serve: ``benchmarks/bench_serve.py``: ``oneblock serve`` vs llama-cpp-python's server, 1 and 8 clients.
 * finetune: ``benchmarks/bench_finetune.py``: SmolLM2 training steps, LoRA vs peft and full vs transformers.
@@ -49,7 +51,7 @@ import oneblock as ob  # noqa: E402
 from oneblock.inference.generation import generate  # noqa: E402
 from oneblock.inference.quantize import quantize_int8  # noqa: E402
 
-SECTIONS = ("machine", "prefill", "decode", "bert", "minilm", "smollm2", "serve", "finetune")
+SECTIONS = ("machine", "prefill", "decode", "bert", "minilm", "kernels", "smollm2", "serve", "finetune")
 PREFILL_SHAPES = ((4, 256), (1, 1024))
 PROMPT, NEW = 64, 128
 BF16 = torch.bfloat16
@@ -93,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         report["bert"] = bench_bert(rounds)
     if "minilm" not in args.skip:
         report["minilm"] = bench_minilm(rounds)
+    if "kernels" not in args.skip:
+        report["kernels"] = bench_kernels(args.quick)
     if "smollm2" not in args.skip:
         report["smollm2"] = bench_smollm2(args.quick)
     if "serve" not in args.skip:
@@ -363,6 +367,29 @@ def bench_minilm(rounds: int) -> dict[str, Any]:
     return {"texts_per_s": rate, "speedup": speedup(times, "oneblock", "sentence-transformers"), "max_abs_diff": diff}
 
 
+def bench_kernels(quick: bool) -> dict[str, Any]:
+    """SmolLM2's block products, oneblock beside test-backend-ops (``bench_kernels.py``), in this run."""
+    import bench_kernels as kernels_bench
+    import llamacpp_tools
+
+    _heading(f"SmolLM2 block products, {torch.get_num_threads()} threads (benchmarks/bench_kernels.py)")
+    if llamacpp_tools.tool("test-backend-ops") is None:
+        print(f"  llama.cpp: skipped, no test-backend-ops in {llamacpp_tools.tools_dir()} (make bench-llamacpp)")
+    try:
+        from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+
+        model = smollm2_gguf_path()
+    except (ob.CheckpointError, ImportError) as error:
+        print(f"  skipped: {error}")
+        return {"skipped": str(error)}
+    rows = [1] if quick else [1, 4, 8]
+    result = kernels_bench.bench_kernels(
+        rounds=1 if quick else 3, threads=torch.get_num_threads(), rows=rows, model=model
+    )
+    print("\n".join("  " + line for line in kernels_bench.report(result).splitlines()))
+    return result
+
+
 def bench_smollm2(quick: bool) -> dict[str, Any]:
     """SmolLM2 in cold processes against llama.cpp and transformers (``bench_smollm2.py``), in this run."""
     import bench_smollm2 as smollm2
@@ -412,6 +439,9 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     bert = report.get("bert")
     if bert:
         add("BERT-base: vs transformers", bert["speedup"], 1.15)
+    for row in (report.get("kernels") or {}).get("rows", []):
+        if "ratio" in row:
+            add(f"kernel {row['product']} {row['format']} M={row['M']}: vs test-backend-ops", row["ratio"], 1.0)
     for row in (report.get("smollm2") or {}).get("targets", []):
         value, threshold = row["value"], row["threshold"]
         # "at most x2" is met when value <= 2; stored as the inverse so every row reads "value >= threshold"

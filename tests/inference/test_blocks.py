@@ -116,3 +116,38 @@ def test_bad_input_is_refused_with_the_values():
         BlockLinear(blocks, "q8_0", bias=torch.zeros(36))
     with pytest.raises(InputError, match=r"expects inputs of width 96; got shape \(2, 95\)"):
         BlockLinear(blocks, "q8_0")(torch.zeros(2, 95))
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_interleave_keeps_the_layers_outputs_weights_lookups_and_splits(fmt):
+    if kernels.backend() == "torch":
+        pytest.skip("the C++ kernels did not build here: layers keep the file's layout")
+    blocks, _ = gguf_blocks(fmt, n=64, seed=12)
+    bias = torch.randn(64)
+    plain, layer = BlockLinear(blocks, fmt, bias=bias), BlockLinear(blocks.clone(), fmt, bias=bias)
+    assert layer.interleave() and layer.fmt == f"{fmt}x16" and layer.file_format == fmt
+    assert torch.equal(kernels.deinterleave(layer.blocks, layer.fmt), blocks)  # the same bytes, moved
+    assert torch.equal(layer.dequantized(), plain.dequantized())
+    x = torch.randn(3, blocks.shape[1] // kernels.FORMATS[fmt].nbytes * 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want, got = plain(x), layer(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    views = layer.split_rows([32, 16, 16])  # whole groups: interleaved views of the same buffer
+    assert all(p.fmt == f"{fmt}x16" and p.blocks.data_ptr() >= layer.blocks.data_ptr() for p in views)
+    copies = layer.split_rows([40, 24])  # not whole groups: the file's layout
+    assert [p.fmt for p in copies] == [fmt, fmt]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            torch.cat([p(x) for p in copies], -1), got, rtol=1e-5, atol=1e-5 * float(want.abs().max())
+        )
+    table = BlockEmbedding(layer.blocks, layer.fmt)  # a tied head's interleaved buffer serves the lookup
+    ids = torch.tensor([[63, 0, 17], [16, 5, 5]])
+    assert torch.equal(table(ids), BlockEmbedding(blocks, fmt)(ids))
+
+
+def test_interleave_leaves_what_it_cannot_hold_in_the_files_layout():
+    q4_0, _ = gguf_blocks("q4_0", n=64)
+    odd, _ = gguf_blocks("q4_1", n=40)
+    for layer in (BlockLinear(q4_0, "q4_0"), BlockLinear(odd, "q4_1")):
+        before = layer.blocks
+        assert not layer.interleave() and layer.blocks is before

@@ -8,6 +8,9 @@ Decoding one token reads every weight once: its speed is the memory traffic. A b
 ``x @ dequantized().T`` by the rounding of the activations (about 0.5% of a product's scale, the kernels' stated
 bound), not by float32's; ``dequantized()`` gives the exact weights, for the reference path and for tests.
 
+``BlockLinear.interleave()`` reorders the bytes once, at load, into the layout the vector kernels read fastest
+(rows interleaved 16 at a time, :mod:`oneblock.kernels.interleave`; the same bytes, moved): the loaders call it.
+
 ``BlockEmbedding`` reads token rows out of the same kind of matrix (:func:`oneblock.kernels.dequantize` with
 ``rows``): a Q8_0 token table tied to the LM head is one block matrix serving both, the head as a product and the
 lookup as decoded rows.
@@ -28,14 +31,17 @@ from oneblock.errors import InputError
 
 def _check_blocks(blocks: Tensor, fmt: str, what: str) -> tuple[int, int]:
     """``(N, K)`` of a block matrix, or an InputError naming what is wrong with it."""
-    spec = kernels.FORMATS.get(fmt)
+    spec = kernels.FORMATS.get(fmt) or kernels.INTERLEAVED.get(fmt)
     if spec is None:
-        raise InputError(f"{what}: unknown block format {fmt!r}; the kernels multiply {sorted(kernels.FORMATS)}")
+        known = sorted([*kernels.FORMATS, *kernels.INTERLEAVED])
+        raise InputError(f"{what}: unknown block format {fmt!r}; the kernels multiply {known}")
     if not isinstance(blocks, Tensor) or blocks.dtype != torch.uint8 or blocks.dim() != 2:
         got = f"{blocks.dtype}, shape {tuple(blocks.shape)}" if isinstance(blocks, Tensor) else type(blocks).__name__
         raise InputError(f"{what} needs (N, K / {spec.block} * {spec.nbytes}) uint8 {fmt} blocks; got {got}")
     if blocks.shape[1] == 0 or blocks.shape[1] % spec.nbytes:
         raise InputError(f"{what}: {fmt} rows hold whole blocks of {spec.nbytes} bytes; got rows of {blocks.shape[1]}")
+    if spec.base is not None and blocks.shape[0] % kernels.GROUP_ROWS:
+        raise InputError(f"{what}: {fmt} holds groups of {kernels.GROUP_ROWS} rows; got {blocks.shape[0]} rows")
     return blocks.shape[0], blocks.shape[1] // spec.nbytes * spec.block
 
 
@@ -48,7 +54,8 @@ class BlockLinear(nn.Module):
     Args:
         blocks: (N, K / 32 * nbytes) uint8, each row exactly the GGUF bytes of one weight row; kept as given
             (a view of a mapped file stays a view).
-        fmt: ``"q4_0"``, ``"q4_1"``, ``"q8_0"`` (a key of ``oneblock.kernels.FORMATS``).
+        fmt: ``"q4_0"``, ``"q4_1"``, ``"q8_0"`` (a key of ``oneblock.kernels.FORMATS``), or ``"q4_1x16"``,
+            ``"q8_0x16"`` for blocks already interleaved (``oneblock.kernels.INTERLEAVED``).
         bias: (N,) float, or ``None``.
 
     Shape: (..., K) -> (..., N), float32 (or ``x``'s dtype when it is another float type).
@@ -66,10 +73,33 @@ class BlockLinear(nn.Module):
         if bias is not None and tuple(bias.shape) != (n,):
             raise InputError(f"BlockLinear bias must have shape ({n},); got {tuple(bias.shape)}")
         self.fmt, self.out_features, self.in_features = fmt, n, k
-        self.ggml_type = kernels.FORMATS[fmt].ggml_type
+        self.ggml_type = kernels.get_format(fmt).ggml_type
         self.register_buffer("blocks", blocks)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         kernels.backend()  # load (or build) the ops now, not inside the first forward
+
+    @property
+    def file_format(self) -> str:
+        """The GGUF format of the blocks (``"q4_1"``), whichever layout holds them."""
+        return kernels.get_format(self.fmt).base or self.fmt
+
+    def interleave(self) -> bool:
+        """Reorder the blocks, in place and once, into the interleaved layout (``q4_1x16`` / ``q8_0x16``).
+
+        Applies to q4_1 and q8_0 matrices with a multiple of 16 rows, when the C++ kernels are loaded (the PyTorch
+        fallback reads rows whole); the outputs stay those of the file's layout within float32 summation order.
+
+        Returns:
+            whether the layer is now interleaved.
+        """
+        if self.fmt in kernels.INTERLEAVED:
+            return True
+        target = kernels.interleaved_format(self.fmt)
+        if target is None or not kernels.can_interleave(self.blocks, self.fmt) or kernels.backend() == "torch":
+            return False
+        self.blocks = kernels.interleave(self.blocks, self.fmt)
+        self.fmt, self.ggml_type = target.name, target.ggml_type
+        return True
 
     @classmethod
     def from_float(cls, weight: Tensor, fmt: str, *, bias: Tensor | None = None) -> BlockLinear:
@@ -94,7 +124,9 @@ class BlockLinear(nn.Module):
 
         Each row of the matrix is whole blocks of its own, so the split is exact and copies nothing: every part's
         ``blocks`` is a row slice (a view) of this layer's buffer, and its bias a slice of the bias. A stacked
-        projection (q, k, v in ``qkv_proj``; gate and up in ``w13``) becomes its separate layers this way.
+        projection (q, k, v in ``qkv_proj``; gate and up in ``w13``) becomes its separate layers this way. An
+        interleaved layer splits into interleaved views when every size is a multiple of 16; otherwise its parts
+        get the file's layout (copies).
 
         Args:
             sizes: output widths, positive, summing to ``out_features``.
@@ -114,9 +146,10 @@ class BlockLinear(nn.Module):
                 f"{self.out_features} output rows; give sizes that sum to {self.out_features}"
             )
         biases: Sequence[Tensor | None] = self.bias.split(sizes) if self.bias is not None else [None] * len(sizes)
-        return [
-            BlockLinear(rows, self.fmt, bias=bias) for rows, bias in zip(self.blocks.split(sizes), biases, strict=True)
-        ]
+        blocks, fmt = self.blocks, self.fmt
+        if fmt in kernels.INTERLEAVED and any(size % kernels.GROUP_ROWS for size in sizes):
+            blocks, fmt = kernels.deinterleave(blocks, fmt), self.file_format
+        return [BlockLinear(rows, fmt, bias=bias) for rows, bias in zip(blocks.split(sizes), biases, strict=True)]
 
     def dequantized(self) -> Tensor:
         """The (N, K) float32 weight the blocks stand for, exactly (the file's values)."""
@@ -132,7 +165,7 @@ class BlockEmbedding(nn.Module):
 
     Args:
         blocks: (V, C / 32 * nbytes) uint8; may be the very buffer of the tied head's ``BlockLinear``.
-        fmt: the block format.
+        fmt: the block format, or the interleaved layout of an interleaved head's buffer.
 
     Shape: (...) integer ids -> (..., C) float32.
 
@@ -146,7 +179,7 @@ class BlockEmbedding(nn.Module):
         super().__init__()
         self.num_embeddings, self.embedding_dim = _check_blocks(blocks, fmt, "BlockEmbedding")
         self.fmt = fmt
-        self.ggml_type = kernels.FORMATS[fmt].ggml_type
+        self.ggml_type = kernels.get_format(fmt).ggml_type
         self.register_buffer("blocks", blocks)
         kernels.backend()
 

@@ -28,21 +28,22 @@ M = TypeVar("M", bound=nn.Module)
 def quantize(model: M, fmt: str = "q8_0") -> M:
     """Replace the ``nn.Linear`` layers of ``model`` (the LM head included) by ``BlockLinear``, in place.
 
-    The query, key and value projections of each self-attention layer are stacked into one matrix first
-    (``fuse_qkv``), and the gate and up projections of each gated feed-forward (``fuse_gate_up``): one product,
-    and one rounding of the activations, instead of three or two. Embeddings stay as they are (a lookup reads one
-    row per token); a head tied to the token embedding gets its own block copy of that matrix. Layers whose input
-    width is not a multiple of 32 (a block) stay in float.
+        The query, key and value projections of each self-attention layer are stacked into one matrix first
+        (``fuse_qkv``), and the gate and up projections of each gated feed-forward (``fuse_gate_up``): one product,
+        and one rounding of the activations, instead of three or two. Embeddings stay as they are (a lookup reads one
+        row per token); a head tied to the token embedding gets its own block copy of that matrix. Layers whose input
+        width is not a multiple of 32 (a block) stay in float. q4_1 and q8_0 matrices with a multiple of 16 rows are
+    interleaved (``BlockLinear.interleave``).
 
-    Args:
-        model: a oneblock model (or any module).
-        fmt: ``"q8_0"`` (the most accurate), ``"q4_0"`` or ``"q4_1"``.
+        Args:
+            model: a oneblock model (or any module).
+            fmt: ``"q8_0"`` (the most accurate), ``"q4_0"`` or ``"q4_1"``.
 
-    Returns:
-        ``model``, in eval mode.
+        Returns:
+            ``model``, in eval mode.
 
-    Raises:
-        InputError: ``model`` is not a module, or ``fmt`` is not a block format the kernels multiply.
+        Raises:
+            InputError: ``model`` is not a module, or ``fmt`` is not a block format the kernels multiply.
     """
     if not isinstance(model, nn.Module):
         raise InputError(f"quantize expects an nn.Module; got {type(model).__name__}")
@@ -66,5 +67,7 @@ def quantize(model: M, fmt: str = "q8_0") -> M:
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, BlockLinear.from_float(linear.weight, fmt, bias=linear.bias))
+        layer = BlockLinear.from_float(linear.weight, fmt, bias=linear.bias)
+        layer.interleave()  # where it applies: the layout the vector kernels read fastest
+        setattr(parent, child, layer)
     return model.eval()

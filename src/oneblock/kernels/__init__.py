@@ -5,7 +5,9 @@ A weight matrix W (N, K) stays in its file format (Q4_0, Q4_1 or Q8_0: blocks of
 multiplies integers, one float multiply-add per block: a decoding step reads 4.5 to 8.5 bits per weight and never
 a float copy of the matrix. The C++ (``csrc/``) is built on first use and cached; without a compiler the same
 numbers come from PyTorch (:mod:`oneblock.kernels.fallback`). :mod:`oneblock.kernels.reference` is the
-algorithm in NumPy. Shapes: M activation rows, K the row width (a multiple of 32), N weight rows.
+algorithm in NumPy. :func:`interleave` reorders a q4_1 / q8_0 matrix's rows 16 at a time (``q4_1x16``,
+``q8_0x16``), once, into the layout the vector kernels read fastest; every function here takes either layout.
+Shapes: M activation rows, K the row width (a multiple of 32), N weight rows.
 """
 
 from __future__ import annotations
@@ -15,11 +17,26 @@ from torch import Tensor
 
 from oneblock.errors import InputError
 from oneblock.kernels.fallback import GEMM_ROWS
-from oneblock.kernels.formats import FORMATS, QK, BlockFormat, get_format
+from oneblock.kernels.formats import FORMATS, INTERLEAVED, QK, BlockFormat, get_format
+from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, deinterleave, interleave, interleaved_format
 from oneblock.kernels.ops import backend
 from oneblock.kernels.quantize import quantize_rows
 
-__all__ = ["FORMATS", "GEMM_ROWS", "BlockFormat", "backend", "block_mm", "dequantize", "quantize"]
+__all__ = [
+    "FORMATS",
+    "GEMM_ROWS",
+    "GROUP_ROWS",
+    "INTERLEAVED",
+    "BlockFormat",
+    "backend",
+    "block_mm",
+    "can_interleave",
+    "deinterleave",
+    "dequantize",
+    "interleave",
+    "interleaved_format",
+    "quantize",
+]
 
 
 def _check_blocks(blocks: Tensor, spec: BlockFormat) -> int:
@@ -32,6 +49,10 @@ def _check_blocks(blocks: Tensor, spec: BlockFormat) -> int:
     if blocks.shape[1] % spec.nbytes:
         raise InputError(
             f"{spec.name} rows hold whole blocks of {spec.nbytes} bytes; got rows of {blocks.shape[1]} bytes"
+        )
+    if spec.base is not None and blocks.shape[0] % GROUP_ROWS:
+        raise InputError(
+            f"{spec.name} is interleaved {GROUP_ROWS} rows at a time; got {blocks.shape[0]} rows, not a multiple"
         )
     return blocks.shape[1] // spec.nbytes * QK
 
@@ -49,7 +70,7 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: str) -> Tensor:
     Args:
         x: (M, K) activations; leading dims beyond one are flattened; other float dtypes are cast to float32.
         blocks: (N, K / 32 * nbytes) uint8, each row the GGUF bytes of one weight row.
-        fmt: a key of :data:`FORMATS`.
+        fmt: a key of :data:`FORMATS`, or of :data:`INTERLEAVED` for blocks that :func:`interleave` reordered.
 
     Returns:
         (M, N) float32 (or (*lead, N) for an x of shape (*lead, K)).
@@ -103,7 +124,12 @@ def dequantize(blocks: Tensor, fmt: str, rows: Tensor | None = None) -> Tensor:
 def quantize(w: Tensor, fmt: str) -> Tensor:
     """(N, K) float weights -> (N, K / 32 * nbytes) uint8 blocks, rounded as ggml's reference quantizers.
 
+    An interleaved name (``"q4_1x16"``) quantizes to its file format, then interleaves the rows.
+
     Raises:
         InputError: unknown format, a matrix that is not 2-D floating, K not a multiple of 32, or NaN/inf.
     """
-    return quantize_rows(w, get_format(fmt))
+    spec = get_format(fmt)
+    if spec.base is not None:
+        return interleave(quantize_rows(w, FORMATS[spec.base]), spec.base)
+    return quantize_rows(w, spec)

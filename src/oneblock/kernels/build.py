@@ -24,8 +24,17 @@ from oneblock.kernels import cache
 
 NAME = "oneblock_kernels"
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "dequantize.cpp", "dot_scalar.cpp", "dot_avx2.cpp", "dot_avx512.cpp")
-HEADERS = ("blocks.h", "dot.h", "dot_avx512.h")
+SOURCES = (
+    "ops.cpp",
+    "dequantize.cpp",
+    "dot_scalar.cpp",
+    "dot_avx2.cpp",
+    "dot_avx512.cpp",
+    "dot_x16_scalar.cpp",
+    "dot_x16_avx2.cpp",
+    "dot_x16_avx512.cpp",
+)
+HEADERS = ("blocks.h", "interleaved.h", "dot.h", "dot_avx512.h", "dot_x16_avx512.h")
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as
 # the NumPy reference (the vector paths call FMA explicitly).
 CFLAGS = ("-O3", "-ffp-contract=off")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from oneblock.kernels.formats import QK, BlockFormat, block_parts, decode_blocks
+from oneblock.kernels.formats import FORMATS, QK, BlockFormat, block_parts, decode_blocks
+from oneblock.kernels.interleave import deinterleave
 
 _TILE_VALUES = 1 << 21  # weights decoded at once: (tile rows x K) codes, 8 MB of float32
 GEMM_ROWS = 32
@@ -38,8 +39,16 @@ def quantize_activations(x: Tensor, with_sums: bool) -> tuple[Tensor, Tensor, Te
     return qa, torch.where(finite, d.half().float(), nan), sa
 
 
+def _file_layout(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, BlockFormat]:
+    """An interleaved matrix back in its file's layout (this path reads rows whole); others as they are."""
+    if fmt.base is None:
+        return blocks, fmt
+    return deinterleave(blocks, fmt.name), FORMATS[fmt.base]
+
+
 def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
     """(M, K) float32 times the (N, K) block matrix transposed -> (M, N) float32."""
+    blocks, fmt = _file_layout(blocks, fmt)
     x, blocks = x.contiguous(), blocks.contiguous()
     m, k = x.shape
     n, nb = blocks.shape[0], k // QK
@@ -78,6 +87,7 @@ def _block_mm_dense(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
 
 def dequantize_rows(blocks: Tensor, rows: Tensor, fmt: BlockFormat) -> Tensor:
     """The float32 values of the rows ``rows`` (any shape) of a block matrix -> (*rows.shape, K)."""
+    blocks, fmt = _file_layout(blocks, fmt)
     picked = blocks[rows.reshape(-1)]  # (R, K/32 nbytes)
     k = blocks.shape[1] // fmt.nbytes * QK
     values = decode_blocks(picked.reshape(-1, fmt.nbytes), fmt)  # (R K/32, 32)

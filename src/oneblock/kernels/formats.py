@@ -13,6 +13,9 @@ q8_0   34 / 32     d (f16), 32 x int8                                     d * q
 
 In the 4-bit formats byte ``j`` holds value ``j`` in its low nibble and value ``j + 16`` in its high nibble. The
 same layouts are written out once more, for the C++, in ``csrc/blocks.h``.
+
+``q4_1x16`` and ``q8_0x16`` hold the same blocks with the rows interleaved 16 at a time (see
+:mod:`oneblock.kernels.interleave`): the layout the vector kernels read fastest, made once at load.
 """
 
 from __future__ import annotations
@@ -36,13 +39,16 @@ class BlockFormat:
         name: oneblock's name (``"q4_1"``).
         block: weights per block.
         nbytes: bytes per block.
-        ggml_type: the GGUF tensor type id (``GGMLQuantizationType``), also the ``fmt`` argument of the ops.
+        ggml_type: the GGUF tensor type id (``GGMLQuantizationType``), also the ``fmt`` argument of the ops; for
+            an interleaved layout, the id of its blocks' format plus ``0x100``.
+        base: for an interleaved layout, the name of the file format whose blocks it holds; else None.
     """
 
     name: str
     block: int
     nbytes: int
     ggml_type: int
+    base: str | None = None
 
 
 FORMATS: dict[str, BlockFormat] = {
@@ -52,18 +58,24 @@ FORMATS: dict[str, BlockFormat] = {
 }
 """The formats :func:`oneblock.kernels.block_mm` multiplies, by name."""
 
-BY_TYPE: dict[int, BlockFormat] = {f.ggml_type: f for f in FORMATS.values()}
+INTERLEAVED: dict[str, BlockFormat] = {
+    "q4_1x16": BlockFormat("q4_1x16", QK, 20, 0x100 | 3, base="q4_1"),
+    "q8_0x16": BlockFormat("q8_0x16", QK, 34, 0x100 | 8, base="q8_0"),
+}
+"""The interleaved layouts (16 rows read together, ``csrc/interleaved.h``), by name."""
+
+BY_TYPE: dict[int, BlockFormat] = {f.ggml_type: f for f in (*FORMATS.values(), *INTERLEAVED.values())}
 
 
 def get_format(fmt: str | int) -> BlockFormat:
-    """The :class:`BlockFormat` named ``fmt`` (or with GGUF type id ``fmt``).
+    """The :class:`BlockFormat` named ``fmt`` (or with type id ``fmt``): a file format or an interleaved layout.
 
     Raises:
         InputError: naming the format and the supported ones.
     """
-    found = BY_TYPE.get(fmt) if isinstance(fmt, int) else FORMATS.get(fmt)
+    found = BY_TYPE.get(fmt) if isinstance(fmt, int) else FORMATS.get(fmt) or INTERLEAVED.get(fmt)
     if found is None:
-        raise InputError(f"unknown block format {fmt!r}; supported: {', '.join(FORMATS)}")
+        raise InputError(f"unknown block format {fmt!r}; supported: {', '.join([*FORMATS, *INTERLEAVED])}")
     return found
 
 

@@ -80,8 +80,8 @@ def test_matrices_of_different_formats_are_not_stacked(tmp_path):
     path = write_gguf(tmp_path / "mixed.gguf", hf, Q.Q4_1, raw=raw)
     fast, exact = from_gguf(path), from_gguf(path, dtype=torch.float32)
     ffn0, ffn1 = fast.blocks[0].ffn, fast.blocks[1].ffn
-    assert ffn0.w13 is None and (ffn0.w1.fmt, ffn0.w3.fmt) == ("q4_1", "q8_0")
-    assert isinstance(ffn1.w13, BlockLinear) and ffn1.w13.fmt == "q4_1"
+    assert ffn0.w13 is None and (ffn0.w1.file_format, ffn0.w3.file_format) == ("q4_1", "q8_0")
+    assert isinstance(ffn1.w13, BlockLinear) and ffn1.w13.file_format == "q4_1"
     x = ids(1, 6, 211, seed=10)
     with torch.no_grad():
         a, b = fast(x), exact(x)

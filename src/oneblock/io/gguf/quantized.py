@@ -8,9 +8,11 @@ up projections of the SwiGLU FFN as ``ffn.w13``, when the stacked matrices share
 a :class:`~oneblock.inference.blocks.BlockEmbedding`; tied to the head (SmolLM2's Q8_0 table), one buffer serves
 both the lookup and the head's product.
 
-A matrix that needs no reordering stays a view of the memory-mapped file (its pages are the model's memory); the
-stacked and the query/key matrices, whose rows move (see :func:`oneblock.io.gguf.load.unpermute_rows`), are
-copied and their file pages released.
+Every q4_1 / q8_0 matrix with a multiple of 16 rows is then interleaved (``BlockLinear.interleave``: the rows
+16 at a time, the layout the vector kernels read fastest) into a copy, and its file pages released; a matrix that
+stays in the file's layout and needs no reordering stays a view of the memory-mapped file (its pages are the
+model's memory); the stacked and the query/key matrices, whose rows move (see
+:func:`oneblock.io.gguf.load.unpermute_rows`), are copied and their file pages released.
 """
 
 from __future__ import annotations
@@ -93,7 +95,9 @@ def block_modules(
             stacked = _stacked(records, cfg, layout, unpermute)
             if stacked is not None:
                 covered = [names[t.name] for t in records if t is not None]
-                modules[f"blocks.{i}.{fused}"] = (BlockLinear(stacked[1], stacked[0]), covered)
+                layer = BlockLinear(stacked[1], stacked[0])
+                layer.interleave()
+                modules[f"blocks.{i}.{fused}"] = (layer, covered)
     done = {name for _, covered in modules.values() for name in covered}
     for t in tensors.values():
         fmt, name = block_format(t), names[t.name]
@@ -101,10 +105,15 @@ def block_modules(
             continue
         module = name.removesuffix(".weight")
         blocks = _rows(t, fmt, cfg, unpermute)
-        if module == "embed.tok":
+        if module == "embed.tok" and not cfg.tie_embeddings:
             modules[module] = (BlockEmbedding(blocks, fmt), [name])
-            if cfg.tie_embeddings:
-                modules["lm_head"] = (BlockLinear(blocks, fmt), ["lm_head.weight"])
+            continue
+        layer = BlockLinear(blocks, fmt)
+        if layer.interleave():
+            layout.release(t)  # the interleaved copy replaces the file's pages
+        if module == "embed.tok":  # tied: the head's buffer serves the lookup too
+            modules[module] = (BlockEmbedding(layer.blocks, layer.fmt), [name])
+            modules["lm_head"] = (layer, ["lm_head.weight"])
         else:
-            modules[module] = (BlockLinear(blocks, fmt), [name])
+            modules[module] = (layer, [name])
     return modules

@@ -1,5 +1,5 @@
-// Rows of a block matrix back to float32: the embedding lookup of a quantized token table, and the tiles the
-// backward of block_mm multiplies. The values are d * q (+ m), one float operation each, as formats.py decodes.
+// Rows of a block matrix back to float32, in the file's layout or an interleaved one: the embedding lookup of a
+// quantized token table, and the tiles the backward of block_mm multiplies. The values are d * q (+ m), one float operation each, as formats.py decodes.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -34,8 +34,32 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
   }
 }
 
+void decode_interleaved_row(const uint8_t* group, int lane, int64_t fmt, int64_t nb, float* out) {
+  for (int64_t b = 0; b < nb; ++b, out += QK) {
+    if (file_format(fmt) == kQ8_0) {
+      using L = Interleaved<kQ8_0>;
+      const uint8_t* blk = group + b * L::kBytes;
+      const float d = g_half[load_u16(blk + L::kScales + 2 * lane)];
+      for (int j = 0; j < QK; ++j) {
+        out[j] = d * static_cast<float>(static_cast<int8_t>(blk[L::kCodes + (j / 4) * kChunkBytes + lane * 4 + j % 4]));
+      }
+    } else {
+      using L = Interleaved<kQ4_1>;
+      const uint8_t* blk = group + b * L::kBytes;
+      const float d = g_half[load_u16(blk + L::kScales + 2 * lane)];
+      const float m = g_half[load_u16(blk + L::kMins + 2 * lane)];
+      for (int j = 0; j < QK / 2; ++j) {
+        const uint8_t v = blk[L::kCodes + (j / 4) * kChunkBytes + lane * 4 + j % 4];
+        out[j] = d * static_cast<float>(v & 0x0F) + m;
+        out[j + QK / 2] = d * static_cast<float>(v >> 4) + m;
+      }
+    }
+  }
+}
+
 at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& rows, int64_t fmt) {
-  const int64_t nbytes = block_bytes(fmt);
+  const bool interleaved = is_interleaved(fmt);
+  const int64_t nbytes = interleaved || !(fmt & kInterleaved) ? block_bytes(file_format(fmt)) : 0;
   TORCH_CHECK(nbytes > 0, "oneblock::dequantize_rows: unknown format id ", fmt);
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.size(1) % nbytes == 0,
               "oneblock::dequantize_rows: blocks must be (N, K/32 * ", nbytes, ") uint8");
@@ -48,13 +72,22 @@ at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& rows, int
   for (int64_t i = 0; i < count; ++i) {
     TORCH_CHECK(ids[i] >= 0 && ids[i] < n, "oneblock::dequantize_rows: row index ", ids[i], " outside [0, ", n, ")");
   }
+  TORCH_CHECK(!interleaved || n % kGroupRows == 0, "oneblock::dequantize_rows: an interleaved matrix has a multiple of ",
+              kGroupRows, " rows; got ", n);
   std::vector<int64_t> shape(rows.sizes().begin(), rows.sizes().end());
   shape.push_back(k);
   at::Tensor out = at::empty(shape, w.options().dtype(at::kFloat));
   const uint8_t* src = w.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, count, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) decode_row(src + ids[i] * row_bytes, fmt, nb, dst + i * k);
+    for (int64_t i = begin; i < end; ++i) {
+      if (interleaved) {
+        const int64_t group = ids[i] / kGroupRows * kGroupRows;
+        decode_interleaved_row(src + group * row_bytes, static_cast<int>(ids[i] - group), fmt, nb, dst + i * k);
+      } else {
+        decode_row(src + ids[i] * row_bytes, fmt, nb, dst + i * k);
+      }
+    }
   });
   return out;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "blocks.h"
+#include "interleaved.h"
 
 namespace oneblock {
 
@@ -46,6 +47,10 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s);
 // The float32 values of one weight row of `nb` blocks, d * q (+ m), into out (nb * 32,).
 void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out);
 
+// The kernel that block_mm runs for format id `fmt` (a GGUF id, or an interleaved one) on the instruction set
+// chosen at load (or by set_isa); nullptr for an unknown id. For callers that drive the kernels themselves.
+DotFn dot_kernel(int64_t fmt);
+
 void dot_q4_0_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q4_1_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q8_0_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
@@ -58,5 +63,13 @@ void dot_q8_0_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, 
 void dot_q4_0_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q4_1_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q8_0_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_1x16_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q8_0x16_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_1x16_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q8_0x16_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_1x16_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q8_0x16_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_1x16_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q8_0x16_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 
 }  // namespace oneblock

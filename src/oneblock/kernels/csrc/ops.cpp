@@ -3,9 +3,10 @@
 //   oneblock::block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor            (M, K) float32 -> (M, N) float32
 //   oneblock::dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor  -> (*rows.shape, K) float32
 //
-// block_mm quantizes each activation row once per call, then splits the N weight rows over ATen's threads.
-// Each thread walks its rows in tiles small enough to stay in cache while every group of up to 4 activation
-// rows passes over them, so a prompt (M > 1) reads each weight once per call, not once per row.
+// block_mm quantizes each activation row once per call, then cuts the N weight rows into chunks that ATen's
+// threads take from a shared counter. A chunk is small enough to stay in cache while every group of up to 4
+// activation rows passes over it, so a prompt (M > 1) reads each weight once per call, not once per row. `fmt`
+// is a GGUF type id (the file's layout) or an interleaved id (interleaved.h: 16 rows read together).
 //
 // From kGemmRows activation rows up, integer dots lose to a float GEMM (measured: at M = 64 the integer kernel
 // takes 1.5x the time of dequantizing a tile of W and calling at::mm, 2.5x at M = 256), so block_mm returns
@@ -33,7 +34,8 @@ const char* const kIsaNames[kIsaCount] = {"scalar", "avx2", "avx512", "avx512_vn
 
 bool supported(int isa) {
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // F16C converts the interleaved layouts' 16 scales at once; every AVX2 CPU has it, the check keeps it so.
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   switch (isa) {
@@ -54,30 +56,68 @@ int best() {
 
 std::atomic<int> g_isa{best()};  // chosen once, at load, from what the CPU reports
 
-// kernels[isa][format]: format 0 = Q4_0, 1 = Q4_1, 2 = Q8_0.
-const DotFn kKernels[kIsaCount][3] = {
-    {dot_q4_0_scalar, dot_q4_1_scalar, dot_q8_0_scalar},
-    {dot_q4_0_avx2, dot_q4_1_avx2, dot_q8_0_avx2},
-    {dot_q4_0_avx512, dot_q4_1_avx512, dot_q8_0_avx512},
-    {dot_q4_0_avx512_vnni, dot_q4_1_avx512_vnni, dot_q8_0_avx512_vnni},
+// kernels[isa][format]: the file layouts Q4_0, Q4_1, Q8_0, then the interleaved Q4_1x16, Q8_0x16.
+const DotFn kKernels[kIsaCount][5] = {
+    {dot_q4_0_scalar, dot_q4_1_scalar, dot_q8_0_scalar, dot_q4_1x16_scalar, dot_q8_0x16_scalar},
+    {dot_q4_0_avx2, dot_q4_1_avx2, dot_q8_0_avx2, dot_q4_1x16_avx2, dot_q8_0x16_avx2},
+    {dot_q4_0_avx512, dot_q4_1_avx512, dot_q8_0_avx512, dot_q4_1x16_avx512, dot_q8_0x16_avx512},
+    {dot_q4_0_avx512_vnni, dot_q4_1_avx512_vnni, dot_q8_0_avx512_vnni, dot_q4_1x16_avx512_vnni,
+     dot_q8_0x16_avx512_vnni},
 };
 
-DotFn kernel_for(int64_t fmt) {
-  const int column = fmt == kQ4_0 ? 0 : fmt == kQ4_1 ? 1 : 2;
-  return kKernels[g_isa.load(std::memory_order_relaxed)][column];
+int kernel_column(int64_t fmt) {
+  switch (fmt) {
+    case kQ4_0: return 0;
+    case kQ4_1: return 1;
+    case kQ8_0: return 2;
+    case kQ4_1x16: return 3;
+    case kQ8_0x16: return 4;
+    default: return -1;
+  }
 }
 
 constexpr int64_t kGemmRows = 32;       // from this many activation rows up: tiles of float W and at::mm
 constexpr int64_t kGemmTileValues = 1 << 19;  // weights dequantized at once: 2 MB of float32
 constexpr int kRowsPerCall = 4;        // activation rows sharing a weight row, or weight rows one activation row
-constexpr int64_t kGrainBytes = 65536;  // the least work worth a thread
-constexpr int64_t kTileBytes = 16384;  // weight rows per tile: about 16 KB, resident in L1 while M is swept
+constexpr int64_t kSerialBytes = 96 * 1024;  // below this much weight traffic (bytes x rows of x) one thread works
+constexpr int64_t kLeastChunkBytes = 16384;  // the least weight bytes a chunk holds: about 16 KB, resident in L1
+constexpr int64_t kChunksPerThread = 8;  // enough chunks that a descheduled thread's share is taken by the others
 
 constexpr int64_t kPrefetchRows = 2 * kRowsPerCall;  // how far ahead decoding asks for weight rows
 constexpr int64_t kPrefetchRowBytes = 640;            // ... when they are this short or shorter
 
 inline void prefetch(const uint8_t* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 0);
+}
+
+// body(begin, end) over [0, units) in chunks of `chunk` units. The threads take chunks from one counter (as
+// ggml's mul_mat does), so a thread that the machine's other work holds up leaves its chunks to the others
+// instead of making every thread wait at the join.
+template <class Body>
+void parallel_chunks(int64_t units, int64_t chunk, bool serial, const Body& body) {
+  const int64_t count = (units + chunk - 1) / chunk;
+  const int threads = serial ? 1 : static_cast<int>(std::min<int64_t>(at::get_num_threads(), count));
+  if (threads <= 1) {
+    body(0, units);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < count;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      body(c * chunk, std::min(units, (c + 1) * chunk));
+    }
+  });
+}
+
+// Weight row i of the matrix at w, whichever layout, as float32.
+void decode_any_row(const uint8_t* w, int64_t row_bytes, int64_t fmt, int64_t i, int64_t nb, float* out) {
+  if (is_interleaved(fmt)) {
+    decode_interleaved_row(w + (i / kGroupRows) * kGroupRows * row_bytes, static_cast<int>(i % kGroupRows), fmt, nb,
+                           out);
+  } else {
+    decode_row(w + i * row_bytes, fmt, nb, out);
+  }
 }
 
 // x (M, K) @ W^T with W dequantized one tile of rows at a time (M >= kGemmRows).
@@ -90,16 +130,43 @@ at::Tensor block_mm_dense(const at::Tensor& x, const uint8_t* w, int64_t row_byt
   for (int64_t n0 = 0; n0 < n; n0 += rows) {
     const int64_t count = std::min(rows, n - n0);
     at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) decode_row(w + (n0 + i) * row_bytes, fmt, nb, t + i * k);
+      for (int64_t i = begin; i < end; ++i) decode_any_row(w, row_bytes, fmt, n0 + i, nb, t + i * k);
     });
     out.narrow(1, n0, count).copy_(at::mm(x, tile.narrow(0, 0, count).t()));  // (M, count)
   }
   return out;
 }
 
+// Weight rows [begin, end) of the file layout times every activation row.
+void rows_file_layout(DotFn dot, const uint8_t* w, int64_t row_bytes, const ActRow* acts, int64_t m, int64_t nb,
+                      float* y, int64_t n, int64_t begin, int64_t end) {
+  if (m == 1) {  // decoding: 4 weight rows at a time, independent accumulators keep the core busy
+    for (int64_t j = begin; j < end; j += kRowsPerCall) {
+      const int cols = static_cast<int>(std::min<int64_t>(kRowsPerCall, end - j));
+      // Rows of a few hundred bytes are too short for the hardware prefetcher to follow: ask for the rows
+      // two groups ahead, so they arrive from memory while these are multiplied. (Measured: faster for
+      // K = 576 rows, slower for K = 1536 rows, which the hardware follows alone.)
+      if (row_bytes <= kPrefetchRowBytes) {
+        const int64_t ahead = std::min(end, j + kPrefetchRows);
+        prefetch(w + ahead * row_bytes, std::min<int64_t>(end - ahead, kRowsPerCall) * row_bytes);
+      }
+      dot(w + j * row_bytes, row_bytes, cols, acts, 1, nb, y + j, n);
+    }
+    return;
+  }
+  // A chunk is small enough to stay in L1 while every group of up to 4 activation rows passes over it.
+  for (int64_t m0 = 0; m0 < m; m0 += kRowsPerCall) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRowsPerCall, m - m0));
+    for (int64_t j = begin; j < end; ++j) {
+      dot(w + j * row_bytes, row_bytes, 1, acts + m0, rows, nb, y + m0 * n + j, n);
+    }
+  }
+}
+
 at::Tensor block_mm(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t fmt) {
-  const int64_t nbytes = block_bytes(fmt);
-  TORCH_CHECK(nbytes > 0, "oneblock::block_mm: unknown format id ", fmt);
+  const int column = kernel_column(fmt);
+  TORCH_CHECK(column >= 0, "oneblock::block_mm: unknown format id ", fmt);
+  const int64_t nbytes = block_bytes(file_format(fmt));
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "oneblock::block_mm: x must be (M, K) float32");
   TORCH_CHECK(blocks_in.dim() == 2 && blocks_in.scalar_type() == at::kByte,
               "oneblock::block_mm: blocks must be (N, K/32 * nbytes) uint8");
@@ -108,55 +175,48 @@ at::Tensor block_mm(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t
   const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0);
   TORCH_CHECK(k % QK == 0 && blocks.size(1) == k / QK * nbytes, "oneblock::block_mm: x has K = ", k,
               " but the blocks hold rows of ", blocks.size(1), " bytes (", nbytes, " per 32 values)");
+  const bool interleaved = is_interleaved(fmt);
+  TORCH_CHECK(!interleaved || n % kGroupRows == 0, "oneblock::block_mm: an interleaved matrix has a multiple of ",
+              kGroupRows, " rows; got ", n);
   const int64_t nb = k / QK, row_bytes = blocks.size(1);
   if (m >= kGemmRows && n > 0 && k > 0) return block_mm_dense(x, blocks.data_ptr<uint8_t>(), row_bytes, n, fmt);
   at::Tensor out = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return out;
   if (k == 0) return out.zero_();
 
-  // 1. Activations: each row quantized once, used against all N weight rows.
-  const bool sums = fmt == kQ4_1;
-  std::vector<int8_t> q(static_cast<size_t>(m * k));
-  std::vector<float> d(static_cast<size_t>(m * nb)), s(sums ? static_cast<size_t>(m * nb) : 0);
+  // 1. Activations: each row quantized once, used against all N weight rows. The buffers are kept per thread
+  // (a decoding step calls this 121 times a token).
+  const bool sums = file_format(fmt) == kQ4_1;
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d, s;
+  thread_local std::vector<ActRow> acts;
+  q.resize(static_cast<size_t>(m * k));
+  d.resize(static_cast<size_t>(m * nb));
+  s.resize(static_cast<size_t>(sums ? m * nb : 0));
+  acts.resize(static_cast<size_t>(m));
   const float* xs = x.data_ptr<float>();
-  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      quantize_row_q8(xs + i * k, k, q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr);
-    }
-  });
-  std::vector<ActRow> acts(static_cast<size_t>(m));
-  for (int64_t i = 0; i < m; ++i) acts[i] = {q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr};
+  for (int64_t i = 0; i < m; ++i) {
+    quantize_row_q8(xs + i * k, k, q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr);
+    acts[i] = {q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr};
+  }
 
-  // 2. Weight rows over the threads; within a thread, tiles of rows swept by groups of activation rows.
-  const DotFn dot = kernel_for(fmt);
+  // 2. Weight rows in chunks over the threads (whole groups of 16 for an interleaved matrix).
+  const DotFn dot = kKernels[g_isa.load(std::memory_order_relaxed)][column];
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
-  const int64_t tile = std::max<int64_t>(1, kTileBytes / row_bytes);
-  // A thread gets at least kGrainBytes of weights (times the rows of x): waking one costs microseconds.
-  const int64_t grain = std::max<int64_t>(16, kGrainBytes / (row_bytes * m));
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-    if (m == 1) {  // decoding: 4 weight rows at a time, independent accumulators keep the core busy
-      for (int64_t j = begin; j < end; j += kRowsPerCall) {
-        const int cols = static_cast<int>(std::min<int64_t>(kRowsPerCall, end - j));
-        // Rows of a few hundred bytes are too short for the hardware prefetcher to follow: ask for the rows
-        // two groups ahead, so they arrive from memory while these are multiplied. (Measured: faster for
-        // K = 576 rows, slower for K = 1536 rows, which the hardware follows alone.)
-        if (row_bytes <= kPrefetchRowBytes) {
-          const int64_t ahead = std::min(end, j + kPrefetchRows);
-          prefetch(w + ahead * row_bytes, std::min<int64_t>(end - ahead, kRowsPerCall) * row_bytes);
-        }
-        dot(w + j * row_bytes, row_bytes, cols, acts.data(), 1, nb, y + j, n);
-      }
-      return;
-    }
-    for (int64_t n0 = begin; n0 < end; n0 += tile) {
-      const int64_t n1 = std::min(end, n0 + tile);
-      for (int64_t m0 = 0; m0 < m; m0 += kRowsPerCall) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRowsPerCall, m - m0));
-        for (int64_t j = n0; j < n1; ++j) {
-          dot(w + j * row_bytes, row_bytes, 1, acts.data() + m0, rows, nb, y + m0 * n + j, n);
-        }
-      }
+  const int64_t unit = interleaved ? kGroupRows : kRowsPerCall;  // rows per unit of work
+  const int64_t units = (n + unit - 1) / unit;
+  const int64_t unit_bytes = unit * row_bytes;
+  const int64_t least = std::max<int64_t>(1, kLeastChunkBytes / unit_bytes);
+  const int64_t chunk = std::max(least, units / (kChunksPerThread * at::get_num_threads()));
+  const bool serial = n * row_bytes * m < kSerialBytes;
+  const ActRow* a = acts.data();
+  parallel_chunks(units, chunk, serial, [&](int64_t begin, int64_t end) {
+    const int64_t j0 = begin * unit, j1 = std::min(n, end * unit);
+    if (interleaved) {
+      dot(w + j0 * row_bytes, row_bytes, static_cast<int>(j1 - j0), a, static_cast<int>(m), nb, y + j0, n);
+    } else {
+      rows_file_layout(dot, w, row_bytes, a, m, nb, y, n, j0, j1);
     }
   });
   return out;
@@ -171,6 +231,12 @@ void set_isa(int64_t isa) {
 }
 
 }  // namespace
+
+DotFn dot_kernel(int64_t fmt) {
+  const int column = kernel_column(fmt);
+  return column < 0 ? nullptr : kKernels[g_isa.load(std::memory_order_relaxed)][column];
+}
+
 }  // namespace oneblock
 
 TORCH_LIBRARY(oneblock, m) {

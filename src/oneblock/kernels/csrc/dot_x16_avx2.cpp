@@ -1,0 +1,131 @@
+// AVX2 kernels over the interleaved layouts (interleaved.h). A 64-byte chunk is two 256-bit registers (rows 0-7,
+// rows 8-15), each 8 int32 lanes of one row's 4 codes; 4 activation codes are broadcast to every lane. The block
+// sums are exact integers and the float work per output is the scalar path's, in another order.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "dot.h"
+#include "interleaved.h"
+
+#define OB_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace oneblock {
+namespace {
+
+OB_AVX2 inline __m256i broadcast4(const int8_t* q) {
+  int32_t v;
+  std::memcpy(&v, q, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+OB_AVX2 inline __m256 scales8(const uint8_t* halves) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves)));
+}
+
+// Half h (rows 8h..8h+7) of one Q4_1x16 group against R activation rows.
+template <int R>
+OB_AVX2 void q4_1_half(const uint8_t* group, int h, const ActRow* a, int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kQ4_1>;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m256 dw = scales8(blk + L::kScales + 16 * h), mw = scales8(blk + L::kMins + 16 * h);
+    __m256i w[8];  // w[i]: codes 4i..4i+3 of the 8 rows
+    for (int c = 0; c < L::kChunks; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + L::kCodes + c * kChunkBytes + 32 * h));
+      w[c] = _mm256_and_si256(raw, low);
+      w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a[r].q + b * QK;
+      // A pair of products is at most 2 * 15 * 127 = 3810 in magnitude: the 8 pairs of a lane fit int16.
+      __m256i pairs = _mm256_maddubs_epi16(w[0], broadcast4(q));
+      for (int i = 1; i < 8; ++i) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[i], broadcast4(q + 4 * i)));
+      const __m256 sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a[r].d[b])), sumi, acc[r]);
+      acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a[r].s[b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
+}
+
+// Q8_0's signed codes: |w| meets the activation with w's sign moved onto it (`vpsignb`); a pair is at most
+// 2 * 128 * 127 = 32512, so each pair sum is widened to int32 at once.
+template <int R>
+OB_AVX2 void q8_0_half(const uint8_t* group, int h, const ActRow* a, int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kQ8_0>;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m256 dw = scales8(blk + L::kScales + 16 * h);
+    __m256i w[8];
+    for (int c = 0; c < L::kChunks; ++c) {
+      w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + L::kCodes + c * kChunkBytes + 32 * h));
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a[r].q + b * QK;
+      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+      for (int c = 0; c < L::kChunks; c += 2) {
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w[c], w[c]), _mm256_sign_epi8(broadcast4(q + 4 * c), w[c]));
+        const __m256i p1 =
+            _mm256_maddubs_epi16(_mm256_sign_epi8(w[c + 1], w[c + 1]), _mm256_sign_epi8(broadcast4(q + 4 * c + 4), w[c + 1]));
+        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p0, ones));
+        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p1, ones));
+      }
+      const __m256 sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a[r].d[b])), sumi, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
+}
+
+template <template <int> class Half>
+OB_AVX2 void groups(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
+                    int64_t stride) {
+  for (int c = 0; c < cols; c += kGroupRows) {
+    const uint8_t* group = w + c * row_bytes;
+    for (int h = 0; h < 2; ++h) {
+      for (int r = 0; r < rows; r += 4) {
+        float* o = out + r * stride + c + 8 * h;
+        switch (rows - r) {
+          case 1: Half<1>::run(group, h, a + r, nb, o, stride); break;
+          case 2: Half<2>::run(group, h, a + r, nb, o, stride); break;
+          case 3: Half<3>::run(group, h, a + r, nb, o, stride); break;
+          default: Half<4>::run(group, h, a + r, nb, o, stride); break;
+        }
+      }
+    }
+  }
+}
+
+template <int R>
+struct Q4_1Half {
+  OB_AVX2 static void run(const uint8_t* g, int h, const ActRow* a, int64_t nb, float* o, int64_t s) {
+    q4_1_half<R>(g, h, a, nb, o, s);
+  }
+};
+template <int R>
+struct Q8_0Half {
+  OB_AVX2 static void run(const uint8_t* g, int h, const ActRow* a, int64_t nb, float* o, int64_t s) {
+    q8_0_half<R>(g, h, a, nb, o, s);
+  }
+};
+
+}  // namespace
+
+void dot_q4_1x16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                      float* out, int64_t stride) {
+  groups<Q4_1Half>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q8_0x16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                      float* out, int64_t stride) {
+  groups<Q8_0Half>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+
+}  // namespace oneblock

@@ -1,0 +1,187 @@
+// AVX-512 kernels over the interleaved layouts (interleaved.h), included twice by dot_x16_avx512.cpp: with
+// OB_VNNI 1 (`vpdpbusd`) and OB_VNNI 0 (`vpmaddubsw` + `vpmaddwd`). One 512-bit register is 16 weight rows x 4
+// codes; 4 activation codes are broadcast to every lane, so a block of 16 rows takes 8 multiply-adds, and the 16
+// rows' scales convert in one instruction. Each int32 lane sum is exact, the block's sum `sumi` is exact, and the
+// float work per output is that of the scalar path: `acc += (dw * da) * sumi` (+ `mw * sa`), in another order.
+// Both variants give the same integers, hence the same floats.
+// Expects OB_TARGET (the target attribute), OB_VNNI and OB_SUFFIX (the exported names' suffix) defined.
+#include <immintrin.h>
+
+#include <cstring>
+#include <vector>
+
+#include "dot.h"
+#include "interleaved.h"
+
+#define OB_CAT2(a, b) a##b
+#define OB_CAT(a, b) OB_CAT2(a, b)
+
+namespace oneblock {
+namespace OB_CAT(x16_, OB_SUFFIX) {
+
+OB_TARGET inline __m512i broadcast4(const int8_t* q) {
+  int32_t v;
+  std::memcpy(&v, q, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+OB_TARGET inline __m512 scales16(const uint8_t* halves) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves)));
+}
+
+// acc + the sums of 4 products u * s per int32 lane: u unsigned bytes, s signed. Without VNNI the pairs go
+// through int16, which holds them while |u| <= 128 (a pair is at most 2 * 128 * 127 = 32512).
+OB_TARGET inline __m512i dot_add(__m512i acc, __m512i u, __m512i s) {
+#if OB_VNNI
+  return _mm512_dpbusd_epi32(acc, u, s);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+
+// The exact block sums of 8 chunks against one activation block: w[i] pairs with codes 4i..4i+3 (two chains,
+// so consecutive multiply-adds do not wait on each other).
+OB_TARGET inline __m512i block_sums(const __m512i* w, const int8_t* q) {
+  __m512i s0 = dot_add(_mm512_setzero_si512(), w[0], broadcast4(q));
+  __m512i s1 = dot_add(_mm512_setzero_si512(), w[1], broadcast4(q + 4));
+  for (int i = 2; i < 8; i += 2) {
+    s0 = dot_add(s0, w[i], broadcast4(q + 4 * i));
+    s1 = dot_add(s1, w[i + 1], broadcast4(q + 4 * i + 4));
+  }
+  return _mm512_add_epi32(s0, s1);
+}
+
+// One group of 16 rows against R activation rows: out[r * stride + lane].
+template <int R>
+OB_TARGET void q4_1_group(const uint8_t* group, const ActRow* a, int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kQ4_1>;
+  __m512 acc[R], mins[R];
+  for (int r = 0; r < R; ++r) acc[r] = mins[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m512 dw = scales16(blk + L::kScales), mw = scales16(blk + L::kMins);
+    __m512i w[8];  // w[i]: codes 4i..4i+3 of the 16 rows (the low nibbles are values 0..15, the high 16..31)
+    for (int c = 0; c < L::kChunks; ++c) {
+      const __m512i raw = _mm512_loadu_si512(blk + L::kCodes + c * kChunkBytes);
+      w[c] = _mm512_and_si512(raw, low);
+      w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 sumi = _mm512_cvtepi32_ps(block_sums(w, a[r].q + b * QK));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])), sumi, acc[r]);
+      mins[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a[r].s[b]), mins[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, _mm512_add_ps(acc[r], mins[r]));
+}
+
+// Q8_0's codes are signed. With VNNI they are taken as unsigned w + 128 (one xor) and 128 times the activation
+// block's code sum is taken off the int32 sum; without, |w| meets the activation with w's sign moved onto it.
+template <int R>
+OB_TARGET void q8_0_group(const uint8_t* group, const ActRow* a, const int32_t* const* sums, int64_t nb, float* out,
+                          int64_t stride) {
+  using L = Interleaved<kQ8_0>;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m512 dw = scales16(blk + L::kScales);
+    __m512i w[8];
+#if OB_VNNI
+    for (int c = 0; c < L::kChunks; ++c) {
+      w[c] = _mm512_xor_si512(_mm512_loadu_si512(blk + L::kCodes + c * kChunkBytes), _mm512_set1_epi8(-128));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i offset = _mm512_set1_epi32(128 * sums[r][b]);
+      const __m512 sumi = _mm512_cvtepi32_ps(_mm512_sub_epi32(block_sums(w, a[r].q + b * QK), offset));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])), sumi, acc[r]);
+    }
+#else
+    __mmask64 negative[8];
+    for (int c = 0; c < L::kChunks; ++c) {
+      const __m512i raw = _mm512_loadu_si512(blk + L::kCodes + c * kChunkBytes);
+      negative[c] = _mm512_movepi8_mask(raw);
+      w[c] = _mm512_abs_epi8(raw);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a[r].q + b * QK;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int c = 0; c < L::kChunks; c += 2) {
+        const __m512i q0 = broadcast4(q + 4 * c), q1 = broadcast4(q + 4 * c + 4);
+        s0 = dot_add(s0, w[c], _mm512_mask_sub_epi8(q0, negative[c], _mm512_setzero_si512(), q0));
+        s1 = dot_add(s1, w[c + 1], _mm512_mask_sub_epi8(q1, negative[c + 1], _mm512_setzero_si512(), q1));
+      }
+      const __m512 sumi = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])), sumi, acc[r]);
+    }
+#endif
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
+}
+
+// The code sums of each activation block (for Q8_0 with VNNI): 32 codes + 128 each as unsigned bytes, summed
+// by `vpsadbw`, less 32 * 128.
+OB_TARGET inline void code_sums(const ActRow& a, int64_t nb, int32_t* out) {
+  const __m256i flip = _mm256_set1_epi8(-128);
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + b * QK)), flip);
+    const __m256i s = _mm256_sad_epu8(u, _mm256_setzero_si256());  // 4 x u64
+    const __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    out[b] = static_cast<int32_t>(_mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1)) - 32 * 128;
+  }
+}
+
+}  // namespace OB_CAT(x16_, OB_SUFFIX)
+
+// Every group of 16 rows in turn, each against all the activation rows (4 at a time, while the group is in L1).
+OB_TARGET void OB_CAT(dot_q4_1x16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
+                                     int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  for (int c = 0; c < cols; c += kGroupRows) {
+    const uint8_t* group = w + c * row_bytes;
+    for (int r = 0; r < rows; r += 4) {
+      float* o = out + r * stride + c;
+      switch (rows - r) {
+        case 1: k::q4_1_group<1>(group, a + r, nb, o, stride); break;
+        case 2: k::q4_1_group<2>(group, a + r, nb, o, stride); break;
+        case 3: k::q4_1_group<3>(group, a + r, nb, o, stride); break;
+        default: k::q4_1_group<4>(group, a + r, nb, o, stride); break;
+      }
+    }
+  }
+}
+
+OB_TARGET void OB_CAT(dot_q8_0x16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
+                                     int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  constexpr int64_t kStackSums = 512;  // 8 rows of K = 2048 need no allocation
+  int32_t local[kStackSums];
+  std::vector<int32_t> storage;
+  int32_t* sums = local;
+#if OB_VNNI
+  if (rows * nb > kStackSums) {
+    storage.resize(static_cast<size_t>(rows * nb));
+    sums = storage.data();
+  }
+  for (int r = 0; r < rows; ++r) k::code_sums(a[r], nb, sums + r * nb);
+#endif
+  for (int c = 0; c < cols; c += kGroupRows) {
+    const uint8_t* group = w + c * row_bytes;
+    for (int r = 0; r < rows; r += 4) {
+      const int32_t* s[4] = {sums + r * nb, sums + (r + 1) * nb, sums + (r + 2) * nb, sums + (r + 3) * nb};
+      float* o = out + r * stride + c;
+      switch (rows - r) {
+        case 1: k::q8_0_group<1>(group, a + r, s, nb, o, stride); break;
+        case 2: k::q8_0_group<2>(group, a + r, s, nb, o, stride); break;
+        case 3: k::q8_0_group<3>(group, a + r, s, nb, o, stride); break;
+        default: k::q8_0_group<4>(group, a + r, s, nb, o, stride); break;
+      }
+    }
+  }
+}
+
+}  // namespace oneblock
+
+#undef OB_CAT
+#undef OB_CAT2
