@@ -64,3 +64,23 @@ class Running:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.engine.close(grace=5)
+
+
+def slow_engine(monkeypatch: Any, seconds: float = 0.01, **options: Any) -> Engine:
+    """An engine over the tiny model whose every decoding step takes at least ``seconds``."""
+    from oneblock.inference.tokenizer import ByteTokenizer
+
+    engine = Engine(tiny_model(), options.pop("tokenizer", None) or ByteTokenizer(), **options)
+    step = engine.decoder.step
+
+    def slow_step(slots: Any, fed: Any) -> Any:
+        time.sleep(seconds)
+        return step(slots, fed)
+
+    monkeypatch.setattr(engine.decoder, "step", slow_step)
+    return engine
+
+
+def sse_events(lines: Any) -> list[str]:
+    """The ``data:`` payloads of a server-sent event stream's lines (``response.iter_lines()``), read to its end."""
+    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
