@@ -23,7 +23,8 @@ def test_help_lists_the_flags(capsys):
     assert main(["serve", "--help"]) == 0
     out = capsys.readouterr().out
     for flag in ("--model", "--host", "--port", "--api-key", "--embedding-model", "--max-batch", "--max-queue",
-                 "--max-tokens", "--timeout", "--grace"):  # fmt: skip
+                 "--max-tokens", "--timeout", "--grace", "--max-context", "--max-connections", "--header-timeout",
+                 "--body-timeout"):  # fmt: skip
         assert flag in out
 
 
@@ -33,6 +34,14 @@ def test_help_lists_the_flags(capsys):
         (["--max-batch", "0"], "--max-batch must be at least 1; got 0"),
         (["--port", "70000"], r"--port must lie in \[0, 65535\]; got 70000"),
         (["--timeout", "0"], "--timeout must be a positive number of seconds; got 0"),
+        (["--max-context", "1"], "--max-context must be at least 2; got 1"),
+        (["--max-connections", "0"], "--max-connections must be at least 1; got 0"),
+        (["--header-timeout", "0"], "--header-timeout must be a positive number of seconds; got 0"),
+        (["--body-timeout", "-1"], "--body-timeout must be a positive number of seconds; got -1"),
+        (
+            ["--model", "lesson", "--embedding-model", "none", "--max-batch", "100000000"],
+            r"more than this machine's memory .*; lower --max-context or --max-batch",
+        ),
         (["--model", "no-such-model", "--embedding-model", "none"], "'no-such-model' is neither a file"),
         (["--model", "t5-small", "--embedding-model", "none"], "batched decoding needs a pre-LN decoder-only model"),
     ],
@@ -97,4 +106,4 @@ def test_serving_off_loopback_warns_and_accepts_any_host(monkeypatch, capsys):
     server.serve(engine, model_name="lesson", host="0.0.0.0", grace=1)
     err = capsys.readouterr().err
     assert "warning: serving on 0.0.0.0, reachable from other machines; no API key is set (--api-key)" in err
-    assert made["app"].hosts is None  # the Host check is for loopback servers only
+    assert made["app"].state.hosts is None  # the Host check is for loopback servers only

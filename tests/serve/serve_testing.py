@@ -9,11 +9,12 @@ from typing import Any
 import torch
 
 import oneblock as ob
-from oneblock.explore.server import bind, url_of
 from oneblock.inference.quantize import quantize_int8
 from oneblock.serve.app import create_app
 from oneblock.serve.engine import Engine
 from oneblock.serve.server import make_server
+from oneblock.web.guards import HostPolicy
+from oneblock.web.sockets import bind, url_of
 
 KEY = "test-key"
 # A llama-style decoder over UTF-8 bytes; widths are multiples of 16 so the int8 kernel (whose rows are
@@ -35,16 +36,22 @@ def tiny_model() -> torch.nn.Module:
 
 
 class Running:
-    """A started server; ``url`` ends with ``/v1``. ``close()`` stops it as Ctrl-C would."""
+    """A started server; ``url`` ends with ``/v1``. ``close()`` stops it as Ctrl-C would.
 
-    def __init__(self, engine: Engine, **options: Any) -> None:
+    ``grace``, ``max_connections`` and ``header_seconds`` go to ``make_server``, the rest to ``create_app``.
+    """
+
+    def __init__(self, engine: Engine, *, grace: float = 5, **options: Any) -> None:
         self.engine = engine
+        server_options = {k: options.pop(k) for k in ("max_connections", "header_seconds") if k in options}
         options.setdefault("model_name", "tiny")
-        app = create_app(engine, **options)
         sock = bind("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        options.setdefault("hosts", HostPolicy("127.0.0.1", self.port))
+        app = create_app(engine, **options)
         self.base = url_of(sock).rstrip("/")
         self.url = self.base + "/v1"
-        self.server = make_server(app, engine, grace=5)
+        self.server = make_server(app, engine, grace=grace, **server_options)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -57,3 +64,23 @@ class Running:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.engine.close(grace=5)
+
+
+def slow_engine(monkeypatch: Any, seconds: float = 0.01, **options: Any) -> Engine:
+    """An engine over the tiny model whose every decoding step takes at least ``seconds``."""
+    from oneblock.inference.tokenizer import ByteTokenizer
+
+    engine = Engine(tiny_model(), options.pop("tokenizer", None) or ByteTokenizer(), **options)
+    step = engine.decoder.step
+
+    def slow_step(slots: Any, fed: Any) -> Any:
+        time.sleep(seconds)
+        return step(slots, fed)
+
+    monkeypatch.setattr(engine.decoder, "step", slow_step)
+    return engine
+
+
+def sse_events(lines: Any) -> list[str]:
+    """The ``data:`` payloads of a server-sent event stream's lines (``response.iter_lines()``), read to its end."""
+    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]

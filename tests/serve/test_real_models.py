@@ -106,3 +106,32 @@ def test_embeddings_equal_ob_embed(smollm2):
     tokens = sum(len(ids) for ids in load_sentence_model().tokenize(texts))  # [CLS] and [SEP] included
     assert answer.usage.prompt_tokens == answer.usage.total_tokens == tokens
     assert [m.id for m in client(smollm2).models.list()] == ["SmolLM2-135M-Instruct", "minilm"]
+
+
+def test_health_answers_while_smollm2s_tokenizer_encodes_a_megabyte_prompt(smollm2, monkeypatch):
+    """The GGUF tokenizer encodes a 0.9 MB chat for seconds in a worker thread without holding the GIL, so the
+    event loop answers ``/health`` while the request is still being tokenized."""
+    import httpx
+
+    tokenizer = smollm2.engine.tokenizer
+    encode, entered = tokenizer.encode, threading.Event()
+
+    def entering_encode(text, **options):
+        if len(text) > 100_000:
+            entered.set()
+        return encode(text, **options)
+
+    monkeypatch.setattr(tokenizer, "encode", entering_encode)
+    statuses: list[int] = []
+    big = {"model": "m", "messages": [{"role": "user", "content": "word, another. " * 60_000}]}
+    sender = threading.Thread(
+        target=lambda: statuses.append(httpx.post(smollm2.url + "/chat/completions", json=big, timeout=120).status_code)
+    )
+    sender.start()
+    assert entered.wait(60)
+    with httpx.Client(base_url=smollm2.base, timeout=60) as health:
+        for _ in range(3):  # a few round trips: past the moment the encoding has begun
+            assert health.get("/health").json()["status"] == "ok"
+    assert sender.is_alive() and not statuses  # answered while the prompt was still being encoded
+    sender.join(120)
+    assert statuses == [400]  # then refused: 240,000 tokens do not fit SmolLM2's context

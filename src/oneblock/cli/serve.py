@@ -22,6 +22,8 @@ DEFAULT_QUEUE = 32
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_GRACE = 10.0
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 30.0
 KEY_VARIABLE = "ONEBLOCK_API_KEY"
 
 
@@ -78,7 +80,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     limits.add_argument(
         "--grace", type=float, default=DEFAULT_GRACE, metavar="S",
-        help=f"seconds requests in flight get to finish when stopping (default: {DEFAULT_GRACE:g})",
+        help=f"seconds requests in flight get to finish when stopping; then they end with an error "
+        f"(default: {DEFAULT_GRACE:g})",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-context", type=int, metavar="N",
+        help="positions one request may fill, prompt plus new tokens; the key/value cache holds at most "
+        "max-batch x N positions (default: the model's context)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-connections", type=int, metavar="N",
+        help="open connections at once; more are closed on arrival (default: 4 x (max-batch + max-queue))",
+    )  # fmt: skip
+    limits.add_argument(
+        "--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT, metavar="S",
+        help=f"seconds a connection has to send its request line and headers; then it is closed "
+        f"(default: {DEFAULT_HEADER_TIMEOUT:g})",
+    )  # fmt: skip
+    limits.add_argument(
+        "--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT, metavar="S",
+        help=f"seconds a request's body has to arrive; then 408 (default: {DEFAULT_BODY_TIMEOUT:g})",
     )  # fmt: skip
     add_threads_option(parser)
     return parser
@@ -91,15 +112,19 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must lie in [0, 65535]; got {args.port}")
     new_tokens = spelling.flag(args, "default_max_new_tokens")
-    counts = [
-        ("--max-batch", args.max_batch),
-        ("--max-queue", args.max_queue),
-        (new_tokens, args.default_max_new_tokens),
-    ]
-    for flag, value in counts:
-        if value < 1:
-            raise InputError(f"{flag} must be at least 1; got {value}")
-    for flag, number in (("--timeout", args.timeout), ("--grace", args.grace)):
+    counts = (
+        ("--max-batch", args.max_batch, 1), ("--max-queue", args.max_queue, 1),
+        (new_tokens, args.default_max_new_tokens, 1), ("--max-context", args.max_context, 2),
+        ("--max-connections", args.max_connections, 1),
+    )  # fmt: skip
+    for flag, value, least in counts:
+        if value is not None and value < least:
+            raise InputError(f"{flag} must be at least {least}; got {value}")
+    seconds = (
+        ("--timeout", args.timeout), ("--grace", args.grace), ("--header-timeout", args.header_timeout),
+        ("--body-timeout", args.body_timeout),
+    )  # fmt: skip
+    for flag, number in seconds:
         if not number > 0:
             raise InputError(f"{flag} must be a positive number of seconds; got {number}")
     try:  # fail before the model loads for seconds
@@ -124,12 +149,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"loading {source} ...", file=sys.stderr, flush=True)
     loaded = load_model(source, adapter=args.adapter, merge=args.merge)
     embedder = _embedder(args.embedding_model)
-    engine = Engine(loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue)
-    limits = Limits(default_max_tokens=args.default_max_new_tokens, request_seconds=args.timeout)
+    try:
+        engine = Engine(
+            loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue,
+            max_context=args.max_context,
+        )  # fmt: skip
+    except InputError as error:  # the library names its parameters; here they are flags
+        raise InputError(
+            spelling.reword(str(error), {"max_context": "--max-context", "max_batch": "--max-batch"})
+        ) from None
+    limits = Limits(
+        default_max_tokens=args.default_max_new_tokens, request_seconds=args.timeout, body_seconds=args.body_timeout
+    )
     name = Path(str(source)).stem if loaded.kind != "preset" else str(source)
     serve(
         engine, model_name=name, host=args.host, port=args.port, embedder=embedder, api_key=api_key,
-        limits=limits, grace=args.grace,
+        limits=limits, grace=args.grace, max_connections=args.max_connections, header_seconds=args.header_timeout,
     )  # fmt: skip
     return 0
 

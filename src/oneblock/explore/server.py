@@ -16,10 +16,8 @@ and its port, and POSTs must be JSON (``oneblock.web.guards``); connections and 
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +40,7 @@ from oneblock.explore.requests import Limits, parse_request, token_cap
 from oneblock.web.body import read_json
 from oneblock.web.gate import Busy, Gate, Gone
 from oneblock.web.guards import HostCheck, HostPolicy, JSONOnly
+from oneblock.web.sockets import bind, is_loopback, url_of
 from oneblock.web.transport import check_bind_host, server_config
 
 STATIC = Path(__file__).parent / "static"
@@ -127,35 +126,6 @@ def create_app(
     app = Starlette(routes=routes, middleware=checks, exception_handlers={HTTPException: http_error})
     app.state.gate = gate
     return app
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (port 0 picks a free one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(64)
-    return sock
-
-
-def url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 def serve(explorable: Explorable, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None) -> None:

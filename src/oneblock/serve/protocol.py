@@ -2,8 +2,11 @@
 
 Every refusal is an ``ApiError`` whose body has OpenAI's shape, ``{"error": {"message", "type", "param",
 "code"}}``, so the ``openai`` client raises its usual exceptions (``BadRequestError`` for 400, ...). Fields a
-client sends that change nothing here (``user``, zero penalties, ``logprobs: false``) are accepted; fields that
-would change the answer but are not implemented (``n > 1``, ``tools``, ``logprobs``) are refused by name.
+client sends that change nothing here (``user``, zero penalties, ``logprobs: false``, ``best_of: 1``,
+``suffix: ""``, ``response_format: {"type": "text"}``, ``tool_choice: "none"`` without tools) are accepted;
+fields that would change the answer but are not implemented (``n > 1``, ``tools``, ``logprobs``) are refused by
+name. Every string is checked as Unicode and every number as a number before it is used, so a hostile value is a
+400 naming its field, never an exception.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Literal
 from oneblock.errors import InputError
 from oneblock.inference.chat_template import render_chat
 from oneblock.inference.sampling import Sampling
+from oneblock.inference.text import check_text
 from oneblock.inference.tokenizer import Tokenizer
 
 # The conversation format llama.cpp's server falls back to when a model has no template of its own.
@@ -25,7 +29,12 @@ CHATML = (
 )
 MAX_STOP = 4  # OpenAI's limit on stop strings
 ROLES = ("system", "developer", "user", "assistant")
+MAX_MODEL_CHARS = 256  # the name is echoed in every chunk of a stream; OpenAI's own ids are under 64
 UNSUPPORTED = ("tools", "functions", "tool_choice", "response_format", "logit_bias", "suffix", "echo", "best_of")
+# OpenAI's values of those fields that ask for what this server does anyway (tool_choice "none" only without tools).
+NO_OPS: dict[str, tuple[Any, ...]] = {
+    "best_of": (1,), "suffix": ("",), "response_format": ({"type": "text"},), "tool_choice": ("none",),
+}  # fmt: skip
 
 
 class ApiError(Exception):
@@ -86,11 +95,9 @@ def parse_completion(
     """
     if not isinstance(body, dict):
         raise bad("body", f"the request body must be a JSON object; got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model", "'model' is required: a model name (this server answers with its own model)")
+    model = _model(body, "this server answers with its own model")
     for name in UNSUPPORTED:
-        if body.get(name) not in (None, False, [], {}):
+        if not _no_op(body.get(name), NO_OPS.get(name, ())):
             raise bad(name, f"'{name}' is not supported by this server; leave it out")
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
         raise bad("logprobs", "'logprobs' is not supported by this server; leave it out")
@@ -99,7 +106,7 @@ def parse_completion(
             raise bad(name, f"'{name}' is not supported by this server; send 0 or leave it out")
     n = body.get("n")
     if n not in (None, 1) or isinstance(n, bool):
-        raise bad("n", f"'n' must be 1 (one choice per request); got {n!r}; send several requests instead")
+        raise bad("n", f"'n' must be 1 (one choice per request); got {_shown(n)}; send several requests instead")
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not stream or not isinstance(options, dict)):
@@ -124,21 +131,52 @@ def _flag(body: Mapping[str, Any], name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise bad(name, f"'{name}' must be true or false; got {value!r}")
+        raise bad(name, f"'{name}' must be true or false; got {_shown(value)}")
     return value
+
+
+def _model(body: Mapping[str, Any], answered: str) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", f"'model' is required: a model name ({answered})")
+    if len(model) > MAX_MODEL_CHARS:
+        raise bad("model", f"'model' is {len(model):,} characters; the limit is {MAX_MODEL_CHARS}")
+    return _text("model", model)
+
+
+def _text(param: str, value: str, where: str | None = None) -> str:
+    """``value`` if it is valid Unicode (a JSON ``\\ud800`` escape decodes to a lone surrogate, which no
+    tokenizer can encode); the refusal names ``where`` (default: the field ``param``)."""
+    try:
+        return check_text(value, f"'{where or param}'")
+    except InputError as error:
+        raise bad(param, str(error)) from None
+
+
+def _no_op(value: Any, no_ops: tuple[Any, ...]) -> bool:
+    """Whether a field of ``UNSUPPORTED`` asks for nothing: absent, false, empty, or one of its no-op values."""
+    if value is None or value is False or value == [] or value == {}:
+        return True
+    return not isinstance(value, bool) and any(type(value) is type(v) and value == v for v in no_ops)
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (math.isfinite(value) and low <= value <= high)
-    ):
-        raise bad(name, f"'{name}' must be a number in [{low:g}, {high:g}]; got {value!r}")
+    # An int is compared exactly, never converted: math.isfinite(10**400) raises OverflowError.
+    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (finite and low <= value <= high):
+        raise bad(name, f"'{name}' must be a number in [{low:g}, {high:g}]; got {_shown(value)}")
     return float(value)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` in at most 40 characters: a 401-digit integer or a megabyte string is not echoed whole."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _top_p(body: Mapping[str, Any]) -> float | None:
@@ -151,7 +189,7 @@ def _top_p(body: Mapping[str, Any]) -> float | None:
 def _seed(body: Mapping[str, Any]) -> int | None:
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63):
-        raise bad("seed", f"'seed' must be an integer in [-2**63, 2**63) or null; got {seed!r}")
+        raise bad("seed", f"'seed' must be an integer in [-2**63, 2**63) or null; got {_shown(seed)}")
     return seed
 
 
@@ -161,7 +199,7 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad(name, f"'{name}' must be an integer >= 1 or null; got {value!r}")
+            raise bad(name, f"'{name}' must be an integer >= 1 or null; got {_shown(value)}")
         return value
     return None
 
@@ -176,8 +214,9 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
         or not 0 < len(stops) <= MAX_STOP
         or not all(isinstance(s, str) and s for s in stops)
     ):
-        raise bad("stop", f"'stop' must be a non-empty string or a list of 1 to {MAX_STOP} of them; got {stop!r}")
-    return tuple(stops)
+        message = f"'stop' must be a non-empty string or a list of 1 to {MAX_STOP} of them; got {_shown(stop)}"
+        raise bad("stop", message)
+    return tuple(_text("stop", s) for s in stops)
 
 
 def _chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer) -> list[int]:
@@ -187,9 +226,10 @@ def _chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer) -> list[int]:
     conversation = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise bad(f"messages[{i}]", f"message {i} needs a 'role' among {list(ROLES)}; got {message!r:.200}")
+            raise bad(f"messages[{i}]", f"message {i} needs a 'role' among {list(ROLES)}; got {_shown(message)}")
         role = "system" if message["role"] == "developer" else message["role"]
-        conversation.append({"role": role, "content": _content(message.get("content"), i)})
+        content = _text("messages", _content(message.get("content"), i), f"messages[{i}].content")
+        conversation.append({"role": role, "content": content})
     try:
         if getattr(tokenizer, "chat_template", None):
             ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
@@ -215,8 +255,11 @@ def _text_prompt(body: Mapping[str, Any], tokenizer: Tokenizer) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
-        raise bad("prompt", f"'prompt' must be one non-empty string; got {prompt!r:.200}")
-    return tokenizer.encode(prompt)
+        raise bad("prompt", f"'prompt' must be one non-empty string; got {_shown(prompt)}")
+    try:
+        return tokenizer.encode(_text("prompt", prompt))
+    except InputError as error:
+        raise bad("prompt", str(error)) from None
 
 
 def parse_embeddings(body: Any) -> tuple[str, list[str], str]:
@@ -228,14 +271,13 @@ def parse_embeddings(body: Any) -> tuple[str, list[str], str]:
     """
     if not isinstance(body, dict):
         raise bad("body", f"the request body must be a JSON object; got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model", "'model' is required: a model name (this server embeds with its embedding model)")
+    model = _model(body, "this server embeds with its embedding model")
     texts = body.get("input")
     texts = [texts] if isinstance(texts, str) else texts
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise bad("input", "'input' must be a string or a non-empty list of strings (token ids are not accepted)")
+    texts = [_text("input", t, f"input[{i}]") for i, t in enumerate(texts)]
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
-        raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64'; got {encoding!r}")
+        raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64'; got {_shown(encoding)}")
     return model, texts, encoding

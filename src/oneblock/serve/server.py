@@ -1,7 +1,12 @@
 """Running the server: bind, serve with uvicorn, stop gracefully.
 
+The transport is ``oneblock.web.transport``'s, as the explorer's: a connection must send its request line and
+headers within ``header_seconds`` (a stalled or hostile one is closed), at most ``max_connections`` are open at
+once, and an idle keep-alive connection is closed after 5 s; a body must arrive within ``Limits.body_seconds``.
+
 Ctrl-C or SIGTERM stops accepting connections and requests at once; requests in flight get ``grace`` seconds to
-finish (the engine keeps decoding them), then the rest are ended and the process exits with status 0.
+finish (the engine keeps decoding them), then the engine ends the rest with an error (a stream gets an error
+event and ``data: [DONE]``), and the process exits with status 0.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from typing import Any
 
 import uvicorn
 
-from oneblock.explore.server import bind, is_loopback, url_of
 from oneblock.inference.embedding import SentenceEncoder
-from oneblock.serve.app import LOOPBACK_NAMES, Limits, create_app
+from oneblock.serve.app import Limits, create_app
 from oneblock.serve.engine import Engine
+from oneblock.web.guards import HostPolicy
+from oneblock.web.sockets import bind, is_loopback, url_of
+from oneblock.web.transport import HEADER_SECONDS, check_bind_host, server_config
 
-HEADER_BYTES = 64 * 1024  # the largest request head (line and headers) uvicorn reads
+ENDING_SECONDS = 5  # after the grace period: time for the error events to reach the clients before uvicorn cancels
 
 
 class GracefulServer(uvicorn.Server):
@@ -40,13 +47,22 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def make_server(app: Any, engine: Engine, *, grace: float) -> GracefulServer:
-    """A uvicorn server for ``app``: bounded connections, a bounded request head, ``grace`` seconds to finish."""
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="off", timeout_graceful_shutdown=math.ceil(grace), timeout_keep_alive=5,
-        limit_concurrency=4 * (engine.max_batch + engine.max_queue), h11_max_incomplete_event_size=HEADER_BYTES,
+def max_connections_of(engine: Engine) -> int:
+    """The default bound on open connections: four per request the engine may hold, running or waiting."""
+    return 4 * (engine.max_batch + engine.max_queue)
+
+
+def make_server(
+    app: Any, engine: Engine, *, grace: float, max_connections: int | None = None,
+    header_seconds: float = HEADER_SECONDS,
+) -> GracefulServer:  # fmt: skip
+    """A uvicorn server for ``app``: bounded connections, a deadline for request heads, ``grace`` seconds for the
+    requests in flight when it stops (then the engine ends them)."""
+    config = server_config(
+        app, max_connections=max_connections or max_connections_of(engine), header_seconds=header_seconds,
+        graceful_seconds=math.ceil(grace) + ENDING_SECONDS,
     )  # fmt: skip
-    return GracefulServer(config, engine.refuse)
+    return GracefulServer(config, lambda: engine.stop(grace))
 
 
 def serve(
@@ -59,19 +75,26 @@ def serve(
     api_key: str | None = None,
     limits: Limits | None = None,
     grace: float = 10.0,
+    max_connections: int | None = None,
+    header_seconds: float = HEADER_SECONDS,
 ) -> None:
-    """Serve until Ctrl-C or SIGTERM; prints the URL first, and a warning when ``host`` is not loopback."""
+    """Serve until Ctrl-C or SIGTERM; prints the URL first, and a warning when ``host`` is not loopback.
+
+    On a loopback ``host`` only requests addressed to a loopback name and the bound port are answered (against
+    DNS rebinding); off loopback any ``Host`` is, and the API key is the protection.
+    """
+    check_bind_host(host)
     loopback = is_loopback(host)
     if not loopback:
         key = "requests need the API key" if api_key else "no API key is set (--api-key)"
         print(f"warning: serving on {host}, reachable from other machines; {key}", file=sys.stderr)
-    app = create_app(
-        engine, model_name=model_name, embedder=embedder, api_key=api_key,
-        hosts=LOOPBACK_NAMES if loopback else None, limits=limits,
-    )  # fmt: skip
     sock = bind(host, port)
+    hosts = HostPolicy(host, sock.getsockname()[1]) if loopback else None
+    app = create_app(
+        engine, model_name=model_name, embedder=embedder, api_key=api_key, hosts=hosts, limits=limits
+    )  # fmt: skip
     print(f"oneblock serve: {model_name} at {url_of(sock)}v1 (Ctrl-C stops)", flush=True)
-    server = make_server(app, engine, grace=grace)
+    server = make_server(app, engine, grace=grace, max_connections=max_connections, header_seconds=header_seconds)
     try:
         server.run(sockets=[sock])
     finally:

@@ -6,7 +6,8 @@
 * ``body``: the request's JSON body, capped in bytes, nesting depth and integer digits, text checked as Unicode;
 * ``gate``: one model computation at a time with at most a few waiting, the waiting done on the event loop
   (no thread held), 503 with ``Retry-After`` beyond, so static files and cheap routes always answer;
-* ``transport``: uvicorn's settings: bounded connections, a deadline for a request's headers, quiet hang-ups.
+* ``transport``: uvicorn's settings: bounded connections, a deadline for a request's headers, quiet hang-ups;
+* ``sockets``: the listening socket, its URL, and whether a host is loopback.
 
 The limits and how to raise them are in docs/limits-web.md.
 """

@@ -24,6 +24,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+ErrorBody = Callable[[int, str], bytes]
+"""A refusal's body from its status and message: each server answers in its own error shape."""
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("0.0.0.0", "::")
@@ -35,9 +37,16 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
-async def refuse(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-    """Answer a request with ``status`` and ``{"error": message}`` without calling the app."""
-    body = error_body(message)
+def plain_error(status: int, message: str) -> bytes:
+    """The explorer's refusal: ``{"error": message}`` whatever the status."""
+    return error_body(message)
+
+
+async def refuse(
+    send: Send, status: int, message: str, headers: dict[str, str] | None = None, *, shape: ErrorBody = plain_error
+) -> None:
+    """Answer a request with ``status`` and ``shape(status, message)`` without calling the app."""
+    body = shape(status, message)
     raw = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -99,17 +108,19 @@ class HostPolicy:
 
 
 class HostCheck:
-    """Refuse (400) an HTTP request whose ``Host`` header is not one ``policy`` allows."""
+    """Refuse (400) an HTTP request whose ``Host`` header is not one ``policy`` allows; ``shape`` writes the
+    refusal's body."""
 
-    def __init__(self, app: ASGIApp, policy: HostPolicy) -> None:
-        self.app, self.policy = app, policy
+    def __init__(self, app: ASGIApp, policy: HostPolicy, *, shape: ErrorBody = plain_error) -> None:
+        self.app, self.policy, self.shape = app, policy, shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
             if not self.policy.allows(host):
                 shown = host[:80] if host else "(none)"
-                await refuse(send, 400, f"Host {shown!r} is not this server's; use {self.policy.describe()}")
+                message = f"Host {shown!r} is not this server's; use {self.policy.describe()}"
+                await refuse(send, 400, message, shape=self.shape)
                 return
         await self.app(scope, receive, send)
 
@@ -121,16 +132,18 @@ def is_json_type(value: str) -> bool:
 
 
 class JSONOnly:
-    """Refuse (415) a request with a body-carrying method (POST, PUT, ...) not declared as JSON."""
+    """Refuse (415) a request with a body-carrying method (POST, PUT, ...) not declared as JSON; ``shape`` writes
+    the refusal's body."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, *, shape: ErrorBody = plain_error) -> None:
+        self.app, self.shape = app, shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] not in BODILESS:
             declared = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
             if not is_json_type(declared):
                 shown = declared[:80] if declared else "none"
-                await refuse(send, 415, f"{scope['method']} bodies must be Content-Type: application/json; got {shown}")
+                message = f"{scope['method']} bodies must be Content-Type: application/json; got {shown}"
+                await refuse(send, 415, message, shape=self.shape)
                 return
         await self.app(scope, receive, send)

@@ -91,6 +91,7 @@ def server_config(
     max_connections: int = MAX_CONNECTIONS,
     header_seconds: float = HEADER_SECONDS,
     keep_alive_seconds: int = KEEP_ALIVE_SECONDS,
+    graceful_seconds: int | None = None,
     log_level: str = "warning",
 ) -> Config:
     """uvicorn's ``Config`` for ``app`` with oneblock's bounds (sockets are passed to ``Server.run``).
@@ -100,6 +101,8 @@ def server_config(
         max_connections: open connections at once; more are closed on arrival.
         header_seconds: time a connection has to send its request line and headers.
         keep_alive_seconds: an idle keep-alive connection is closed after this.
+        graceful_seconds: on shutdown, how long requests in flight may go on before uvicorn cancels them
+            (``None``: until they end).
         log_level: uvicorn's own log level.
     """
     config = Config(
@@ -112,6 +115,7 @@ def server_config(
         timeout_keep_alive=keep_alive_seconds,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         access_log=False,
+        timeout_graceful_shutdown=graceful_seconds,
     )
     config.header_seconds = header_seconds  # type: ignore[attr-defined]
     config.max_connections = max_connections  # type: ignore[attr-defined]

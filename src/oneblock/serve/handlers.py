@@ -1,0 +1,289 @@
+"""The routes of ``oneblock serve``, one named handler each, over the batching engine.
+
+A completion's body is read on the event loop (bytes only, capped in size and time); decoding the JSON, checking
+the fields, rendering the chat template and tokenizing run in a worker thread, so ``/health`` and the streams of
+other requests go on while a megabyte prompt is encoded. Generation runs on the engine's thread; its events come
+back through an ``asyncio.Queue``. A non-streamed request watches its connection while it waits, so a client
+that hangs up frees its row at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from oneblock.errors import InputError, OneBlockError
+from oneblock.inference.embedding import SentenceEncoder
+from oneblock.serve.engine import CacheFull, Delta, Done, Engine, Event, Failed, Job, QueueFull, Stopping
+from oneblock.serve.protocol import ApiError, Request, parse_completion, parse_embeddings
+from oneblock.serve.responses import Answer, embeddings_body, model_entry
+from oneblock.web.body import BODY_SECONDS, BadField, BodyTooLarge, BodyTooSlow, parse_json, read_body
+from oneblock.web.gate import Busy, Gate, Gone
+
+log = logging.getLogger("oneblock.serve")
+CLOSE = {"Connection": "close"}  # a body left unread: the connection cannot carry another request
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for.
+
+    Attributes:
+        max_body: request body bytes (413 beyond).
+        body_seconds: time for the whole body to arrive once the headers have (408 beyond).
+        default_max_tokens: new tokens when a request names no limit (always capped by the context).
+        request_seconds: generation time per request; past it the answer ends with ``finish_reason: "length"``.
+        max_inputs: texts per embeddings request.
+    """
+
+    max_body: int = 1 << 20
+    body_seconds: float = BODY_SECONDS
+    default_max_tokens: int = 512
+    request_seconds: float = 300.0
+    max_inputs: int = 256
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def body_refusal(error: InputError) -> ApiError:
+    """A body that could not be read or decoded: 413 too large, 408 too slow, else 400 (naming the field)."""
+    if isinstance(error, BodyTooLarge):
+        return ApiError(413, str(error), headers=CLOSE)
+    if isinstance(error, BodyTooSlow):
+        return ApiError(408, str(error), kind="timeout", headers=CLOSE)
+    return ApiError(400, str(error), param=error.field if isinstance(error, BadField) else None)
+
+
+def sse(body: dict[str, Any] | str) -> str:
+    return f"data: {body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+class Events:
+    """A request's events, put by the engine's thread and read on the event loop; ``None`` means the client left."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
+
+    def emit(self, event: Event) -> None:  # on the engine's thread
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the server is gone
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    async def get(self) -> Event | None:
+        return await self.queue.get()
+
+
+class Service:
+    """The server's state (engine, models, limits) and its routes, each a method.
+
+    Args:
+        engine: runs the generations (its tokenizer renders and encodes the prompts).
+        model_name: the served model's id in ``/v1/models``.
+        embedder: the embedding model, or ``None`` (then ``/v1/embeddings`` answers 404).
+        embedding_name: its id in ``/v1/models``.
+        limits: body size and time, default tokens, time per request.
+    """
+
+    def __init__(
+        self, engine: Engine, *, model_name: str, embedder: SentenceEncoder | None, embedding_name: str,
+        limits: Limits,
+    ) -> None:  # fmt: skip
+        self.engine, self.embedder, self.limits = engine, embedder, limits
+        self.names = [model_name] + ([embedding_name] if embedder is not None else [])
+        self.created = int(time.time())
+        # One embedding batch at a time, waiting on the event loop: memory stays one forward pass, and no worker
+        # thread is spent waiting (the prompts of completions are tokenized in those threads).
+        self.embed_gate = Gate(queue=engine.max_queue)
+        tokenizer = engine.tokenizer
+        eos = tokenizer.eos_id if tokenizer.eos_id is not None else engine.decoder.model.config.eos_token_id
+        self.eos_ids = frozenset({eos} if eos is not None else ())
+
+    # -- completions -----------------------------------------------------------------------------------------------
+
+    async def chat(self, request: HTTPRequest) -> Response:
+        return await self.completion(request, "chat")
+
+    async def text(self, request: HTTPRequest) -> Response:
+        return await self.completion(request, "text")
+
+    async def completion(self, request: HTTPRequest, kind: Literal["chat", "text"]) -> Response:
+        try:
+            raw = await read_body(request, self.limits.max_body, seconds=self.limits.body_seconds)
+            parsed = await run_in_threadpool(self._parse_completion, raw, kind)
+        except ApiError as error:
+            return error_response(error)
+        except InputError as error:
+            return error_response(body_refusal(error))
+        except ClientDisconnect:
+            return Response(status_code=499)  # nobody reads it
+        events = Events()
+        job = Job(
+            parsed.prompt, parsed.max_new, parsed.sampling, events.emit, stop=parsed.stop, eos_ids=self.eos_ids,
+            seconds=self.limits.request_seconds,
+        )  # fmt: skip
+        refusal = self._submit(job)
+        if refusal is not None:
+            return error_response(refusal)
+        answer = Answer(parsed)
+        if parsed.stream:
+            headers = {"Cache-Control": "no-store"}
+            return StreamingResponse(stream(answer, job, events), media_type="text/event-stream", headers=headers)
+        return await whole(request, answer, job, events)
+
+    def _parse_completion(self, raw: bytes, kind: Literal["chat", "text"]) -> Request:
+        """In a worker thread: the JSON, the fields, the rendered and tokenized prompt."""
+        engine = self.engine
+        body = parse_json(raw)
+        return parse_completion(
+            body, kind, engine.tokenizer, context=engine.context, default_max=self.limits.default_max_tokens
+        )
+
+    def _submit(self, job: Job) -> ApiError | None:
+        engine = self.engine
+        try:
+            engine.submit(job)
+        except QueueFull:
+            message = f"the server is busy ({engine.max_batch} running, {engine.max_queue} waiting); retry shortly"
+            return ApiError(429, message, kind="rate_limit_error", headers={"Retry-After": "1"})
+        except CacheFull as full:
+            message = (
+                f"the key/value cache is reserved by the requests in flight: this one needs {full.needed} positions "
+                f"and {full.free} of {full.budget} are free; retry shortly, or ask for fewer max_tokens"
+            )
+            return ApiError(503, message, kind="server_error", code="cache_full", headers={"Retry-After": "1"})
+        except Stopping:
+            return ApiError(503, "the server is shutting down", kind="server_error")
+        except InputError as error:  # the prompt and max_tokens were fitted to the context before: a last guard
+            return ApiError(400, str(error), code="context_length_exceeded")
+        return None
+
+    # -- embeddings and the rest ---------------------------------------------------------------------------------------
+
+    async def embeddings(self, request: HTTPRequest) -> Response:
+        embedder = self.embedder
+        try:
+            if embedder is None:
+                raise ApiError(404, "this server has no embedding model; start it with --embedding-model minilm",
+                               code="model_not_found")  # fmt: skip
+            raw = await read_body(request, self.limits.max_body, seconds=self.limits.body_seconds)
+            name, texts, encoding = await run_in_threadpool(lambda: parse_embeddings(parse_json(raw)))
+            if len(texts) > self.limits.max_inputs:
+                raise ApiError(
+                    400, f"'input' holds {len(texts)} texts; the limit is {self.limits.max_inputs}", param="input"
+                )
+            body = await self.embed_gate.run(lambda: _embed(embedder, name, texts, encoding))
+        except ApiError as error:
+            return error_response(error)
+        except (BodyTooLarge, BodyTooSlow, BadField) as error:
+            return error_response(body_refusal(error))
+        except OneBlockError as error:
+            return error_response(ApiError(400, str(error), param="input"))
+        except Busy as busy:
+            message = "the embedding model is busy with other requests; retry shortly"
+            headers = {"Retry-After": str(busy.retry_after)}
+            return error_response(ApiError(503, message, kind="server_error", headers=headers))
+        except (ClientDisconnect, Gone):
+            return Response(status_code=499)
+        return JSONResponse(body)
+
+    def models(self) -> list[dict[str, Any]]:
+        return [model_entry(name, self.created) for name in self.names]
+
+    async def model_list(self, request: HTTPRequest) -> Response:
+        return JSONResponse({"object": "list", "data": self.models()})
+
+    async def model(self, request: HTTPRequest) -> Response:
+        wanted = request.path_params["name"]
+        for entry in self.models():
+            if entry["id"] == wanted:
+                return JSONResponse(entry)
+        message = f"the model {wanted[:300]!r} does not exist here; this server has {self.names}"
+        return error_response(ApiError(404, message, param="model", code="model_not_found"))
+
+    async def health(self, request: HTTPRequest) -> Response:
+        active, waiting = self.engine.load()
+        return JSONResponse({"status": "ok", "active": active, "waiting": waiting})
+
+    async def http_error(self, request: HTTPRequest, error: Exception) -> Response:
+        status, detail = getattr(error, "status_code", 500), getattr(error, "detail", "error")
+        return error_response(ApiError(status, f"{request.method} {request.url.path}: {detail}"))
+
+    async def internal_error(self, request: HTTPRequest, error: Exception) -> Response:
+        """Any exception no handler expected: logged, and answered in OpenAI's shape (never plain text)."""
+        log.error("serve: %s %s failed", request.method, request.url.path, exc_info=error)
+        message = f"internal error ({type(error).__name__}); the server's log has details"
+        return error_response(ApiError(500, message, kind="server_error"))
+
+
+async def whole(request: HTTPRequest, answer: Answer, job: Job, events: Events) -> Response:
+    """The non-streamed answer, once the engine has finished; a 499 as soon as the client hangs up."""
+    watcher = asyncio.create_task(_watch_hang_up(request, job, events))
+    pieces: list[str] = []
+    try:
+        while True:
+            event = await events.get()
+            if event is None:
+                return Response(status_code=499)  # nobody reads it
+            if isinstance(event, Delta):
+                pieces.append(event.text)
+            elif isinstance(event, Done):
+                return JSONResponse(answer.whole("".join(pieces), event))
+            else:
+                return error_response(_failure(event))
+    finally:
+        watcher.cancel()
+        job.cancel()  # a no-op once finished; frees the row if this handler was cancelled
+
+
+async def _watch_hang_up(request: HTTPRequest, job: Job, events: Events) -> None:
+    """Wait for the client's disconnect (the body has been read: the next message is one) and drop the job."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()  # the engine frees the row at its next step
+    events.queue.put_nowait(None)
+
+
+async def stream(answer: Answer, job: Job, events: Events) -> AsyncIterator[str]:
+    """Server-sent events: the role, the text, the finish (and usage), or an error event; ``[DONE]`` last."""
+    try:
+        yield sse(answer.chunk(first=True))
+        while True:
+            event = await events.get()
+            if isinstance(event, Delta):
+                yield sse(answer.chunk(event.text))
+            elif isinstance(event, Done):
+                yield sse(answer.chunk(finish=event.finish_reason))
+                if answer.request.include_usage:
+                    yield sse(answer.usage_chunk(event))
+                break
+            else:
+                if event is not None:
+                    yield sse(_failure(event).body())
+                break
+        yield sse("[DONE]")
+    finally:
+        job.cancel()  # the client went away (or the answer ended): the row is freed at the next step
+
+
+def _failure(event: Failed) -> ApiError:
+    code = {503: "server_shutting_down", 507: "insufficient_memory"}.get(event.status)
+    return ApiError(event.status, event.message, kind="server_error", code=code)
+
+
+def _embed(embedder: SentenceEncoder, name: str, texts: list[str], encoding: str) -> Any:
+    tokens = sum(len(ids) for ids in embedder.tokenize(texts))
+    vectors = embedder.encode(texts)  # (N, C), L2-normalized: what ob.embed returns
+    return embeddings_body(name, vectors, encoding, tokens)
