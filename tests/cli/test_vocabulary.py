@@ -143,7 +143,7 @@ def _strings(path: Path) -> list[tuple[int, str]]:
 OTHER_PROGRAMS = {
     ("io/gguf/smollm2.py", "--no-deps"),
     ("train/loop.py", "--resume"),  # RunLock(command="oneblock train --resume"): what holds the lock
-    ("serve/app.py", "--embedding-model"),
+    ("serve/handlers.py", "--embedding-model"),
     ("serve/server.py", "--api-key"),
 }
 

@@ -85,7 +85,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     limits.add_argument(
         "--max-context", type=int, metavar="N",
-        help="positions one request may fill, prompt plus new tokens; the key/value cache holds at most "
+        help="positions one request may fill, its prompt and its reply together; the key/value cache holds at most "
         "max-batch x N positions (default: the model's context)",
     )  # fmt: skip
     limits.add_argument(
