@@ -151,7 +151,9 @@ class BPETokenizer(_NoChatTemplate):
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise InputError(f"encode expects a str; got {type(text).__name__}")
-        return self.tokenizer.encode(check_text(text), add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode holds it: seconds for a megabyte prompt, during
+        # which a server's event loop cannot answer anyone)
+        return self.tokenizer.encode_batch([check_text(text)], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``; a partial multi-byte character decodes to U+FFFD."""
