@@ -19,8 +19,9 @@ import torch
 
 NAME = "oneblock_kernels"
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "dequantize.cpp", "dot_scalar.cpp", "dot_avx2.cpp", "dot_avx512.cpp")
-HEADERS = ("blocks.h", "dot.h", "dot_avx512.h")
+SOURCES: tuple[str, ...] = ("ops.cpp", "dequantize.cpp", "dot_scalar.cpp", "dot_avx2.cpp", "dot_avx512.cpp")
+SOURCES += ("decode_plan.cpp", "decode_step.cpp", "step_math.cpp")  # the native decode step
+HEADERS = ("blocks.h", "dot.h", "dot_avx512.h", "decode_step.h", "step_math.h")
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as
 # the NumPy reference (the vector paths call FMA explicitly).
 CFLAGS = ("-O3", "-ffp-contract=off")

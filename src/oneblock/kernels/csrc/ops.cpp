@@ -171,6 +171,9 @@ void set_isa(int64_t isa) {
 }
 
 }  // namespace
+
+DotFn dot_kernel(int64_t fmt) { return kernel_for(fmt); }
+
 }  // namespace oneblock
 
 TORCH_LIBRARY(oneblock, m) {
