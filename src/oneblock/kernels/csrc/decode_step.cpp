@@ -63,7 +63,7 @@ class Walk {
       c.done.fetch_add(1, std::memory_order_release);
     }
     for (int spins = 0; c.done.load(std::memory_order_acquire) < chunks; ++spins) {
-      if (spins < (1 << 14)) {
+      if (spins < 1024) {  // a few microseconds: the usual wait between passes
         _mm_pause();
       } else {
         sched_yield();  // a descheduled thread holds a chunk: let it run
@@ -199,7 +199,7 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     ws.aatt[r] = {ws.qatt.data() + r * hd, ws.datt.data() + r * hd / QK, ws.satt.data() + r * hd / QK};
     ws.ah[r] = {ws.qh.data() + r * F, ws.dh.data() + r * F / QK, ws.sh.data() + r * F / QK};
   }
-  const int64_t passes = 3 + 7 * p.n_layers;
+  const int64_t passes = 3 + 8 * p.n_layers;  // at most: the quantizing pass of the heads is not always there
   if (ws.n_counters < passes) ws.counters.reset(new Counter[passes]), ws.n_counters = passes;
   for (int64_t i = 0; i < passes; ++i) ws.counters[i].claimed.store(0), ws.counters[i].done.store(0);
 
