@@ -198,3 +198,52 @@ def test_fake_implementation_gives_the_logits_shape():
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     with torch.inference_mode():
         assert torch.equal(compiled(torch.tensor([1, 2, 3])), step(torch.tensor([1, 2, 3])))
+
+
+SMOLLM2_TEXT = (
+    "The printing press was invented in the fifteenth century by Johannes Gutenberg, a goldsmith from Mainz. "
+    "Before it, books were copied by hand, which made them rare and expensive. Movable metal type, oil-based ink "
+    "and a wooden press adapted from those used to make wine allowed a workshop to print hundreds of pages a day. "
+    "Within fifty years presses were running in more than two hundred cities across Europe, and the price of books "
+    "fell sharply. Pamphlets carried arguments about religion and politics faster than any preacher could travel, "
+    "and scholars in distant towns could at last read the same text, page for page, and correct each other's "
+    "mistakes. Rivers were once the roads of trade: barges carried grain, salt and timber downstream, and towns "
+    "grew where two rivers met or where a bridge could be built. The railway changed that within a single "
+    "lifetime. A journey that had taken a week by coach took a day by train, fresh fish reached inland markets, "
+    "and clocks across a whole country were set to one time so that timetables could be printed and trusted. "
+    "Bees find flowers by colour and scent, and tell each other where they are with a dance: the angle of the "
+    "dance to the vertical gives the direction of the food relative to the sun, and its length gives the distance."
+)
+WINDOW = 64
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("gguf")
+    from oneblock.errors import CheckpointError
+    from oneblock.io.gguf.smollm2 import load_smollm2
+
+    try:
+        quantized, tokenizer = load_smollm2()
+    except CheckpointError as err:
+        pytest.skip(str(err))
+    exact, _ = load_smollm2(dtype=torch.float32)
+    ids = tokenizer.encode(SMOLLM2_TEXT)
+    windows = torch.tensor(ids[: len(ids) // WINDOW * WINDOW]).view(-1, WINDOW)  # (W, 64): one row per window
+    return quantized, exact, windows
+
+
+def test_smollm2_native_step_in_float32_and_in_its_q4_1_file(smollm2):
+    """SmolLM2-135M-Instruct: the file's 4-bit matrices and tied Q8_0 head, and the same model dequantized; the
+    text's windows side by side as a batch, fed token by token."""
+    quantized, exact, windows = smollm2
+    assert windows.shape[0] >= 4
+    feed = windows[:, 1:].T.tolist()
+    native, python = decode_both(exact, windows[:, :1], steps=WINDOW - 1, feed=feed)  # (63, W, V)
+    assert relative(native, python) <= 1e-5  # measured 1.1e-6
+    assert torch.equal(native.argmax(-1), python.argmax(-1))
+    native4, python4 = decode_both(quantized, windows[:, :1], steps=WINDOW - 1, feed=feed)
+    reference = python.flatten(0, 1)
+    kl_native, kl_python = kl_to(reference, native4.flatten(0, 1)), kl_to(reference, python4.flatten(0, 1))
+    assert kl_native <= 1.1 * kl_python, (kl_native, kl_python)
+    assert (native4.argmax(-1) == python4.argmax(-1)).float().mean().item() >= 0.9
