@@ -17,6 +17,11 @@ so a row's output is independent of the others exactly when the layer's kernel i
 the number of rows, so a float layer's row may differ from its value alone in the last bits (the tests bound the
 difference and check greedy tokens). With row-independent layers, a row's logits are bit-equal to those it gets
 alone, and equal to ``generate``'s lean step.
+
+Where the C++ library is built and the model qualifies, ``step`` runs as one call to the native step
+(:mod:`oneblock.inference.native_step`), each row over its own cache tensors; its block and float products compute
+each output by the same instructions whatever the batch, so there too a row never depends on the others. The
+Python step below stays the reference and the fallback (``ONEBLOCK_NATIVE_STEP=0``, no compiler, LoRA wrappers).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from torch import Tensor, nn
 
 from oneblock.errors import InputError
 from oneblock.inference.decode import _fused_qkv, heads_of_one_token, lean_supported
+from oneblock.inference.native_step import NativeStep
 from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.decoder import Decoder
@@ -55,12 +61,14 @@ class BatchDecoder:
 
     Args:
         model: a pre-LN decoder-only ``Decoder`` (``lean_supported``), in eval mode.
+        native: step with the native step where it applies (``None``, the default: unless
+            ``ONEBLOCK_NATIVE_STEP=0``); ``False`` always runs the Python step. ``native`` tells which one runs.
 
     Raises:
         InputError: a model the lean step cannot run (encoder-decoder, post-LN, relative position bias).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, native: bool | None = None) -> None:
         if not isinstance(model, Decoder) or not lean_supported(model):
             raise InputError(
                 f"batched decoding needs a pre-LN decoder-only model without relative position bias; got "
@@ -73,6 +81,7 @@ class BatchDecoder:
         self.heads, self.kv_heads, self.d_head = attn.n_heads, attn.n_kv_heads, attn.d_head
         self.sizes = (self.heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head)
         self.device = model.embed.device
+        self.native = NativeStep.of(model) if native is not False else None
 
     @property
     def context(self) -> int:
@@ -127,6 +136,8 @@ class BatchDecoder:
         full = [i for i, slot in enumerate(slots) if slot.length >= slot.capacity]
         if full:
             raise InputError(f"slots {full} are full ({slots[full[0]].capacity} positions); retire them first")
+        if self.native is not None and all(slot.cache.layers[0].k.dtype == torch.float32 for slot in slots):
+            return self._native_step(slots, fed)
         model = self.model
         positions = torch.tensor([[slot.length] for slot in slots], device=self.device)  # (B, 1)
         x = model.embed(fed[:, None], positions)  # (B, 1, C)
@@ -145,6 +156,19 @@ class BatchDecoder:
             x = model.final_norm(x)
         logits = model.logits(x[:, 0])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def _native_step(self, slots: Sequence[Slot], fed: Tensor) -> Tensor:
+        """``step`` in one call: row i at position and cache column ``slots[i].length``, over its own caches."""
+        lengths = torch.tensor([slot.length for slot in slots], dtype=torch.long)  # (B,)
+        keys = [layer.k for slot in slots for layer in slot.cache.layers]  # B * L tensors, row by row
+        values = [layer.v for slot in slots for layer in slot.cache.layers]
+        starts = torch.zeros(len(slots), dtype=torch.long)  # a slot holds no padding
+        logits = self.native(fed.contiguous(), lengths, lengths, starts, keys, values)  # type: ignore[misc]
+        for slot in slots:
+            slot.length += 1
+            for layer in slot.cache.layers:
+                layer.length = slot.length  # as ``KVCache.write`` leaves it
+        return logits
 
     def _attend(self, block: Block, slot: Slot, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """One row's attention: store its key and value at its position, attend over its L + 1 keys (no mask:

@@ -14,7 +14,9 @@ Two implementations compute the same logits:
   query/key/value matrix per layer (the file's block matrix for a GGUF model). A step then validates nothing and
   builds no mask: a single new query attends to every cached key, so causality needs no mask, and padding is a
   view of the precomputed one. ``torch.compile`` can compile ``step`` (``compile=True``; off on the CPU, where it
-measured slower).
+measured slower). Where the C++ library is built and the model qualifies, each token instead goes through the
+native step (:mod:`oneblock.inference.native_step`: one call per token); ``step`` stays the reference it mirrors,
+and the fallback (``ONEBLOCK_NATIVE_STEP=0``, no compiler, LoRA wrappers, a narrower cache, ``compile``).
 
 Tests prove the lean step's logits equal the full forward's within 1e-5 in float32, with identical greedy tokens.
 """
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.inference.compile_policy import compile_backend
+from oneblock.inference.native_step import NativeStep
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
@@ -159,9 +162,18 @@ class LeanDecode:
             name, always honoured (``"aot_eager"`` traces without generating code, in seconds). The first call
             pays the compilation; ``compile_seconds`` records that first call's time.
         cache_dtype: dtype of the stored keys and values (default: the model's).
+        native: decode with the native step where it applies (``None``, the default: unless
+            ``ONEBLOCK_NATIVE_STEP=0``); ``False`` always runs ``step``. ``native`` tells which one runs.
     """
 
-    def __init__(self, run: _Run, *, compile: bool | str = False, cache_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        run: _Run,
+        *,
+        compile: bool | str = False,
+        cache_dtype: torch.dtype | None = None,
+        native: bool | None = None,
+    ) -> None:
         model = run.decoder
         self.run, self.model = run, model
         b, t = run.seen.shape
@@ -193,6 +205,22 @@ class LeanDecode:
         backend = compile_backend(compile, run.seen.device)  # None on the CPU unless forced: see compile_policy
         self._step = self.step if backend is None else torch.compile(self.step, dynamic=True, backend=backend)
         self._compiled = backend is not None
+        self.native: NativeStep | None = None
+        if native is not False and backend is None and self.cache.layers[0].k.dtype == torch.float32:
+            self.native = NativeStep.of(model)
+        if self.native is not None:
+            self._native_rows(run, total)
+            self._step = self.native_step
+
+    def _native_rows(self, run: _Run, total: int) -> None:
+        """Per position, every row's position and cache column, (total, B) int64; each row's first real column."""
+        b, t = run.seen.shape
+        where = self.positions if self.positions is not None else self.arange[None].expand(b, total)
+        self.row_positions = where.T.contiguous()  # (total, B): row ``position`` is one step's
+        self.row_columns = self.arange[:, None].expand(total, b).contiguous()  # (total, B)
+        self.row_starts = torch.zeros(b, dtype=torch.long)  # (B,) left padding is never attended
+        if run.mask is not None:
+            self.row_starts = (~run.mask[:, :t]).sum(dim=-1)
 
     def next(self, fed: Tensor | None) -> Tensor:
         """The logits (B, V) in float32 after ``fed`` (B,) (``None`` on the first call: the prompt)."""
@@ -251,3 +279,14 @@ class LeanDecode:
             x = model.final_norm(x)
         logits = model.logits(x[:, 0])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def native_step(self, fed: Tensor, position: int) -> Tensor:
+        """``step``'s logits (B, V) float32, computed by one call to the native step."""
+        layers = self.cache.layers
+        logits = self.native(  # type: ignore[misc]  # set whenever this method is the step
+            fed.contiguous(), self.row_positions[position], self.row_columns[position], self.row_starts,
+            [layer.k for layer in layers], [layer.v for layer in layers],
+        )  # fmt: skip
+        for layer in layers:
+            layer.length = position + 1  # as ``KVCache.write`` leaves it
+        return logits

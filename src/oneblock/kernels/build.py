@@ -33,8 +33,11 @@ SOURCES = (
     "dot_x16_scalar.cpp",
     "dot_x16_avx2.cpp",
     "dot_x16_avx512.cpp",
+    "decode_plan.cpp",  # the native decode step
+    "decode_step.cpp",
+    "step_math.cpp",
 )
-HEADERS = ("blocks.h", "interleaved.h", "dot.h", "dot_avx512.h", "dot_x16_avx512.h")
+HEADERS = ("blocks.h", "interleaved.h", "dot.h", "dot_avx512.h", "dot_x16_avx512.h", "decode_step.h", "step_math.h")
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as
 # the NumPy reference (the vector paths call FMA explicitly).
 CFLAGS = ("-O3", "-ffp-contract=off")

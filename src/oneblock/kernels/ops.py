@@ -111,6 +111,9 @@ def _define_python_ops() -> None:
 
 
 def _register_python_side() -> None:
+    from oneblock.kernels import decode_step
+
+    decode_step.register_fake()  # the C++ library's alone: nothing here defines it in Python
     torch.library.register_fake("oneblock::block_mm", _block_mm_fake)
     torch.library.register_fake("oneblock::dequantize_rows", _dequantize_rows_fake)
     torch.library.register_autograd("oneblock::block_mm", _block_mm_backward, setup_context=_block_mm_setup)

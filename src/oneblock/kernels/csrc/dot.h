@@ -41,6 +41,9 @@ enum Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kIsaCount
 // Float value of every half, indexed by its bits (256 KB): one load per scale in every path.
 extern float g_half[1 << 16];
 
+// The kernel of block format `fmt` for the instruction set in use (ops.cpp; set_isa switches it).
+DotFn dot_kernel(int64_t fmt);
+
 // Quantizes one (K,) float32 row into `q` (K,) codes, `d` (K/32,) scales and, if `s` is not null, the Q8_1 sums.
 void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s);
 

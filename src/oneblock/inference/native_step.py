@@ -1,0 +1,184 @@
+"""The native decode step: one call to ``oneblock::decode_step`` computes a whole token for B rows.
+
+Shape notation: B rows, L layers, C model width, H query heads, Hkv key/value heads, Dh head width, V vocabulary.
+
+``LeanDecode.step`` (:mod:`oneblock.inference.decode`) is the specification: per block, norm, fused q/k/v product,
+rotary, cache write, attention, output projection, residual, norm, feed-forward, residual; then the final norm and
+the head. Run from Python, that is about 1,200 small operations a token, each a trip through the interpreter and
+the dispatcher. The C++ op (``kernels/csrc/decode_step.cpp``) runs the same passes inside one parallel region, the
+threads meeting between passes, each activation rounded to 8-bit blocks once per product and shared by the stacked
+matrices (q, k, v; gate, up), the norms, rotary, cache write and residual adds done in the passes that touch
+the data.
+
+:class:`NativeStep` gathers the model's own tensors once per generation (no copies: block matrices as the file's
+bytes, float weights as they are) into the op's argument lists. ``NativeStep.of(model)`` returns ``None`` where
+the native step would not compute what the Python step computes, so the caller keeps the Python step: models with
+parts other than plain ``nn.Linear`` / ``BlockLinear`` layers (LoRA wrappers, int8 layers), embeddings with a
+scale, segments or a norm, a scaled tied head, weights that are not float32, a model off the CPU; and everywhere
+when the C++ library is not built (no compiler) or ``ONEBLOCK_NATIVE_STEP=0``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from oneblock import kernels
+from oneblock.inference.blocks import BlockEmbedding, BlockLinear
+from oneblock.kernels import decode_step
+from oneblock.layers.attention import MultiHeadAttention
+from oneblock.layers.feedforward import FeedForward
+from oneblock.layers.norms import LayerNorm, RMSNorm
+from oneblock.models.decoder import Decoder
+
+ENV = "ONEBLOCK_NATIVE_STEP"
+"""Set to ``0`` to decode with the Python step even where the native one applies."""
+
+_NORMS: dict[type[nn.Module], int] = {LayerNorm: 0, RMSNorm: 1}
+_ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "silu": 3}
+_POSITIONS = {"none": 0, "learned": 1, "rope": 2}
+_NONE = torch.empty(0)  # an argument the model does not have
+
+
+class _Unsupported(Exception):
+    """A part of the model the native step does not compute (internal: ``NativeStep.of`` answers ``None``)."""
+
+
+def enabled() -> bool:
+    """Whether the native step may run: ``ONEBLOCK_NATIVE_STEP`` is not ``0`` and the C++ op exists."""
+    if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return kernels.backend() != "torch" and decode_step.defined()
+
+
+def _floats(t: Tensor | None) -> Tensor:
+    if t is None:
+        return _NONE
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        raise _Unsupported(f"a {t.dtype} tensor on {t.device}")
+    return t.detach().contiguous()
+
+
+def _matrix(module: nn.Module | None) -> tuple[Tensor, int, Tensor]:
+    """``(weight, format, bias)`` of a plain float32 ``nn.Linear`` (format 0) or a ``BlockLinear``."""
+    if type(module) is BlockLinear:
+        return module.blocks, module.ggml_type, _floats(module.bias)
+    if type(module) is nn.Linear:
+        return _floats(module.weight), 0, _floats(module.bias)
+    raise _Unsupported(f"a {type(module).__name__} layer")
+
+
+def _norm(module: nn.Module | None, kind: int | None, eps: float | None) -> tuple[int, float, Tensor, Tensor]:
+    """``(kind, eps, weight, bias)`` of a norm, the same kind and eps as the others of the model."""
+    if not isinstance(module, (LayerNorm, RMSNorm)) or type(module) not in _NORMS:
+        raise _Unsupported(f"a norm {type(module).__name__}")
+    found = _NORMS[type(module)]
+    if (kind is not None and found != kind) or (eps is not None and module.eps != eps):
+        raise _Unsupported("norms of different kinds or eps in one model")
+    bias = module.bias if isinstance(module, LayerNorm) else None
+    return found, float(module.eps), _floats(module.weight), _floats(bias)
+
+
+class NativeStep:
+    """A decoder's tensors in ``oneblock::decode_step``'s argument layout (``kernels/csrc/decode_step.h``).
+
+    Build with :meth:`of`; call once per token.
+    """
+
+    def __init__(self, weights: list[Tensor], formats: list[int], sizes: list[int], scalars: list[float]) -> None:
+        self.weights, self.formats, self.sizes, self.scalars = weights, formats, sizes, scalars
+        self.n_layers = sizes[0]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> NativeStep | None:
+        """The plan of ``model``, or ``None`` where the Python step must run (see the module's docstring)."""
+        if type(model) is not Decoder or not enabled():
+            return None
+        try:
+            return cls._gather(model)
+        except _Unsupported:
+            return None
+
+    @classmethod
+    def _gather(cls, model: Decoder) -> NativeStep:
+        cfg, embed = model.config, model.embed
+        if embed.scale != 1.0 or embed.segment is not None or embed.norm is not None or cfg.scale_tied_logits:
+            raise _Unsupported("scaled, segmented or normalized embeddings, or a scaled head")
+        if cfg.position not in _POSITIONS or model.final_logits_bias is not None:
+            raise _Unsupported(f"positions {cfg.position!r}")
+        tok = embed.tok
+        if type(tok) is BlockEmbedding:
+            table, tok_format = tok.blocks, tok.ggml_type
+        elif type(tok) is nn.Embedding:
+            table, tok_format = _floats(tok.weight), 0
+        else:
+            raise _Unsupported(f"a {type(tok).__name__} token table")
+        pos = _floats(embed.pos.weight) if embed.pos is not None else _NONE
+        cos = _floats(model.rope.cos) if model.rope is not None else _NONE
+        sin = _floats(model.rope.sin) if model.rope is not None else _NONE
+        kind: int | None = None
+        eps: float | None = None
+        final_w = final_b = _NONE
+        if model.final_norm is not None:
+            kind, eps, final_w, final_b = _norm(model.final_norm, kind, eps)
+        head_w, head_format, head_b = _matrix(model.lm_head)
+        weights = [table, pos, cos, sin, final_w, final_b, head_w, head_b]
+        formats = [tok_format, 0, 0, 0, 0, 0, head_format, 0]
+        attn = model.block(0).attn
+        for i in range(len(model.blocks)):
+            block = model.block(i)
+            if type(block.attn) is not MultiHeadAttention or type(block.ffn) is not FeedForward:
+                raise _Unsupported("a block with other attention or feed-forward modules")
+            kind, eps, n1_w, n1_b = _norm(block.attn_norm, kind, eps)
+            _, _, n2_w, n2_b = _norm(block.ffn_norm, kind, eps)
+            a, ffn = block.attn, block.ffn
+            qkv = [a.qkv_proj, None, None] if a.qkv_proj is not None else [a.q_proj, a.k_proj, a.v_proj]
+            up: list[nn.Module | None] = (
+                [ffn.w13, None] if ffn.w13 is not None else [ffn.w1, None if ffn.kind == "mlp" else ffn.w3]
+            )
+            layer: list[tuple[Tensor, int, Tensor]] = [(n1_w, 0, n1_b)]
+            layer += [_matrix(m) if m is not None else (_NONE, 0, _NONE) for m in qkv]
+            layer += [_matrix(a.o_proj), (n2_w, 0, n2_b)]
+            layer += [_matrix(m) if m is not None else (_NONE, 0, _NONE) for m in up]
+            layer += [_matrix(ffn.w2)]
+            for weight, fmt, bias in layer:
+                weights += [weight, bias]
+                formats += [fmt, 0]
+        if kind is None or eps is None:
+            raise _Unsupported("a model without norms")
+        act = "silu" if cfg.ffn == "swiglu" else cfg.activation
+        sizes = [
+            len(model.blocks), cfg.d_model, attn.n_heads, attn.n_kv_heads, attn.d_head, cfg.d_ff, cfg.vocab_size,
+            kind, 0 if cfg.ffn == "mlp" else 1, _ACTIVATIONS[act], _POSITIONS[cfg.position], embed.offset,
+            int(model.final_norm is not None),
+        ]  # fmt: skip
+        scale = attn.scale if attn.scale is not None else 1.0 / math.sqrt(attn.d_head)
+        return cls(weights, formats, sizes, [eps, float(scale)])
+
+    def __call__(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        columns: Tensor,
+        starts: Tensor,
+        keys: Sequence[Tensor],
+        values: Sequence[Tensor],
+    ) -> Tensor:
+        """Logits (B, V) float32 of the token after ``tokens``; each row's key and value are written into its cache.
+
+        Args:
+            tokens: (B,) int64 ids fed.
+            positions: (B,) int64 positions of those tokens (rotary angle or learned position row).
+            columns: (B,) int64 cache column each row writes; it attends over columns ``starts .. columns``.
+            starts: (B,) int64 first real column of each row (left padding before it is never attended).
+            keys, values: per layer one (B, Hkv, capacity, Dh) float32 buffer, or per row and layer
+                (``keys[row * L + layer]``) one (1, Hkv, capacity_row, Dh) buffer.
+        """
+        return torch.ops.oneblock.decode_step(
+            tokens, positions, columns, starts, self.weights, self.formats, list(keys), list(values), self.sizes,
+            self.scalars,
+        )  # fmt: skip

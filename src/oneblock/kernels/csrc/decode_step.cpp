@@ -1,0 +1,321 @@
+// oneblock::decode_step: one new token for B rows of a pre-LN decoder, in one call and one parallel region.
+//
+//   decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights, int[] formats,
+//               Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars) -> Tensor      logits (B, V) float32
+//
+// The passes mirror the Python step (oneblock.inference.decode.LeanDecode.step) one for one:
+//
+//   embed                   token row (+ learned position row)                           per row
+//   per layer:
+//     attn_norm             norm, and the 8-bit blocks of the result (once, for q, k and v)   per row
+//     qkv                   [q | k | v] = x W^T + b                                      per range of columns
+//     attention             rotate q and k, write k and v at the row's column, attend over the row's keys,
+//                           and the 8-bit blocks of the heads' output                    per (row, kv head)
+//     o                     x += out W_o^T + b                                           per range of columns
+//     ffn_norm              as attn_norm                                                 per row
+//     up                    h = act(gate) * up (gated) or act(x W_1^T + b) (MLP), and its 8-bit blocks
+//                                                                                        per range of columns
+//     down                  x += h W_2^T + b                                             per range of columns
+//   final_norm, head        logits = norm(x) W_head^T                                    per row, per range
+//
+// Threads: torch's OpenMP team runs one region per call. Each pass is cut into chunks that the threads claim
+// from an atomic counter; a thread that runs out of chunks waits until every chunk of the pass is done, then
+// goes on to the next pass. Nothing waits for a number of threads, only for chunks that a running thread has
+// claimed: a region that gets fewer threads than asked (one, inside another parallel region) computes the same.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+#include <sched.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "decode_step.h"
+
+// The OpenMP runtime torch is linked with (libgomp), reached without compiling this library with -fopenmp; weak,
+// so a torch without it leaves the pointer null and the step runs on the calling thread.
+extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
+    __attribute__((weak));
+
+namespace oneblock {
+namespace {
+
+struct alignas(64) Counter {
+  std::atomic<int64_t> claimed{0};
+  std::atomic<int64_t> done{0};
+};
+
+// One thread's walk through the passes; every thread walks the same passes in the same order.
+class Walk {
+ public:
+  explicit Walk(Counter* counters) : counters_(counters) {}
+
+  template <typename F>
+  void pass(int64_t chunks, const F& f) {
+    Counter& c = counters_[next_++];
+    for (int64_t i; (i = c.claimed.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+      f(i);
+      c.done.fetch_add(1, std::memory_order_release);
+    }
+    for (int spins = 0; c.done.load(std::memory_order_acquire) < chunks; ++spins) {
+      if (spins < 1024) {  // a few microseconds: the usual wait between passes
+        _mm_pause();
+      } else {
+        sched_yield();  // a descheduled thread holds a chunk: let it run
+      }
+    }
+  }
+
+ private:
+  Counter* counters_;
+  int next_ = 0;
+};
+
+// Buffers reused from call to call (grown, never shrunk): a step allocates only its logits.
+struct Workspace {
+  std::vector<float> x, xn, qkv, att, y, ff, h;
+  std::vector<int8_t> qx, qatt, qh;
+  std::vector<float> dx, sx, datt, satt, dh, sh;
+  std::vector<ActRow> ax, aatt, ah;
+  std::unique_ptr<Counter[]> counters;  // one per pass (atomics do not move: reallocated, never resized)
+  int64_t n_counters = 0;
+};
+
+template <typename T>
+void fit(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
+// Activations of a product: float rows (float32 matrices) and their 8-bit blocks (block matrices).
+struct Input {
+  const float* x;
+  const ActRow* q;
+  int8_t* codes;
+  float* d;
+  float* s;
+};
+
+// The 8-bit blocks of columns [j0, j1) (whole blocks) of row r of an input of width k.
+void quantize_range(const Input& in, int64_t k, int64_t r, int64_t j0, int64_t j1) {
+  quantize_row_q8(in.x + r * k + j0, j1 - j0, in.codes + r * k + j0, in.d + (r * k + j0) / QK,
+                  in.s + (r * k + j0) / QK);
+}
+
+// out[r * stride + j] = in_r . W_j + b_j for every row r and columns [j0, j1) of the product's side-by-side
+// outputs. Every output is computed by the same instructions whatever the rows and the range.
+void multiply(const Plan& p, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
+              int64_t stride) {
+  const int64_t rows = p.rows, k = prod.k;
+  int64_t offset = 0;
+  for (int i = 0; i < prod.count; offset += prod.parts[i].n, ++i) {
+    const Matrix& m = prod.parts[i];
+    const int64_t a = std::max(j0, offset), b = std::min(j1, offset + m.n);
+    for (int64_t j = a; j < b; j += 4) {
+      const int cols = static_cast<int>(std::min<int64_t>(4, b - j));
+      const uint8_t* w = m.data + (j - offset) * m.row_bytes;
+      if (m.fmt == 0) {
+        for (int64_t r = 0; r < rows; ++r) {
+          p.math.dot(reinterpret_cast<const float*>(w), k, cols, in.x + r * k, out + r * stride + j);
+        }
+      } else if (rows == 1) {
+        m.dot(w, m.row_bytes, cols, in.q, 1, k / QK, out + j, stride);
+      } else {
+        for (int c = 0; c < cols; ++c) {
+          for (int64_t r = 0; r < rows; r += 4) {
+            const int group = static_cast<int>(std::min<int64_t>(4, rows - r));
+            m.dot(w + c * m.row_bytes, m.row_bytes, 1, in.q + r, group, k / QK, out + r * stride + j + c, stride);
+          }
+        }
+      }
+    }
+    if (m.bias != nullptr) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = a; j < b; ++j) out[r * stride + j] += m.bias[j - offset];
+      }
+    }
+  }
+}
+
+// Columns per chunk: about eight chunks per thread, in whole 32-column blocks.
+int64_t chunk_columns(int64_t n, int64_t threads) {
+  const int64_t per = (n + threads * 8 - 1) / (threads * 8);
+  return std::clamp<int64_t>((per + QK - 1) / QK * QK, QK, 512);
+}
+
+void normalize(const Plan& p, const float* x, const float* w, const float* b, float* out) {
+  if (p.norm == 1) {
+    rms_norm(p.math, x, w, p.eps, p.d_model, out);
+  } else {
+    layer_norm(x, w, b, p.eps, p.d_model, out);
+  }
+}
+
+// One (row, kv head): rotate and store the head's key and value, then attend for the query heads it serves.
+void attention(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
+               std::vector<float>& scratch) {
+  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = p.columns[r], start = p.starts[r];
+  const int64_t cap = p.capacity[static_cast<size_t>(r)];
+  float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const float* k = qkv_row + (p.heads + g) * dh;
+  const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
+  const float* cos = p.rope_cos != nullptr ? p.rope_cos + p.positions[r] * dh : nullptr;
+  const float* sin = p.rope_sin != nullptr ? p.rope_sin + p.positions[r] * dh : nullptr;
+  if (cos != nullptr) {
+    rotate(k, cos, sin, dh, keys + col * dh);
+  } else {
+    std::memcpy(keys + col * dh, k, static_cast<size_t>(dh) * sizeof(float));
+  }
+  std::memcpy(values + col * dh, v, static_cast<size_t>(dh) * sizeof(float));
+  const int64_t n = col - start + 1;
+  fit(scratch, n + dh);
+  float* q = scratch.data() + n;
+  for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
+    const float* query = qkv_row + h * dh;
+    if (cos != nullptr) {
+      rotate(query, cos, sin, dh, q);
+      query = q;
+    }
+    attend(p.math, query, keys + start * dh, values + start * dh, n, dh, p.scale, scratch.data(), att_row + h * dh);
+  }
+}
+
+void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
+  const int64_t rows = p.rows, C = p.d_model, F = p.d_ff, hd = p.heads * p.d_head;
+  const int64_t nqkv = p.layers[0].qkv.n, nff = p.ffn == 1 ? 2 * F : F;
+  fit(ws.x, rows * C), fit(ws.xn, rows * C), fit(ws.y, rows * C), fit(ws.qkv, rows * nqkv);
+  fit(ws.att, rows * hd), fit(ws.ff, rows * nff), fit(ws.h, rows * F);
+  fit(ws.qx, rows * C), fit(ws.dx, rows * C / QK + 1), fit(ws.sx, rows * C / QK + 1);
+  fit(ws.qatt, rows * hd), fit(ws.datt, rows * hd / QK + 1), fit(ws.satt, rows * hd / QK + 1);
+  fit(ws.qh, rows * F), fit(ws.dh, rows * F / QK + 1), fit(ws.sh, rows * F / QK + 1);
+  fit(ws.ax, rows), fit(ws.aatt, rows), fit(ws.ah, rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    ws.ax[r] = {ws.qx.data() + r * C, ws.dx.data() + r * C / QK, ws.sx.data() + r * C / QK};
+    ws.aatt[r] = {ws.qatt.data() + r * hd, ws.datt.data() + r * hd / QK, ws.satt.data() + r * hd / QK};
+    ws.ah[r] = {ws.qh.data() + r * F, ws.dh.data() + r * F / QK, ws.sh.data() + r * F / QK};
+  }
+  const int64_t passes = 3 + 8 * p.n_layers;  // at most: the quantizing pass of the heads is not always there
+  if (ws.n_counters < passes) ws.counters.reset(new Counter[passes]), ws.n_counters = passes;
+  for (int64_t i = 0; i < passes; ++i) ws.counters[i].claimed.store(0), ws.counters[i].done.store(0);
+
+  const Input xin{ws.xn.data(), ws.ax.data(), ws.qx.data(), ws.dx.data(), ws.sx.data()};
+  const Input ain{ws.att.data(), ws.aatt.data(), ws.qatt.data(), ws.datt.data(), ws.satt.data()};
+  const Input hin{ws.h.data(), ws.ah.data(), ws.qh.data(), ws.dh.data(), ws.sh.data()};
+  float *x = ws.x.data(), *xn = ws.xn.data(), *y = ws.y.data(), *qkv = ws.qkv.data(), *ff = ws.ff.data();
+  float *att = ws.att.data(), *h = ws.h.data();
+  const int64_t cols_c = chunk_columns(C, threads), cols_f = chunk_columns(F, threads);
+  const int64_t cols_qkv = chunk_columns(nqkv, threads), cols_v = chunk_columns(p.vocab, threads);
+  auto chunks = [](int64_t n, int64_t per) { return (n + per - 1) / per; };
+  // The attention output's blocks can be quantized per kv head when a group of heads is whole blocks.
+  const bool att_blocks_per_group = (p.heads / p.kv_heads * p.d_head) % QK == 0;
+
+  auto body = [&]() {
+    Walk walk(ws.counters.get());
+    walk.pass(rows, [&](int64_t r) {
+      float* row = x + r * C;
+      if (p.tok.fmt == 0) {
+        std::memcpy(row, reinterpret_cast<const float*>(p.tok.data) + p.tokens[r] * C, C * sizeof(float));
+      } else {
+        decode_row(p.tok.data + p.tokens[r] * p.tok.row_bytes, p.tok.fmt, C / QK, row);
+      }
+      if (p.pos != nullptr) {
+        const float* pos = p.pos + (p.positions[r] + p.position_offset) * C;
+        for (int64_t i = 0; i < C; ++i) row[i] += pos[i];
+      }
+    });
+    for (int64_t l = 0; l < p.n_layers; ++l) {
+      const Layer& layer = p.layers[static_cast<size_t>(l)];
+      walk.pass(rows, [&](int64_t r) {
+        normalize(p, x + r * C, layer.attn_norm_w, layer.attn_norm_b, xn + r * C);
+        if (layer.qkv.block) quantize_range(xin, C, r, 0, C);
+      });
+      walk.pass(chunks(nqkv, cols_qkv), [&](int64_t i) {
+        multiply(p, layer.qkv, xin, i * cols_qkv, std::min(nqkv, (i + 1) * cols_qkv), qkv, nqkv);
+      });
+      walk.pass(rows * p.kv_heads, [&](int64_t i) {
+        thread_local std::vector<float> scratch;
+        const int64_t r = i / p.kv_heads, g = i % p.kv_heads, width = p.heads / p.kv_heads * p.d_head;
+        attention(p, l, r, g, qkv + r * nqkv, att + r * hd, scratch);
+        if (layer.o.block && att_blocks_per_group) quantize_range(ain, hd, r, g * width, (g + 1) * width);
+      });
+      if (layer.o.block && !att_blocks_per_group) {
+        walk.pass(rows, [&](int64_t r) { quantize_range(ain, hd, r, 0, hd); });
+      }
+      walk.pass(chunks(C, cols_c), [&](int64_t i) {  // x += attention output W_o^T + b
+        const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
+        multiply(p, layer.o, ain, j0, j1, y, C);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t j = j0; j < j1; ++j) x[r * C + j] += y[r * C + j];
+        }
+      });
+      walk.pass(rows, [&](int64_t r) {
+        normalize(p, x + r * C, layer.ffn_norm_w, layer.ffn_norm_b, xn + r * C);
+        if (layer.up.block) quantize_range(xin, C, r, 0, C);
+      });
+      walk.pass(chunks(F, cols_f), [&](int64_t i) {  // h = act(gate) * up, or act(x W_1^T + b)
+        const int64_t j0 = i * cols_f, j1 = std::min(F, j0 + cols_f);
+        multiply(p, layer.up, xin, j0, j1, ff, nff);
+        if (p.ffn == 1) multiply(p, layer.up, xin, F + j0, F + j1, ff, nff);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* in = ff + r * nff;
+          for (int64_t j = j0; j < j1; ++j) {
+            h[r * F + j] = p.ffn == 1 ? activation(p.act, in[j]) * in[F + j] : activation(p.act, in[j]);
+          }
+          if (layer.down.block) quantize_range(hin, F, r, j0, j1);
+        }
+      });
+      walk.pass(chunks(C, cols_c), [&](int64_t i) {  // x += h W_2^T + b
+        const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
+        multiply(p, layer.down, hin, j0, j1, y, C);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t j = j0; j < j1; ++j) x[r * C + j] += y[r * C + j];
+        }
+      });
+    }
+    walk.pass(rows, [&](int64_t r) {
+      if (p.final_norm) {
+        normalize(p, x + r * C, p.final_w, p.final_b, xn + r * C);
+      } else {
+        std::memcpy(xn + r * C, x + r * C, C * sizeof(float));
+      }
+      if (p.head.block) quantize_range(xin, C, r, 0, C);
+    });
+    walk.pass(chunks(p.vocab, cols_v), [&](int64_t i) {
+      multiply(p, p.head, xin, i * cols_v, std::min(p.vocab, (i + 1) * cols_v), logits, p.vocab);
+    });
+  };
+  if (GOMP_parallel != nullptr && threads > 1) {
+    using Body = decltype(body);
+    GOMP_parallel([](void* f) { (*static_cast<Body*>(f))(); }, &body, static_cast<unsigned>(threads), 0);
+  } else {
+    body();
+  }
+}
+
+at::Tensor decode_step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& columns,
+                       const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats,
+                       at::TensorList keys, at::TensorList values, at::IntArrayRef sizes,
+                       c10::ArrayRef<double> scalars) {
+  const Plan plan = make_plan(tokens, positions, columns, starts, weights, formats, keys, values, sizes, scalars);
+  at::Tensor logits = at::empty({plan.rows, plan.vocab}, tokens.options().dtype(at::kFloat));
+  thread_local Workspace ws;  // per calling thread: two decoders on two threads never share buffers
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  step(plan, ws, logits.data_ptr<float>(), threads);
+  return logits;
+}
+
+}  // namespace
+}  // namespace oneblock
+
+TORCH_LIBRARY_FRAGMENT(oneblock, m) {
+  m.def(
+      "decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights, "
+      "int[] formats, Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(oneblock, CPU, m) { m.impl("decode_step", &oneblock::decode_step); }

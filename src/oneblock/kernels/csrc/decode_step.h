@@ -1,0 +1,90 @@
+// The plan of the native decode step: pointers into the model's own tensors, read from the op's arguments once
+// per call (decode_plan.cpp), used by the passes of decode_step.cpp. Nothing here owns memory.
+//
+// The op's arguments (built once per generation by oneblock/inference/native_step.py):
+//
+//   sizes   = [n_layers, d_model, n_heads, n_kv_heads, d_head, d_ff, vocab, norm, ffn, activation, position,
+//              position_offset, final_norm]
+//             norm 0 LayerNorm / 1 RMSNorm; ffn 0 MLP / 1 gated (act(gate) * up); activation as step_math.h;
+//             position 0 none / 1 learned / 2 rotary
+//   scalars = [norm_eps, attn_scale]
+//   weights = 8 model tensors, then 18 per layer; an empty tensor stands for one the model does not have:
+//             tok, pos, rope_cos, rope_sin, final_norm_w, final_norm_b, head_w, head_b,
+//             per layer: attn_norm_w, attn_norm_b, q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b,
+//                        ffn_norm_w, ffn_norm_b, gate_w, gate_b, up_w, up_b, down_w, down_b
+//             q_w may hold q, k and v stacked (k_w, v_w empty); gate_w gate and up stacked (up_w empty), or the
+//             MLP's first matrix
+//   formats = one per weight: 0 = float32 (N, K), else the GGUF type of (N, K / 32 * nbytes) uint8 blocks
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "dot.h"
+#include "step_math.h"
+
+namespace oneblock {
+
+constexpr int64_t kGlobalWeights = 8;
+constexpr int64_t kLayerWeights = 18;
+constexpr int64_t kMaxParts = 3;
+
+// One weight matrix (N, K): float32 rows (fmt 0) or GGUF block rows.
+struct Matrix {
+  const uint8_t* data = nullptr;
+  int64_t fmt = 0;
+  int64_t n = 0;
+  int64_t row_bytes = 0;
+  const float* bias = nullptr;  // (N,) or null
+  DotFn dot = nullptr;          // block matrices only
+};
+
+// Matrices reading the same input, their outputs side by side: [q | k | v], [gate | up], or one matrix.
+struct Product {
+  Matrix parts[kMaxParts];
+  int count = 0;
+  int64_t n = 0;  // the sum of the parts' N
+  int64_t k = 0;
+  bool block = false;  // some part reads 8-bit activations: the input is quantized once for all of them
+};
+
+struct Layer {
+  const float* attn_norm_w;
+  const float* attn_norm_b;
+  const float* ffn_norm_w;
+  const float* ffn_norm_b;
+  Product qkv, o, up, down;
+};
+
+struct Plan {
+  int64_t rows, n_layers, d_model, heads, kv_heads, d_head, d_ff, vocab;
+  int64_t norm, ffn, act, position, position_offset;
+  bool final_norm;
+  float eps, scale;
+  Matrix tok;              // (V, C) token table
+  const float* pos = nullptr;  // (P, C) learned positions, or null
+  const float* rope_cos = nullptr;  // (P, Dh), or null
+  const float* rope_sin = nullptr;
+  const float* final_w = nullptr;
+  const float* final_b = nullptr;
+  Product head;
+  std::vector<Layer> layers;
+  // Per row: token id, position (rotary / learned), cache column written, first cache column attended.
+  const int64_t* tokens;
+  const int64_t* positions;
+  const int64_t* columns;
+  const int64_t* starts;
+  // The caches of row r, layer l: keys[r * n_layers + l] and values[...], each (Hkv, capacity[r], Dh) float32.
+  std::vector<float*> keys, values;
+  std::vector<int64_t> capacity;
+  FloatMath math;
+};
+
+// Reads and checks the op's arguments (decode_plan.cpp). The tensors must outlive the plan.
+Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& columns,
+               const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats, at::TensorList keys,
+               at::TensorList values, at::IntArrayRef sizes, c10::ArrayRef<double> scalars);
+
+}  // namespace oneblock

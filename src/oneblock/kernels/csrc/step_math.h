@@ -1,0 +1,56 @@
+// The float pieces of the native decode step (decode_step.cpp), each with its scalar twin.
+//
+// The scalar functions compute one float32 operation at a time in source order (the library is built with
+// -ffp-contract=off, so nothing is fused behind the source's back); the AVX2 functions compute the same sums in
+// 8-lane order with fused multiply-adds. They mirror the Python step (LeanDecode.step) one for one:
+//
+//   float_dot     a float32 weight row times an activation row         nn.Linear / F.linear
+//   axpy          y += a * v                                            the weighted sum of values in attention
+//   rms_norm      w * (x * rsqrt(mean(x^2) + eps))                      oneblock.layers.norms.RMSNorm
+//   layer_norm    (x - mean) * rsqrt(var + eps) * w + b                 F.layer_norm
+//   rotate        x * cos + rotate_half(x) * sin                        oneblock.layers.rotary.apply_rotary
+//   attend        softmax(scale * q K^T) V over one row's cached keys   F.scaled_dot_product_attention
+//   activation    gelu, gelu_tanh, relu, silu                           oneblock.layers.activations
+#pragma once
+
+#include <cstdint>
+
+namespace oneblock {
+
+// out[c] = sum_i w[c * k + i] * x[i] for c < cols (cols <= 4). Each output is computed by the same instructions
+// whatever `cols` is, so a result never depends on how the columns were grouped.
+using FloatDotFn = void (*)(const float* w, int64_t k, int cols, const float* x, float* out);
+// y[i] += a * v[i] for i < n.
+using AxpyFn = void (*)(float a, const float* v, float* y, int64_t n);
+
+void float_dot_scalar(const float* w, int64_t k, int cols, const float* x, float* out);
+void float_dot_avx2(const float* w, int64_t k, int cols, const float* x, float* out);
+void axpy_scalar(float a, const float* v, float* y, int64_t n);
+void axpy_avx2(float a, const float* v, float* y, int64_t n);
+
+// The float routines of one instruction set.
+struct FloatMath {
+  FloatDotFn dot;
+  AxpyFn axpy;
+};
+
+// The scalar routines when the block kernels run scalar (ONEBLOCK_KERNELS=scalar), else AVX2 where the CPU has it.
+FloatMath float_math(bool scalar);
+
+enum Activation : int64_t { kGelu = 0, kGeluTanh = 1, kRelu = 2, kSilu = 3 };
+
+float activation(int64_t kind, float x);
+
+// One row of width n, normalized into `out` (which may be `x`); LayerNorm's `b` may be null.
+void rms_norm(const FloatMath& m, const float* x, const float* w, float eps, int64_t n, float* out);
+void layer_norm(const float* x, const float* w, const float* b, float eps, int64_t n, float* out);
+
+// out = x * cos + rotate_half(x) * sin, with rotate_half([x1, x2]) = [-x2, x1]; `out` must not alias `x`.
+void rotate(const float* x, const float* cos, const float* sin, int64_t d_head, float* out);
+
+// One query head over `n` cached keys and values (n, d_head) each: out (d_head,) = softmax(scale q.k_j) v.
+// `scores` is scratch for n floats.
+void attend(const FloatMath& m, const float* q, const float* keys, const float* values, int64_t n, int64_t d_head,
+            float scale, float* scores, float* out);
+
+}  // namespace oneblock

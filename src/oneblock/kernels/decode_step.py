@@ -1,0 +1,53 @@
+"""The native decode step's operator, seen from Python: its schema, whether it exists, its fake implementation.
+
+::
+
+    oneblock::decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights,
+                          int[] formats, Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars) -> Tensor
+
+computes one new token's logits (B, V) float32 for B rows of a pre-LN decoder in one call (``csrc/decode_step.cpp``;
+the argument layout is written out in ``csrc/decode_step.h``). Only the C++ library defines it: without a compiler
+there is no native step, and :mod:`oneblock.inference.native_step` leaves decoding to the Python step. The fake
+implementation registered here lets ``torch.compile`` and ``FakeTensorMode`` trace a call to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+SIZES = 13
+"""Length of the ``sizes`` argument; index 6 is the vocabulary V."""
+_VOCAB = 6
+
+
+def defined() -> bool:
+    """Whether ``torch.ops.oneblock.decode_step`` exists (the C++ library is loaded)."""
+    try:
+        torch.ops.oneblock.decode_step  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _decode_step_fake(
+    tokens: Tensor,
+    positions: Tensor,
+    columns: Tensor,
+    starts: Tensor,
+    weights: Sequence[Tensor],
+    formats: Sequence[int],
+    keys: Sequence[Tensor],
+    values: Sequence[Tensor],
+    sizes: Sequence[int],
+    scalars: Sequence[float],
+) -> Tensor:
+    return tokens.new_empty(tokens.shape[0], sizes[_VOCAB], dtype=torch.float32)  # (B, V)
+
+
+def register_fake() -> None:
+    """Register the fake (meta) implementation, once the C++ library has defined the operator."""
+    if defined():
+        torch.library.register_fake("oneblock::decode_step", _decode_step_fake)
