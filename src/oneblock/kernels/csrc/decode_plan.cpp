@@ -31,8 +31,10 @@ Matrix matrix(const at::Tensor& w, int64_t fmt, const at::Tensor& bias, int64_t 
                 w.sizes(), " ", w.scalar_type());
     m.row_bytes = k * static_cast<int64_t>(sizeof(float));
   } else {
-    const int64_t nbytes = block_bytes(fmt);
-    TORCH_CHECK(nbytes > 0, kOp, what, ": unknown block format ", fmt);
+    const int64_t nbytes = block_bytes(file_format(fmt));  // an interleaved matrix holds the file's blocks
+    TORCH_CHECK(nbytes > 0 && dot_kernel(fmt) != nullptr, kOp, what, ": unknown block format ", fmt);
+    TORCH_CHECK(!is_interleaved(fmt) || m.n % kGroupRows == 0, kOp, what, ": an interleaved matrix has a multiple of ",
+                kGroupRows, " rows; got ", m.n);
     TORCH_CHECK(w.scalar_type() == at::kByte && k % QK == 0 && w.size(1) == k / QK * nbytes, kOp, what,
                 " must be uint8 (N, ", k / QK * nbytes, ") blocks for K = ", k, "; got ", w.sizes());
     m.row_bytes = w.size(1);

@@ -115,7 +115,13 @@ void multiply(const Plan& p, const Product& prod, const Input& in, int64_t j0, i
   for (int i = 0; i < prod.count; offset += prod.parts[i].n, ++i) {
     const Matrix& m = prod.parts[i];
     const int64_t a = std::max(j0, offset), b = std::min(j1, offset + m.n);
-    for (int64_t j = a; j < b; j += 4) {
+    if (is_interleaved(m.fmt) && a < b) {
+      // Groups of 16 rows: chunks are whole blocks of 32 columns and every part has a multiple of 16 rows, so
+      // [a, b) starts and ends on a group. One call serves every activation row.
+      const uint8_t* w = m.data + (a - offset) * m.row_bytes;
+      m.dot(w, m.row_bytes, static_cast<int>(b - a), in.q, static_cast<int>(rows), k / QK, out + a, stride);
+    }
+    for (int64_t j = a; j < b && !is_interleaved(m.fmt); j += 4) {
       const int cols = static_cast<int>(std::min<int64_t>(4, b - j));
       const uint8_t* w = m.data + (j - offset) * m.row_bytes;
       if (m.fmt == 0) {
@@ -221,7 +227,13 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       if (p.tok.fmt == 0) {
         std::memcpy(row, reinterpret_cast<const float*>(p.tok.data) + p.tokens[r] * C, C * sizeof(float));
       } else {
-        decode_row(p.tok.data + p.tokens[r] * p.tok.row_bytes, p.tok.fmt, C / QK, row);
+        if (is_interleaved(p.tok.fmt)) {
+          const int64_t group = p.tokens[r] / kGroupRows * kGroupRows;
+          decode_interleaved_row(p.tok.data + group * p.tok.row_bytes, static_cast<int>(p.tokens[r] - group),
+                                 p.tok.fmt, C / QK, row);
+        } else {
+          decode_row(p.tok.data + p.tokens[r] * p.tok.row_bytes, p.tok.fmt, C / QK, row);
+        }
       }
       if (p.pos != nullptr) {
         const float* pos = p.pos + (p.positions[r] + p.position_offset) * C;
