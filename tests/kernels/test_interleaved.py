@@ -195,3 +195,15 @@ def test_the_gradient_reaches_x_through_the_interleaved_layout(case):
     kernels.block_mm(x, kernels.interleave(blocks, "q8_0"), "q8_0x16").sum().backward()
     assert x.grad is not None
     torch.testing.assert_close(x.grad, kernels.dequantize(blocks, "q8_0").sum(0).expand(3, -1))
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_the_native_interleave_moves_the_bytes_the_reference_moves(fmt):
+    from oneblock.kernels import ops
+    from oneblock.kernels.interleave import interleave, interleave_reference
+
+    if ops.backend() == "torch":
+        pytest.skip("the C++ kernels did not build here")
+    g = torch.Generator().manual_seed(11)
+    blocks = torch.randint(0, 256, (48, 7 * FORMATS[fmt].nbytes), dtype=torch.uint8, generator=g)
+    assert torch.equal(interleave(blocks, fmt), interleave_reference(blocks, fmt))

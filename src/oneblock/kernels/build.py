@@ -36,6 +36,7 @@ SOURCES = (
     "decode_plan.cpp",  # the native decode step
     "decode_step.cpp",
     "step_math.cpp",
+    "interleave.cpp",
 )
 HEADERS = ("blocks.h", "interleaved.h", "dot.h", "dot_avx512.h", "dot_x16_avx512.h", "decode_step.h", "step_math.h")
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as

@@ -57,6 +57,19 @@ def interleave(blocks: Tensor, fmt: str) -> Tensor:
             f"interleave needs a q4_1 or q8_0 matrix with a multiple of {GROUP_ROWS} rows; got {fmt} with shape "
             f"{tuple(blocks.shape)}. Keep such a matrix in the file's layout"
         )
+    if _native():
+        return torch.ops.oneblock.interleave_rows(blocks, FORMATS[fmt].ggml_type)
+    return interleave_reference(blocks, fmt)
+
+
+def _native() -> bool:
+    from oneblock.kernels.ops import backend
+
+    return backend() != "torch"
+
+
+def interleave_reference(blocks: Tensor, fmt: str) -> Tensor:
+    """:func:`interleave` in tensor operations (the C++ op moves the same bytes with loops, far faster)."""
     g, nb, nbytes, halves = _split(blocks, fmt)
     x = blocks.reshape(g, GROUP_ROWS, nb, nbytes).permute(0, 2, 1, 3)  # (G, nb, 16, nbytes)
     heads = [x[..., 2 * f : 2 * f + 2].reshape(g, nb, 2 * GROUP_ROWS) for f in range(halves)]  # (G, nb, 32) each
