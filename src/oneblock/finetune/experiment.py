@@ -97,7 +97,7 @@ class Setup:
 
     @classmethod
     def quick(cls) -> Setup:
-        return cls(model="tiny", n_train=24, n_held_out=6, steps=3, batch_size=4, seq_len=96, max_new_tokens=30,
+        return cls(model="tiny", n_train=16, n_held_out=4, steps=3, batch_size=4, seq_len=96, max_new_tokens=26,
                    lr_lora=1e-2, lr_full=1e-3, lr_dpo=1e-2, threads=1, isolate=False)  # fmt: skip
 
 
