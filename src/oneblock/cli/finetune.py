@@ -4,7 +4,9 @@ The data (``--data``) is chat JSONL, prompt/completion JSONL, Alpaca JSON or pla
 rendered with the model's own chat template and only the assistant's answers are trained. Training is the
 project's trainer (AdamW, warmup + cosine, clipping, checkpoints with exact ``--resume``, Ctrl-C saves,
 ``torchrun`` data parallelism). LoRA writes ``OUT/adapter_config.json`` + ``OUT/adapter_model.safetensors`` in
-peft's format; ``--method full`` writes ``OUT/model.safetensors``.
+peft's format; ``--method full`` writes ``OUT/model.safetensors``. ``--method dpo`` (adapters) and ``dpo-full``
+(every parameter) train on preference pairs (``{"prompt" or "messages", "chosen", "rejected"}`` JSONL) with DPO's
+sigmoid loss (``--beta``) against the base model, logging the reward margin and accuracy of every step.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 0,
     "save_every": 50,
 }
-DEFAULT_LR = {"lora": 2e-4, "full": 2e-5}
+DEFAULT_LR = {"lora": 2e-4, "full": 2e-5, "dpo": 5e-5, "dpo-full": 1e-6}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -53,14 +55,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "Fine-tune a GGUF file, Hugging Face directory or oneblock checkpoint on chat JSONL, prompt/completion "
             "JSONL, Alpaca JSON or text. Only the assistant's answers (and the end-of-turn token) are trained. "
             "Writes OUT/adapter_config.json + adapter_model.safetensors (LoRA, peft's format) or "
-            "OUT/model.safetensors (--method full), with config.json, log.jsonl and checkpoints/ beside them."
+            "OUT/model.safetensors (--method full), with config.json, log.jsonl and checkpoints/ beside them. "
+            "--method dpo / dpo-full: DPO on {prompt, chosen, rejected} pairs against the base model."
         ),
     )
     what = parser.add_argument_group("model and data")
     options.add_model_option(
         what, help="the pretrained model: a .gguf file, Hugging Face directory or oneblock checkpoint"
     )
-    what.add_argument("--data", metavar="FILE", help="training data: .jsonl (chat or prompt/completion), .json, .txt")
+    what.add_argument(
+        "--data", metavar="FILE",
+        help="training data: .jsonl (chat or prompt/completion), .json, .txt; DPO: {prompt, chosen, rejected} .jsonl",
+    )  # fmt: skip
     what.add_argument("--eval", dest="eval_data", metavar="FILE", help="held-out data scored during training")
     what.add_argument("--eval-share", type=options.finite_float, metavar="P", help="hold out this share instead")
     what.add_argument("--seq-len", type=int, metavar="T", help="tokens per training row (512, or the context)")
@@ -68,7 +74,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     what.add_argument("--pack", action="store_true", help="pack short examples into one row (block-diagonal mask)")
     precision.add_precision_options(what, dtypes=("float32",), training=True)
     method = parser.add_argument_group("method")
-    method.add_argument("--method", choices=("lora", "full"), default="lora", help="adapters or every parameter")
+    method.add_argument(
+        "--method", choices=("lora", "full", "dpo", "dpo-full"), default="lora",
+        help="adapters or every parameter on supervised data; dpo (adapters) or dpo-full on preference pairs",
+    )  # fmt: skip
+    method.add_argument(
+        "--beta", type=options.finite_float, default=0.1, metavar="B", help="DPO's beta (0.1): the pull to the base"
+    )
     options.add_lora_options(method, rank=8)
     opt = parser.add_argument_group("optimization")
     opt.add_argument("--steps", type=int, metavar="N", help="optimizer steps (100)")
@@ -122,6 +134,7 @@ def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
         truncate=args.truncate,
         eval_data=args.eval_data,
         eval_share=args.eval_share or 0.0,
+        beta=args.beta,
     )
     return ft, train
 

@@ -17,6 +17,8 @@ Shape notation: B batch, T length, r rank; ``in`` and ``out`` the base layer's w
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +105,7 @@ class LoraLinear(nn.Module):
         self.lora_B = nn.Linear(cfg.rank, out_features, bias=False, device=device, dtype=torch.float32)  # (out, r)
         self.reset_adapter()
         self.merged = False
+        self.disabled = False  # ``adapters_disabled``: the base layer alone (DPO's reference model)
         self._unmerged_weight: Tensor | None = None  # the base weight as it was before ``merge``
 
     def reset_adapter(self) -> None:
@@ -116,7 +119,7 @@ class LoraLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.base(x)  # (..., out)
-        if self.merged:
+        if self.merged or self.disabled:
             return y
         dtype = self.lora_A.weight.dtype
         update = self.lora_B(self.lora_A(self.lora_dropout(x.to(dtype)))) * self.scale  # (..., r) -> (..., out)
@@ -208,6 +211,27 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
         base = getattr(owner, child)
         setattr(owner, child, LoraLinear(base, rank=cfg.rank, alpha=cfg.alpha, dropout=cfg.dropout, rslora=cfg.rslora))
     return model
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Run ``model`` as its base inside the block: every unmerged adapter adds nothing (peft's ``disable_adapter``).
+
+    The base model without a second copy in memory, as DPO's frozen reference needs it.
+
+    Raises:
+        ConfigError: an adapter is merged (its update is inside the weight and cannot be switched off).
+    """
+    modules = list(lora_modules(model).values())
+    if any(m.merged for m in modules):
+        raise ConfigError("cannot disable merged LoRA adapters; unmerge_lora(model) first")
+    for module in modules:
+        module.disabled = True
+    try:
+        yield model
+    finally:
+        for module in modules:
+            module.disabled = False
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, Tensor]:

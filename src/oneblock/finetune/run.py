@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -27,16 +27,21 @@ from oneblock.errors import CheckpointError, ConfigError
 from oneblock.finetune.examples import build_examples
 from oneblock.finetune.lora import LoraConfig, apply_lora
 from oneblock.finetune.objective import SupervisedObjective
+from oneblock.finetune.pairs import PairExample, build_pairs, read_pairs
+from oneblock.finetune.preference import DEFAULT_BETA, PreferenceObjective
 from oneblock.finetune.records import Dataset, read_data
 from oneblock.finetune.tokenize import Example
 from oneblock.inference.tokenizer import Tokenizer
 from oneblock.io import integrity
 from oneblock.train.config import TrainConfig
+from oneblock.train.data import fingerprint
 from oneblock.train.loop import CONFIG_FILE, Trainer
 
-METHODS = ("lora", "full")
+METHODS = ("lora", "full", "dpo", "dpo-full")  # dpo: DPO on LoRA adapters; dpo-full: DPO on every parameter
+ADAPTER_METHODS = ("lora", "dpo")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODEL_FILE = "model.safetensors"
+E = TypeVar("E")  # a tokenized example, or a pair of them
 
 
 @dataclass(frozen=True)
@@ -46,13 +51,15 @@ class FinetuneConfig:
     Attributes:
         model: anything ``oneblock.load_model`` accepts (a GGUF file, a Hugging Face directory, a checkpoint).
         data: the training data file (see ``oneblock.finetune.records``).
-        method: ``lora`` (adapters only) or ``full`` (every parameter).
-        lora: the adapters' settings (``method == "lora"``).
+        method: ``lora`` (adapters only) or ``full`` (every parameter), on supervised data; ``dpo`` (adapters)
+            or ``dpo-full`` (every parameter) on preference pairs (``oneblock.finetune.pairs``).
+        lora: the adapters' settings (``lora`` and ``dpo``).
         dtype: ``None`` keeps the source's weights (a GGUF file's 4-bit matrices as stored), or ``float32``.
         pack: several short examples per row.
         truncate: cut examples longer than the window instead of refusing them.
         eval_data: a held-out data file.
         eval_share: otherwise, the share of the examples held out (0: none).
+        beta: DPO's beta (``dpo`` and ``dpo-full``).
     """
 
     model: str
@@ -64,6 +71,17 @@ class FinetuneConfig:
     truncate: bool = False
     eval_data: str | None = None
     eval_share: float = 0.0
+    beta: float = DEFAULT_BETA
+
+    @property
+    def adapters(self) -> bool:
+        """Whether the run trains LoRA adapters (else every parameter)."""
+        return self.method in ADAPTER_METHODS
+
+    @property
+    def preference(self) -> bool:
+        """Whether the data are preference pairs trained with DPO."""
+        return self.method.startswith("dpo")
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -72,6 +90,10 @@ class FinetuneConfig:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if not 0.0 <= self.eval_share < 1.0:
             raise ConfigError(f"eval_share must lie in [0, 1); got {self.eval_share!r}")
+        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0 < self.beta < float("inf"):
+            raise ConfigError(f"beta must be a finite number > 0; got {self.beta!r}")
+        if self.preference and (self.pack or self.truncate):
+            raise ConfigError("DPO keeps every pair whole in its own rows; drop pack=True and truncate=True")
         if self.eval_data is not None and self.eval_share:
             raise ConfigError("give eval_data or eval_share, not both")
 
@@ -88,8 +110,9 @@ class FinetuneConfig:
         return cls(**{**data, "lora": LoraConfig(**{**data["lora"], "targets": tuple(data["lora"]["targets"])})})
 
 
-def split_examples(examples: list[Example], share: float, seed: int) -> tuple[list[Example], list[Example]]:
-    """``(train, held_out)``: a random ``share`` of the examples (at least one when ``share > 0``) held out."""
+def split_examples(examples: list[E], share: float, seed: int) -> tuple[list[E], list[E]]:
+    """``(train, held_out)``: a random ``share`` of the examples (or pairs; at least one when ``share > 0``) held
+    out."""
     if not share:
         return examples, []
     n_out = max(1, round(len(examples) * share))
@@ -165,14 +188,25 @@ def prepare(
         cfg = cfg.replace(seq_len=context)
     if cfg.seq_len is not None and cfg.seq_len > context:
         raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
-    data, train, held_out = _examples(ft, cfg, tokenizer, tell=trainer_kwargs.get("on_note") or _warn)
-    torch.manual_seed(cfg.seed)  # the adapters' initialization, the same on every rank and on resume
-    _adapt(model, ft)
-    objective = SupervisedObjective(
-        cfg, train, held_out, vocab_size=config_of(model).vocab_size, pad_id=pad_id_of(tokenizer), packed=ft.pack
-    )
-    # A resume on other data is refused; the digest is the one taken while the file was read.
-    objective.source = {"text": str(ft.data), "bytes": data.nbytes, "sha256": data.sha256}
+    objective: SupervisedObjective | PreferenceObjective
+    vocab_size, pad_id = config_of(model).vocab_size, pad_id_of(tokenizer)
+    if ft.preference:
+        pairs, held_pairs = _pairs(ft, cfg, tokenizer)
+        torch.manual_seed(cfg.seed)
+        _adapt(model, ft)
+        objective = PreferenceObjective(
+            cfg, pairs, held_pairs, model=model, vocab_size=vocab_size, pad_id=pad_id, beta=ft.beta
+        )
+        objective.source = fingerprint(ft.data, Path(ft.data).read_bytes())  # a resume on other data is refused
+        n_train = len(pairs)
+    else:
+        data, train, held_out = _examples(ft, cfg, tokenizer, tell=trainer_kwargs.get("on_note") or _warn)
+        torch.manual_seed(cfg.seed)  # the adapters' initialization, the same on every rank and on resume
+        _adapt(model, ft)
+        objective = SupervisedObjective(cfg, train, held_out, vocab_size=vocab_size, pad_id=pad_id, packed=ft.pack)
+        # A resume on other data is refused; the digest is the one taken while the file was read.
+        objective.source = {"text": str(ft.data), "bytes": data.nbytes, "sha256": data.sha256}
+        n_train = len(train)
     trainer = Trainer(
         config_of(model),
         cfg,
@@ -182,7 +216,7 @@ def prepare(
         extra_config={"finetune": ft.to_dict(), "base": identity},
         **trainer_kwargs,
     )
-    return FinetuneRun(trainer, ft, tokenizer, len(train))
+    return FinetuneRun(trainer, ft, tokenizer, n_train)
 
 
 def _examples(
@@ -237,9 +271,18 @@ def _warn(message: str) -> None:
     warnings.warn(message, stacklevel=3)
 
 
+def _pairs(ft: FinetuneConfig, cfg: TrainConfig, tokenizer: Tokenizer) -> tuple[list[PairExample], list[PairExample]]:
+    """The training and held-out preference pairs (``--eval`` or ``--eval-share``, as for supervised data)."""
+    assert cfg.seq_len is not None  # TrainConfig sets it
+    pairs = build_pairs(read_pairs(ft.data), tokenizer, seq_len=cfg.seq_len)
+    if ft.eval_data is not None:
+        return pairs, build_pairs(read_pairs(ft.eval_data), tokenizer, seq_len=cfg.seq_len)
+    return split_examples(pairs, ft.eval_share, cfg.seed)
+
+
 def _adapt(model: nn.Module, ft: FinetuneConfig) -> None:
     """Add the adapters (LoRA), or make every parameter trainable (full)."""
-    if ft.method == "lora":
+    if ft.adapters:
         apply_lora(model, ft.lora)
     else:
         _unfreeze(model)
@@ -277,7 +320,7 @@ def finish(run: FinetuneRun, out: str | Path) -> list[Path]:
     """Write the run's product into ``out``: the peft adapter (LoRA) or the whole model (full); the paths."""
     ft, trainer, out = run.config, run.trainer, Path(out)
     model = trainer.model.eval() if not trainer.fsdp else _from_last_checkpoint(run)
-    if ft.method == "lora":
+    if ft.adapters:
         peft = importlib.import_module("oneblock.io.peft")  # peft's adapter format, beside the other converters
         return [peft.save_adapter(model, out, cfg=ft.lora, base=os.fspath(ft.model))]
     from oneblock.io.checkpoint import save

@@ -374,6 +374,7 @@ class Trainer:
             "tokens": self.tokens,
             "tokens_per_s": tokens / max(seconds, 1e-9),
             "elapsed": round(self.elapsed, 4),
+            **self.objective.step_metrics(),
         }
 
     def evaluate(self) -> dict[str, float]:

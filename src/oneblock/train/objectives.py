@@ -76,6 +76,10 @@ class Objective:
         """Mean loss of a batch and the number of tokens it fed to the model."""
         raise NotImplementedError
 
+    def step_metrics(self) -> dict[str, float]:
+        """Figures of the step just taken for its log record, beyond the loss (this process's; none by default)."""
+        return {}
+
     def loss_weight(self, batch: dict[str, Tensor]) -> float:
         """How much of an optimizer step's loss a micro-batch carries, relative to the others (its number of
         targets where micro-batches differ in it; equal shares here, as every micro-batch has as many)."""
