@@ -90,7 +90,7 @@ def test_dpo_learns_the_preference_and_logs_margins_and_accuracy(tmp_path, base,
         ('{"prompt": "a", "messages": [], "chosen": "b", "rejected": "c"}', "exactly one of 'prompt' and 'messages'"),
         ('{"prompt": "a", "chosen": "", "rejected": "c"}', r"'chosen' must be a non-empty string"),
         ('{"messages": [{"role": "assistant", "content": "x"}], "chosen": "b", "rejected": "c"}', "end with the user"),
-        ("{not json", r"p\.jsonl:2: malformed JSON"),
+        ("{not json", r"p\.jsonl:2 is not JSON"),
     ],
 )
 def test_bad_pairs_give_one_line_naming_file_and_line(tmp_path, base, capsys, line, match):

@@ -11,7 +11,6 @@ Shape notation: N tokens of one example, T the training window (``--seq-len``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,9 @@ from typing import Any
 from oneblock.errors import InputError
 from oneblock.finetune.records import ROLES, Record
 from oneblock.finetune.tokenize import Example, encode_record
+from oneblock.inference.text import check_text
 from oneblock.inference.tokenizer import Tokenizer
+from oneblock.io import jsontext, limits
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,13 @@ def read_pairs(path: str | Path) -> list[PairRecord]:
     if path.suffix.lower() != ".jsonl":
         raise InputError(f"preference data {name!r} must be a .jsonl file of {{prompt, chosen, rejected}} lines")
     if not path.is_file():
-        raise InputError(f"preference data {name!r} does not exist or is not a file; pass --data PAIRS.jsonl")
+        raise InputError(f"preference data {name!r} does not exist or is not a file")
+    limit, source = limits.text_limit()
+    if path.stat().st_size > limit:
+        raise InputError(
+            f"preference data {name!r} is {path.stat().st_size:,} bytes, over the limit of {limit:,} ({source}); "
+            "raise it with ONEBLOCK_MAX_TEXT_BYTES"
+        )
     try:
         content = path.read_bytes().decode("utf-8")
     except OSError as error:
@@ -72,10 +79,7 @@ def read_pairs(path: str | Path) -> list[PairRecord]:
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InputError(f"{where}: malformed JSON ({error.msg} at column {error.colno}); fix the line") from None
+        obj = jsontext.loads(line, what=where)  # bounded: depth, digits and size
         pairs.append(pair_record(obj, where))
     if not pairs:
         raise InputError(f"preference data {name!r} is empty; it needs at least one pair")
@@ -93,9 +97,11 @@ def pair_record(obj: Any, where: str) -> PairRecord:
     for key in ("chosen", "rejected"):
         if not isinstance(obj[key], str) or not obj[key].strip():
             raise InputError(f"{where}: {key!r} must be a non-empty string, the answer's text")
+        check_text(obj[key], f"{where}: {key!r}")
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str):
             raise InputError(f"{where}: 'prompt' must be a string; got {type(obj['prompt']).__name__}")
+        check_text(obj["prompt"], f"{where}: 'prompt'")
         return PairRecord(where, obj["chosen"], obj["rejected"], prompt=obj["prompt"])
     return PairRecord(where, obj["chosen"], obj["rejected"], messages=_prompt_messages(obj["messages"], where))
 
@@ -109,6 +115,7 @@ def _prompt_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
             raise InputError(f"{where}: message {i} must be an object with 'role' and a string 'content'")
         if message.get("role") not in ROLES:
             raise InputError(f"{where}: message {i} has the role {message.get('role')!r}; roles are {', '.join(ROLES)}")
+        check_text(message["content"], f"{where}: message {i}")
         out.append({"role": message["role"], "content": message["content"]})
     if out[-1]["role"] != "user":
         raise InputError(f"{where}: 'messages' must end with the user's turn, which 'chosen' and 'rejected' answer")
