@@ -150,6 +150,8 @@ FLAG_NAMES = {
     "run_dir": "--out",
     "seq_len": "--seq-len",
     "truncate=True": "--truncate",
+    "pack=True": "--pack",
+    "beta": "--beta",
     "eval_share": "--eval-share",
     "eval_data": "--eval",
     "dtype='float32'": "--dtype float32",

@@ -6,7 +6,7 @@ strings. Each pair becomes two tokenized examples that share the prompt, rendere
 (``oneblock.finetune.tokenize``): the model's chat template, with only the answer and its end-of-turn token
 trained, that is, counted in the answer's log-probability.
 
-Shape notation: N tokens of one example, T the training window (``--seq-len``).
+Shape notation: N tokens of one example, T the training window (``seq_len``).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def build_pairs(records: list[PairRecord], tokenizer: Tokenizer, *, seq_len: int
         longest = max(len(chosen.ids), len(rejected.ids)) - 1
         if longest > seq_len:
             raise InputError(
-                f"{record.where}: the pair needs {longest} positions, more than --seq-len {seq_len}; raise --seq-len "
+                f"{record.where}: the pair needs {longest} positions, more than seq_len {seq_len}; raise seq_len "
                 "or shorten the pair (pairs are never truncated: a cut answer is another answer)"
             )
         if not chosen.n_trained or not rejected.n_trained:

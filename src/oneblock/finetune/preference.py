@@ -101,7 +101,7 @@ class PreferenceObjective(Objective):
     ) -> None:
         super().__init__(cfg)
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta < float("inf"):
-            raise ConfigError(f"--beta must be a finite number > 0; got {beta!r}")
+            raise ConfigError(f"beta must be a finite number > 0; got {beta!r}")
         self.beta = float(beta)
         self.vocab_size = vocab_size
         self.max_seq_len = self.seq_len
