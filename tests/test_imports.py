@@ -9,9 +9,10 @@ HEAVY = ("torch", "numpy", "transformers", "tokenizers", "gguf", "safetensors", 
 
 
 def imported_after(code: str) -> set[str]:
-    probe = f"import sys\n{code}\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    probe = f"import sys\n{code}\nprint('\\nMODULES', ' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    return set(done.stdout.split())
+    line = done.stdout.rsplit("\nMODULES ", 1)[-1]  # the modules, not a help text that names torch
+    return set(line.split())
 
 
 @pytest.mark.parametrize(
