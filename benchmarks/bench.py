@@ -376,7 +376,7 @@ def bench_kernels(quick: bool) -> dict[str, Any]:
     if llamacpp_tools.tool("test-backend-ops") is None:
         print(f"  llama.cpp: skipped, no test-backend-ops in {llamacpp_tools.tools_dir()} (make bench-llamacpp)")
     try:
-        from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+        from oneblock.inference.smollm2 import smollm2_gguf_path
 
         model = smollm2_gguf_path()
     except (ob.CheckpointError, ImportError) as error:

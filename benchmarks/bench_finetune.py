@@ -55,9 +55,10 @@ def contenders(method: str, tokens: torch.Tensor) -> dict[str, Callable[[], None
     """``{"oneblock": step, "transformers": step}`` for ``method`` ``lora`` or ``full``."""
     import transformers
 
-    from oneblock.finetune.lora import LoraConfig, apply_lora
+    from oneblock.adapters.apply import apply_lora
+    from oneblock.adapters.lora import LoraConfig
     from oneblock.inference.load import load_model
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     ours = load_model(path, dtype=torch.float32).model.train()

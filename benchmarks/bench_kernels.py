@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = args.model
     if model is None:
-        from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+        from oneblock.inference.smollm2 import smollm2_gguf_path
 
         model = smollm2_gguf_path()
     cpu = cpu_description()

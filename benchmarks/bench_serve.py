@@ -186,7 +186,7 @@ def phase(server: Server, clients: int, new: int) -> dict[str, Any]:
 
 
 def bench_serve(*, quick: bool = False, rounds: int | None = None, new: int = 64, threads: int = 2) -> dict[str, Any]:
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     model = smollm2_gguf_path()
     rounds = rounds or (2 if quick else 5)

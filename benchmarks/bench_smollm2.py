@@ -61,7 +61,7 @@ def cold(engine: str, model: Path, new: int, threads: int) -> dict[str, Any]:
 
 def bench_smollm2(*, quick: bool = False, rounds: int | None = None, new: int | None = None, threads: int = 2) -> dict:
     """Median figures per engine over interleaved cold rounds, and the ratios the targets ask for."""
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     model = smollm2_gguf_path()
     new = new or (32 if quick else 128)

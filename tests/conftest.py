@@ -7,13 +7,21 @@ models opt into ``one_thread`` for the whole module with ``pytestmark = pytest.m
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from oneblock.layers.attention import MultiHeadAttention
+
+# Helper modules (``*_testing.py``) sit beside the tests that use them most; any test module may import them,
+# whichever folders a run collects.
+for _helper in sorted(Path(__file__).parent.rglob("*_testing.py")):
+    if str(_helper.parent) not in sys.path:
+        sys.path.append(str(_helper.parent))
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""JSON from elsewhere is parsed by one reader, ``oneblock.io.jsontext.loads`` (size, depth and digits bounded, every
+"""JSON from elsewhere is parsed by one reader, ``oneblock.jsontext.loads`` (size, depth and digits bounded, every
 failure a oneblock error): no other module of the package calls ``json.loads`` or ``json.load``, nor imports them
 or a decoder from ``json``, unless it is listed below with the reason its input is not from elsewhere."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "oneblock"
 READERS = {"load", "loads", "JSONDecoder", "raw_decode"}
 ALLOWED = {
-    "io/jsontext.py": "the bounded reader itself",
+    "jsontext.py": "the bounded reader itself",
     "io/runlock.py": (
         "the lock holder's own record, written by oneblock's RunLock; read at most 4 KiB, and every failure "
         "(RecursionError and ValueError included) is caught and told as 'its pid is not recorded'"
@@ -45,7 +45,7 @@ def test_no_module_parses_json_but_the_bounded_reader():
         name = path.relative_to(PACKAGE).as_posix()
         if name not in ALLOWED:
             offenders += [f"{name}:{line}" for line in _json_reads(path)]
-    assert not offenders, f"parse JSON with oneblock.io.jsontext.loads instead: {offenders}"
+    assert not offenders, f"parse JSON with oneblock.jsontext.loads instead: {offenders}"
 
 
 def test_the_scan_finds_what_it_looks_for(tmp_path):

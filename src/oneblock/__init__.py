@@ -28,19 +28,19 @@ _WHERE: dict[str, str] = {
     "ConversionError": "oneblock.errors",
     "InputError": "oneblock.errors",
     "OneBlockError": "oneblock.errors",
-    "LoraConfig": "oneblock.finetune.lora",
-    "apply_lora": "oneblock.finetune.lora",
-    "merge_lora": "oneblock.finetune.lora",
-    "unmerge_lora": "oneblock.finetune.lora",
-    "load_adapter": "oneblock.io.peft",
-    "save_adapter": "oneblock.io.peft",
+    "LoraConfig": "oneblock.adapters.lora",
+    "apply_lora": "oneblock.adapters.apply",
+    "merge_lora": "oneblock.adapters.apply",
+    "unmerge_lora": "oneblock.adapters.apply",
+    "load_adapter": "oneblock.adapters.peft",
+    "save_adapter": "oneblock.adapters.peft",
     "ChatSession": "oneblock.inference.chat",
     "Reply": "oneblock.inference.chat",
     "embed": "oneblock.inference.embedding",
     "similarity": "oneblock.inference.embedding",
     "generate": "oneblock.inference.generation",
     "generate_stream": "oneblock.inference.generation",
-    "pad_prompts": "oneblock.inference.generation",
+    "pad_prompts": "oneblock.inference.request",
     "Loaded": "oneblock.inference.load",
     "load_model": "oneblock.inference.load",
     "Sampling": "oneblock.inference.sampling",
@@ -111,21 +111,23 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time __getattr__ imports on first use
+    from oneblock.adapters.apply import apply_lora, merge_lora, unmerge_lora
+    from oneblock.adapters.lora import LoraConfig
+    from oneblock.adapters.peft import load_adapter, save_adapter
     from oneblock.analysis.counting import ParameterCount, count_flops, count_parameters
     from oneblock.config import ModelConfig
     from oneblock.errors import CheckpointError, ConfigError, ConversionError, InputError, OneBlockError
-    from oneblock.finetune.lora import LoraConfig, apply_lora, merge_lora, unmerge_lora
     from oneblock.inference.chat import ChatSession, Reply
     from oneblock.inference.embedding import embed, similarity
-    from oneblock.inference.generation import generate, generate_stream, pad_prompts
+    from oneblock.inference.generation import generate, generate_stream
     from oneblock.inference.load import Loaded, load_model
     from oneblock.inference.quantize import quantize_int8
     from oneblock.inference.quantize_blocks import quantize
+    from oneblock.inference.request import pad_prompts
     from oneblock.inference.sampling import Sampling
     from oneblock.io.checkpoint import load, save
     from oneblock.io.gguf.load import from_gguf
     from oneblock.io.hf.convert import from_hf, save_hf, to_hf
-    from oneblock.io.peft import load_adapter, save_adapter
     from oneblock.models import Decoder, Encoder, EncoderDecoder, build_model
     from oneblock.presets import PRESETS, get_preset
     from oneblock.train import TrainConfig, Trainer, TrainResult, fit_model_config

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from oneblock import jsontext
 from oneblock.errors import ConfigError
-from oneblock.io import jsontext
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
 NORM_POSITIONS = ("pre", "post")

@@ -11,12 +11,13 @@ import torch
 from cli_testing import one_line_error
 
 from oneblock import build_model, generate, load_model
+from oneblock.adapters.apply import apply_lora, lora_modules, merge_lora
+from oneblock.adapters.lora import LoraConfig
+from oneblock.adapters.peft import save_adapter
 from oneblock.cli.main import main
 from oneblock.config import ModelConfig
-from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules, merge_lora
-from oneblock.inference.tokenizer import ByteTokenizer
 from oneblock.io.checkpoint import save
-from oneblock.io.peft import save_adapter
+from oneblock.text.tokenizer import ByteTokenizer
 
 PROMPT = "the block"
 # A Llama-family decoder over bytes: small, and with a peft name for every adapted layer.
@@ -147,7 +148,7 @@ def test_chat_with_an_adapter_answers_as_the_adapted_model(tmp_path, capsys):
     pytest.importorskip("gguf")
     from oneblock.errors import CheckpointError
     from oneblock.inference.chat import ChatSession
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     try:
         path = smollm2_gguf_path()
@@ -177,7 +178,7 @@ def test_convert_a_gguf_file_with_its_adapter_for_transformers(tmp_path, capsys)
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("gguf")
     from oneblock.errors import CheckpointError
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     try:
         path = smollm2_gguf_path()

@@ -112,7 +112,7 @@ def test_count_lora_short_forms_give_the_same_count(capsys):
 def test_a_gguf_file_is_a_model_for_count_too(capsys):
     """``--model`` takes what ``load_model`` takes, so count reads a GGUF file's config (and its float32 weights)."""
     from oneblock.errors import CheckpointError
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     try:
         path = smollm2_gguf_path()

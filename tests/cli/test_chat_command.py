@@ -27,7 +27,7 @@ GREEDY = ["chat", "--temperature", "0", "--max-new-tokens", "12"]
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from oneblock.io.gguf.smollm2 import load_smollm2, smollm2_gguf_path
+    from oneblock.inference.smollm2 import load_smollm2, smollm2_gguf_path
 
     try:
         return smollm2_gguf_path(), *load_smollm2()
@@ -117,7 +117,7 @@ def test_not_a_gguf_file(tmp_path, capsys):
 
 
 def test_missing_package_names_the_install_command(monkeypatch, capsys):
-    from oneblock.io.gguf import smollm2
+    from oneblock.inference import smollm2
 
     monkeypatch.delenv("ONEBLOCK_SMOLLM2_GGUF", raising=False)
     monkeypatch.setattr(smollm2, "_candidates", lambda: [])

@@ -9,16 +9,17 @@ import pytest
 import torch
 from cli_testing import one_line_error
 
+from oneblock.adapters.apply import apply_lora, lora_modules, merge_lora
+from oneblock.adapters.lora import LoraConfig
+from oneblock.adapters.peft import save_adapter
 from oneblock.cli.main import main
 from oneblock.config import ModelConfig
-from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules, merge_lora
 from oneblock.inference.load import load_model
 from oneblock.io.gguf.layout import read_layout
 from oneblock.io.gguf.load import from_gguf
 from oneblock.io.gguf.tokenizer import byte_alphabet
 from oneblock.io.gguf.write import save_gguf
 from oneblock.io.gguf.writer import Entry, typed_metadata
-from oneblock.io.peft import save_adapter
 from oneblock.models.build import build_decoder
 
 LLAMA = ModelConfig(

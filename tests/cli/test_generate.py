@@ -13,8 +13,8 @@ from cli_testing import one_line_error
 import oneblock as ob
 from oneblock.cli.main import main
 from oneblock.inference.generation import generate
-from oneblock.inference.tokenizer import ByteTokenizer
 from oneblock.io.checkpoint import save
+from oneblock.text.tokenizer import ByteTokenizer
 
 PROMPT = "Once upon a time"
 

@@ -95,9 +95,9 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0():
 
 def test_serving_off_loopback_warns_and_accepts_any_host(monkeypatch, capsys):
     from oneblock.explore import server as explore_server
-    from oneblock.inference.tokenizer import ByteTokenizer
     from oneblock.serve import server
     from oneblock.serve.engine import Engine
+    from oneblock.text.tokenizer import ByteTokenizer
 
     made = {}
     monkeypatch.setattr(server, "bind", lambda host, port: explore_server.bind("127.0.0.1", 0))  # not 0.0.0.0

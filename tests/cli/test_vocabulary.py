@@ -141,7 +141,7 @@ def _strings(path: Path) -> list[tuple[int, str]]:
 # Strings outside cli/ that may show a flag: another program's (pip's), a lock's record of the command holding it, and
 # the server's own answers about how it was started.
 OTHER_PROGRAMS = {
-    ("io/gguf/smollm2.py", "--no-deps"),
+    ("inference/smollm2.py", "--no-deps"),
     ("train/loop.py", "--resume"),  # RunLock(command="oneblock train --resume"): what holds the lock
     ("serve/handlers.py", "--embedding-model"),
     ("serve/server.py", "--api-key"),

@@ -15,7 +15,7 @@ import torch
 
 import oneblock as ob
 from oneblock.explore.loading import Explorable, codec_for
-from oneblock.inference.tokenizer import ByteTokenizer
+from oneblock.text.tokenizer import ByteTokenizer
 
 CHROMIUM = os.environ.get("ONEBLOCK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -16,7 +16,7 @@ def _one_thread():
 
 @pytest.fixture(scope="session")
 def smol_tokenizer():
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
     return GGUFTokenizer.from_gguf(smollm2_gguf_path())

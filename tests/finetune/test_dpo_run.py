@@ -12,8 +12,9 @@ import pytest
 import torch
 from finetune_testing import tiny_llama_checkpoint, write_jsonl
 
+from oneblock.adapters.apply import adapters_disabled, apply_lora, lora_modules, merge_lora
+from oneblock.adapters.lora import LoraConfig
 from oneblock.cli.main import main
-from oneblock.finetune.lora import LoraConfig, adapters_disabled, apply_lora, lora_modules, merge_lora
 from oneblock.finetune.preference import PreferenceObjective
 from oneblock.finetune.run import FinetuneConfig, prepare
 from oneblock.train.config import TrainConfig

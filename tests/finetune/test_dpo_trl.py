@@ -13,7 +13,8 @@ import copy
 import pytest
 import torch
 
-from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
+from oneblock.adapters.apply import apply_lora, lora_modules
+from oneblock.adapters.lora import LoraConfig
 from oneblock.finetune.pairs import PairExample
 from oneblock.finetune.preference import PreferenceObjective, pair_batch
 from oneblock.finetune.tokenize import Example
@@ -103,8 +104,8 @@ def check(trl_figures, our_figures):
 
 
 def test_dpo_loss_equals_trl_with_lora_adapters(smol_tokenizer, tmp_path):
+    from oneblock.adapters.peft import save_adapter
     from oneblock.io.hf.convert import to_hf
-    from oneblock.io.peft import save_adapter
 
     base = tiny_model()
     hf_base = to_hf(base).float()

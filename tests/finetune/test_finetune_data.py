@@ -12,7 +12,7 @@ from oneblock.errors import InputError
 from oneblock.finetune.examples import build_examples
 from oneblock.finetune.records import read_data
 from oneblock.finetune.tokenize import encode_record
-from oneblock.inference.tokenizer import ByteTokenizer
+from oneblock.text.tokenizer import ByteTokenizer
 
 
 def trained_text(tokenizer, example) -> list[str]:

@@ -76,7 +76,8 @@ def quick(tmp_path_factory):
 
 
 def test_quick_run_counts_what_each_row_trains(quick):
-    from oneblock.finetune.lora import LoraConfig, apply_lora
+    from oneblock.adapters.apply import apply_lora
+    from oneblock.adapters.lora import LoraConfig
 
     report, out = quick
     rows = {r["row"]["name"]: r for r in report["rows"]}

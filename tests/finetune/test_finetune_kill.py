@@ -13,7 +13,7 @@ import torch
 from finetune_testing import pair_records, tiny_llama_checkpoint, write_jsonl
 from safetensors.torch import load_file
 
-from oneblock.finetune.lora import LoraConfig
+from oneblock.adapters.lora import LoraConfig
 from oneblock.finetune.run import FinetuneConfig, prepare, read_run
 from oneblock.train.config import TrainConfig
 

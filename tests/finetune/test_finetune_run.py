@@ -9,9 +9,9 @@ import pytest
 import torch
 from finetune_testing import PAIRS, greedy_completion, pair_records, tiny_llama_checkpoint, write_jsonl
 
+from oneblock.adapters.lora import LoraConfig
 from oneblock.cli.main import main
 from oneblock.errors import ConfigError, InputError
-from oneblock.finetune.lora import LoraConfig
 from oneblock.finetune.run import FinetuneConfig, prepare, read_run
 from oneblock.io.checkpoint import load
 from oneblock.train.config import TrainConfig
@@ -61,7 +61,7 @@ def test_held_out_share_is_scored(tmp_path, base):
 
 
 def test_full_finetune_of_4bit_weights_refused(tmp_path):
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     data = write_jsonl(tmp_path / "d.jsonl", pair_records())
     ft = FinetuneConfig(model=str(smollm2_gguf_path()), data=str(data), method="full")
@@ -121,8 +121,8 @@ def test_resume_on_another_base_refused(tmp_path, base, capsys):
 
 
 def test_lora_run_writes_a_peft_adapter_that_reloads_to_the_same_logits(tmp_path, base, capsys):
+    from oneblock.adapters.peft import load_adapter
     from oneblock.errors import ConversionError
-    from oneblock.io.peft import load_adapter
 
     data = write_jsonl(tmp_path / "d.jsonl", pair_records())
     out = tmp_path / "run"

@@ -24,9 +24,9 @@ CHATS = [
 
 
 def test_smollm2_lora_adapter_loads_in_peft_with_the_same_logits(tmp_path, capsys):
+    from oneblock.adapters.peft import load_adapter
     from oneblock.inference.load import load_model
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
-    from oneblock.io.peft import load_adapter
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     data = write_jsonl(tmp_path / "chat.jsonl", CHATS)

@@ -13,9 +13,10 @@ from lora_testing import probe, randomize_adapters
 from torch import nn
 
 import oneblock as ob
+from oneblock.adapters.apply import apply_lora, lora_modules
+from oneblock.adapters.lora import LoraConfig, LoraLinear
 from oneblock.errors import ConfigError, InputError
-from oneblock.finetune.lora import LoraConfig, LoraLinear, apply_lora, lora_modules
-from oneblock.inference.blocks import BlockLinear
+from oneblock.layers.quantized import BlockLinear
 from oneblock.models import build_model
 from oneblock.presets import get_preset
 
@@ -130,7 +131,7 @@ def test_finetune_cli_trains_lora_over_the_4bit_gguf_base_and_the_adapter_loads(
     from oneblock.cli.main import main
     from oneblock.finetune.run import prepare, read_run
     from oneblock.inference.load import load_model
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     data = write_jsonl(tmp_path / "chat.jsonl", CHATS)

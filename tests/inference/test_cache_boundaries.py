@@ -16,7 +16,8 @@ import oneblock as ob
 from oneblock.errors import InputError
 from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.decode import FullDecode, LeanDecode
-from oneblock.inference.generation import _prepare, generate
+from oneblock.inference.generation import generate
+from oneblock.inference.request import prepare
 from oneblock.layers.kv_cache import DEFAULT_CHUNK, KVCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -84,7 +85,7 @@ def test_a_left_padded_batch_equals_each_row_uncached(model, t, n):
 def test_each_decoder_keeps_every_key(model, decoder, t, n):
     prompt = prompt_of(t)
     want_ids, want = uncached(model, prompt, n)
-    run = _prepare(model, prompt[None], n, False, None, None, None, None)
+    run = prepare(model, prompt[None], n, False, None, None, None, None)
     step = LeanDecode(run) if decoder == "lean" else FullDecode(run, use_cache=True)
     got, fed = [], None
     with torch.inference_mode():

@@ -20,7 +20,7 @@ from oneblock.inference.chat import ChatSession
 pytest.importorskip("gguf")
 pytest.importorskip("jinja2")
 
-from oneblock.inference.chat_template import render_chat
+from oneblock.text.chat_template import render_chat
 
 REPLY = "é€😀!"  # 2 + 3 + 4 + 1 bytes
 EOS = 0
@@ -71,7 +71,7 @@ def bigram():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from oneblock.io.gguf.smollm2 import load_smollm2
+    from oneblock.inference.smollm2 import load_smollm2
 
     try:
         return load_smollm2()

@@ -14,7 +14,7 @@ from oneblock.errors import CheckpointError, InputError
 from oneblock.inference.generation import generate
 from oneblock.inference.sampler_state import SamplerState
 from oneblock.inference.sampling import Sampling
-from oneblock.inference.tokenizer import ByteTokenizer
+from oneblock.text.tokenizer import ByteTokenizer
 
 llguidance = pytest.importorskip("llguidance")
 pydantic = pytest.importorskip("pydantic")
@@ -33,7 +33,7 @@ class Person(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from oneblock.io.gguf.smollm2 import load_smollm2
+    from oneblock.inference.smollm2 import load_smollm2
 
     try:
         return load_smollm2()

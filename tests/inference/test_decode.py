@@ -12,7 +12,8 @@ import torch
 
 import oneblock as ob
 from oneblock.inference.decode import FullDecode, LeanDecode, lean_supported
-from oneblock.inference.generation import _prepare, generate
+from oneblock.inference.generation import generate
+from oneblock.inference.request import prepare
 
 SMALL = {"vocab_size": 101, "d_model": 36, "n_heads": 3, "d_ff": 37, "max_seq_len": 32, "n_layers": 2}
 FAMILIES = {
@@ -43,7 +44,7 @@ def build(family: str, seed: int = 0) -> torch.nn.Module:
 
 def decode_both(model, prompts, steps: int):
     """Feed the same greedy tokens to both decoders; return their (steps, B, V) logits."""
-    run = _prepare(model, prompts, steps, False, None, None, None, None)
+    run = prepare(model, prompts, steps, False, None, None, None, None)
     lean, full = LeanDecode(run), FullDecode(run, use_cache=True)
     got, want, fed = [], [], None
     with torch.inference_mode():
@@ -77,7 +78,8 @@ def test_generate_takes_the_lean_path_and_matches_the_uncached_one(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lean_step_runs_lora_adapters_and_equals_the_full_forward(family):
-    from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
+    from oneblock.adapters.apply import apply_lora, lora_modules
+    from oneblock.adapters.lora import LoraConfig
 
     model = build(family, seed=2)
     apply_lora(model, LoraConfig(rank=4, alpha=8.0, targets=("all-linear",)))
@@ -100,7 +102,7 @@ def test_lean_step_is_not_used_where_it_would_differ():
 
 def test_cache_buffers_hold_only_this_generation():
     model = build("llama-style")
-    run = _prepare(model, [[1, 2, 3]], 5, False, None, None, None, None)
+    run = prepare(model, [[1, 2, 3]], 5, False, None, None, None, None)
     lean = LeanDecode(run)
     assert lean.cache.layers[0].capacity == 3 + 5 - 1  # not max_seq_len (32)
     bf16 = LeanDecode(run, cache_dtype=torch.bfloat16)

@@ -11,7 +11,8 @@ import torch
 
 import oneblock as ob
 from oneblock.errors import InputError
-from oneblock.inference.generation import generate, generate_stream, pad_prompts
+from oneblock.inference.generation import generate, generate_stream
+from oneblock.inference.request import pad_prompts
 
 V = 101
 SMALL = {"vocab_size": V, "d_model": 36, "n_heads": 3, "d_ff": 37, "max_seq_len": 24, "n_layers": 2}

@@ -8,7 +8,7 @@ import torch
 import oneblock as ob
 from oneblock.errors import CheckpointError, InputError
 from oneblock.inference.load import load_model
-from oneblock.inference.tokenizer import ByteTokenizer, Tokenizer
+from oneblock.text.tokenizer import ByteTokenizer, Tokenizer
 
 
 def test_preset_is_seeded_and_bytes_are_its_tokens():

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from oneblock import ConfigError, generate, load_model
-from oneblock.finetune.lora import LoraLinear, lora_modules
+from oneblock.adapters.apply import lora_modules
+from oneblock.adapters.lora import LoraLinear
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -90,7 +91,7 @@ def test_adapters_on_a_fused_quantized_qkv_compute_the_separate_ones(llama_and_a
     model = load_model(base).model
     for block in model.blocks:
         block.attn.qkv_proj = Opaque(block.attn.fuse_qkv())
-    from oneblock.io.peft import load_adapter
+    from oneblock.adapters.peft import load_adapter
 
     load_adapter(model, adapter)
     assert all(isinstance(block.attn.qkv_proj, LoraLinear) for block in model.blocks)
@@ -105,9 +106,10 @@ def test_adapters_on_a_fused_quantized_qkv_compute_the_separate_ones(llama_and_a
 def test_smollm2_with_adapter_equals_peft_on_transformers_from_the_same_file(tmp_path):
     """The issue's reference: transformers' model read from the GGUF file + PeftModel vs
     ``load_model(file, adapter=DIR, dtype=torch.float32)``, within 1e-4; the 4-bit model runs the same adapter."""
-    from oneblock.finetune.lora import LoraConfig, apply_lora
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
-    from oneblock.io.peft import save_adapter
+    from oneblock.adapters.apply import apply_lora
+    from oneblock.adapters.lora import LoraConfig
+    from oneblock.adapters.peft import save_adapter
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     try:
         path = smollm2_gguf_path()

@@ -104,7 +104,7 @@ CHOICES = [" Paris", " London", " the city of Lyon, which is in the south"]
 def smollm2():
     pytest.importorskip("gguf")
     transformers = pytest.importorskip("transformers")
-    from oneblock.io.gguf.smollm2 import load_smollm2, smollm2_gguf_path
+    from oneblock.inference.smollm2 import load_smollm2, smollm2_gguf_path
 
     try:
         path = smollm2_gguf_path()
@@ -145,7 +145,7 @@ def test_loglikelihood_equals_transformers_on_smollm2(smollm2):
 def test_the_default_path_scores_a_long_prompt_with_the_exact_weights(smollm2):
     """From 32 tokens up, the prompt pass of a GGUF model on the default path multiplies by the dequantized
     weights in float32 (``block_mm``'s GEMM path), so its scores are the exact model's up to summation order."""
-    from oneblock.io.gguf.smollm2 import load_smollm2
+    from oneblock.inference.smollm2 import load_smollm2
 
     exact, tokenizer, _ = smollm2
     fast, _ = load_smollm2()

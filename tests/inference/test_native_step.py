@@ -18,8 +18,9 @@ import oneblock as ob
 from oneblock import kernels
 from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.decode import LeanDecode
-from oneblock.inference.generation import _prepare, generate
+from oneblock.inference.generation import generate
 from oneblock.inference.native_step import ENV, NativeStep
+from oneblock.inference.request import prepare
 
 pytestmark = pytest.mark.skipif(kernels.backend() == "torch", reason="the native step needs the C++ library")
 
@@ -48,7 +49,7 @@ def build(family: str, seed: int = 0, sizes: dict | None = None) -> torch.nn.Mod
 def decode_both(model, prompts, steps: int, feed: list[list[int]] | None = None):
     """The (steps, B, V) logits of the native and the Python step, fed the Python step's greedy tokens (or
     ``feed``, one list of B ids per step)."""
-    run = _prepare(model, prompts, steps, False, None, None, None, None)
+    run = prepare(model, prompts, steps, False, None, None, None, None)
     with torch.inference_mode():
         native, python = LeanDecode(run), LeanDecode(run, native=False)
         assert native.native is not None and python.native is None
@@ -79,7 +80,7 @@ def test_generate_takes_the_native_step_and_matches_the_uncached_path(family):
     model = build(family, seed=1)
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6], [0, 0, 0, 2, 7, 1, 8, 2]])
     mask = prompt != 0
-    run = _prepare(model, prompt, 16, False, None, None, mask, None)
+    run = prepare(model, prompt, 16, False, None, None, mask, None)
     assert LeanDecode(run).native is not None
     fast = generate(model, prompt, 16, greedy=True, prompt_padding_mask=mask)
     slow = generate(model, prompt, 16, greedy=True, prompt_padding_mask=mask, use_cache=False)
@@ -166,10 +167,11 @@ def test_block_weights_native_step_is_as_faithful_as_the_python_step(family):
 
 
 def test_the_python_step_runs_where_the_native_one_would_differ(monkeypatch):
-    from oneblock.finetune.lora import LoraConfig, apply_lora
+    from oneblock.adapters.apply import apply_lora
+    from oneblock.adapters.lora import LoraConfig
 
     model = build("llama-style", seed=7)
-    run = _prepare(model, [[1, 2, 3]], 4, False, None, None, None, None)
+    run = prepare(model, [[1, 2, 3]], 4, False, None, None, None, None)
     assert LeanDecode(run, cache_dtype=torch.bfloat16).native is None  # a narrower cache
     assert LeanDecode(run, compile="aot_eager").native is None  # compiling asks for the Python step
     monkeypatch.setenv(ENV, "0")
@@ -221,7 +223,7 @@ WINDOW = 64
 def smollm2():
     pytest.importorskip("gguf")
     from oneblock.errors import CheckpointError
-    from oneblock.io.gguf.smollm2 import load_smollm2
+    from oneblock.inference.smollm2 import load_smollm2
 
     try:
         quantized, tokenizer = load_smollm2()

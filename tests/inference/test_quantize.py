@@ -10,9 +10,9 @@ from torch import nn
 
 import oneblock as ob
 from oneblock.errors import InputError
-from oneblock.inference import quantize
 from oneblock.inference.generation import generate
-from oneblock.inference.quantize import Int8Linear, quantize_int8
+from oneblock.inference.quantize import quantize_int8
+from oneblock.layers.quantized import DEQUANTIZE_ROWS, Int8Linear
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small models run fastest on one thread
 
@@ -23,7 +23,7 @@ def test_int8_linear_error_is_bounded_by_the_rounding():
     q = Int8Linear(linear)
     assert q.weight.dtype == torch.int8 and q.weight.shape == (23, 48) and q.scale.shape == (23,)
     assert (q.dequantized(torch.float32) - linear.weight).abs().max() <= q.scale.max() / 2 + 1e-7
-    for rows in (1, 3, quantize.DEQUANTIZE_ROWS + 1):  # the int8 kernel and the dequantizing path
+    for rows in (1, 3, DEQUANTIZE_ROWS + 1):  # the int8 kernel and the dequantizing path
         x = torch.randn(2, rows, 48)
         reference = linear(x)
         exact = nn.functional.linear(x, q.dequantized(torch.float32), linear.bias)

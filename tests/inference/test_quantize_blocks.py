@@ -16,8 +16,8 @@ from torch import nn
 import oneblock as ob
 from oneblock import kernels
 from oneblock.errors import InputError
-from oneblock.inference.blocks import BlockLinear
 from oneblock.inference.generation import generate
+from oneblock.layers.quantized import BlockLinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,9 +8,9 @@ import struct
 import pytest
 from async_testing import run_async
 
-from oneblock import ModelConfig
+from oneblock import ModelConfig, jsontext
 from oneblock.errors import CheckpointError, ConfigError, ConversionError, InputError
-from oneblock.io import integrity, jsontext
+from oneblock.io import integrity
 
 DEEP = "[" * 50_000 + "]" * 50_000
 NESTED_65 = "[" * 65 + "]" * 65

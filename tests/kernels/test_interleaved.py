@@ -200,7 +200,8 @@ def test_the_gradient_reaches_x_through_the_interleaved_layout(case):
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 def test_the_native_interleave_moves_the_bytes_the_reference_moves(fmt):
     from oneblock.kernels import ops
-    from oneblock.kernels.interleave import interleave, interleave_reference
+    from oneblock.kernels.interleave import interleave_reference
+    from oneblock.kernels.ops import interleave
 
     if ops.backend() == "torch":
         pytest.skip("the C++ kernels did not build here")

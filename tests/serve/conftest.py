@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from oneblock.inference.tokenizer import ByteTokenizer
 from oneblock.serve.engine import Engine
+from oneblock.text.tokenizer import ByteTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_testing import KEY, Running, tiny_model

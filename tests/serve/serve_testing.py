@@ -68,7 +68,7 @@ class Running:
 
 def slow_engine(monkeypatch: Any, seconds: float = 0.01, **options: Any) -> Engine:
     """An engine over the tiny model whose every decoding step takes at least ``seconds``."""
-    from oneblock.inference.tokenizer import ByteTokenizer
+    from oneblock.text.tokenizer import ByteTokenizer
 
     engine = Engine(tiny_model(), options.pop("tokenizer", None) or ByteTokenizer(), **options)
     step = engine.decoder.step

@@ -13,11 +13,11 @@ import torch
 from serve_testing import KEY, TINY, Running
 
 import oneblock as ob
-from oneblock.inference.chat_template import render_chat
 from oneblock.inference.generation import generate
-from oneblock.inference.tokenizer import ByteTokenizer
 from oneblock.serve.engine import Engine
 from oneblock.serve.protocol import CHATML
+from oneblock.text.chat_template import render_chat
+from oneblock.text.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]

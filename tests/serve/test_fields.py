@@ -12,9 +12,9 @@ import openai
 import pytest
 from serve_testing import KEY, Running, tiny_model
 
-from oneblock.inference.tokenizer import ByteTokenizer
 from oneblock.serve.engine import Engine
 from oneblock.serve.protocol import ApiError, parse_completion, parse_embeddings
+from oneblock.text.tokenizer import ByteTokenizer
 
 HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 BIG = "1" + "0" * 400  # 401 digits

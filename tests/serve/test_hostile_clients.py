@@ -19,8 +19,8 @@ import openai
 import pytest
 from serve_testing import KEY, Running, slow_engine, sse_events
 
-from oneblock.inference.tokenizer import ByteTokenizer
 from oneblock.serve.app import Limits
+from oneblock.text.tokenizer import ByteTokenizer
 
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 

@@ -17,8 +17,8 @@ from serve_testing import KEY, Running, slow_engine, tiny_model
 
 from oneblock.errors import InputError
 from oneblock.inference.generation import generate
-from oneblock.inference.tokenizer import ByteTokenizer
 from oneblock.serve.engine import Engine
+from oneblock.text.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
 HEADERS = {"Authorization": f"Bearer {KEY}"}

@@ -27,7 +27,7 @@ NEW_TOKENS = 24
 def smollm2() -> Iterator[Running]:
     pytest.importorskip("gguf")
     from oneblock.inference.embedding import load_sentence_model
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     try:
         loaded = ob.load_model(smollm2_gguf_path())

@@ -13,9 +13,9 @@ import openai
 import pytest
 from serve_testing import KEY, Running, slow_engine, tiny_model
 
-from oneblock.inference.tokenizer import ByteTokenizer
 from oneblock.serve.app import Limits
 from oneblock.serve.engine import Engine, Job, QueueFull, Stopping
+from oneblock.text.tokenizer import ByteTokenizer
 
 HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

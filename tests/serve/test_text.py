@@ -8,8 +8,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oneblock.inference.tokenizer import ByteTokenizer
 from oneblock.serve.text import StopText
+from oneblock.text.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
 

@@ -163,16 +163,6 @@ def count_flops(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, int]:
     }
 
 
-def lora_parameters(cfg: ModelConfig, rank: int, targets: tuple[str, ...] | None = None) -> int:
-    """Trainable parameters of rank-``rank`` LoRA adapters on ``targets`` (default: q, k, v, o, gate, up, down):
-    ``rank * (in + out)`` per adapted linear layer, the A (r, in) and B (out, r) that ``apply_lora`` builds."""
-    from oneblock.finetune.lora import LoraConfig
-    from oneblock.finetune.targets import select
-
-    lora = LoraConfig(rank=rank) if targets is None else LoraConfig(rank=rank, targets=targets)
-    return lora.rank * sum(site.adapter_parameters for site in select(cfg, lora.targets))
-
-
 def weight_memory(cfg: ModelConfig) -> dict[str, int]:
     """Bytes to hold the weights at fp32 and bf16."""
     n = count_parameters(cfg).total

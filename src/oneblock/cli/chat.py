@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
     from oneblock.inference.chat import ChatSession
     from oneblock.inference.sampling import Sampling
-    from oneblock.inference.text import check_text, decode_utf8
+    from oneblock.text.checks import check_text, decode_utf8
 
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.max_new_tokens < 1:
@@ -141,7 +141,7 @@ def model_path(given: str | None) -> Path:
     from oneblock.errors import CheckpointError
 
     if given is None:
-        from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+        from oneblock.inference.smollm2 import smollm2_gguf_path
 
         return smollm2_gguf_path()
     path = Path(given)

@@ -8,6 +8,7 @@ from typing import Any
 
 from oneblock.cli.convert_gguf import add_arguments as add_gguf_arguments
 from oneblock.cli.options import add_json_option, add_model_option
+from oneblock.cli.render import report
 from oneblock.cli.spelling import Spelled, add_alias
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     }
     if not to_hf:
         summary["sha256"] = checkpoint.read_info(dst).sha256
-    _report(summary, as_json=args.json)
+    report(summary, as_json=args.json, title="Converted")
     return 0
 
 
@@ -165,13 +166,3 @@ def _check_paths(src: Path, dst: Path, *, to_hf: bool, force: bool) -> None:
         raise ConversionError(f"convert --to hf writes a directory; {str(dst)!r} is a file")
     if not to_hf and dst.is_dir():
         raise ConversionError(f"convert writes one checkpoint file; {str(dst)!r} is a directory")
-
-
-def _report(summary: dict, *, as_json: bool) -> None:
-    from oneblock.cli.render import console, human_bytes, print_json, table
-
-    if as_json:
-        print_json(summary)
-        return
-    rows = [(key, human_bytes(value) if key == "bytes written" else value) for key, value in summary.items()]
-    console().print(table("Converted", ["", "value"], rows))

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from oneblock.cli.render import report
+
 GGUF_TYPES = ("f32", "f16", "q8_0")
 
 
@@ -28,8 +30,8 @@ def run(args: argparse.Namespace, src: Path, dst: Path) -> int:
     """Write DST, a GGUF model (merged with ``--adapter`` when given) or a GGUF LoRA adapter."""
     import torch
 
+    from oneblock.adapters.gguf import save_gguf_adapter
     from oneblock.inference.load import load_model
-    from oneblock.io.gguf.adapter import save_gguf_adapter
     from oneblock.io.gguf.write import save_gguf
     from oneblock.models.inputs import config_of
 
@@ -51,9 +53,7 @@ def run(args: argparse.Namespace, src: Path, dst: Path) -> int:
         "type": args.type,
         "bytes written": dst.stat().st_size,
     }
-    from oneblock.cli.convert import _report
-
-    _report(summary, as_json=args.json)
+    report(summary, as_json=args.json, title="Converted")
     return 0
 
 

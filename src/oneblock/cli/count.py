@@ -70,7 +70,7 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
     }
     lora = options.lora_config(args) if args.lora_rank is not None else None
     if lora is not None:
-        from oneblock.analysis.counting import lora_parameters
+        from oneblock.adapters.counting import lora_parameters
 
         trainable = lora_parameters(cfg, lora.rank, lora.targets)
         data["lora"] = {
@@ -85,7 +85,7 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
         data["measured"] = measured
         data["verified"] = measured == count.total
         if lora is not None:
-            from oneblock.finetune.lora import adapter_state_dict, apply_lora
+            from oneblock.adapters.apply import adapter_state_dict, apply_lora
 
             apply_lora(model, lora)
             built = sum(p.numel() for p in adapter_state_dict(model).values())

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from oneblock.cli import options, precision, spelling
+from oneblock.cli.render import report
 
 # flag destination -> TrainConfig field, for the flags that default to "keep the finetune default".
 TRAIN_FLAGS = {
@@ -220,12 +222,7 @@ def _run(args: argparse.Namespace) -> int:
         "eval": result.eval,
         "files": [str(p) for p in written],
     }
-    if args.json:
-        import json
-
-        print(json.dumps(summary, indent=2))
-    else:
-        _print_summary(summary)
+    report(summary, as_json=args.json, show=_print_summary)
     return 0
 
 
@@ -233,7 +230,7 @@ def _note(message: str) -> None:
     print(f"oneblock finetune: {message}", file=sys.stderr)
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
+def _print_summary(summary: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -93,11 +93,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
-    from oneblock.inference.generation import fit_new_tokens, generate
+    from oneblock.inference.generation import generate
     from oneblock.inference.process import peak_rss_bytes, process_seconds
+    from oneblock.inference.request import fit_new_tokens
     from oneblock.inference.sampling import Sampling
-    from oneblock.inference.text import check_text
-    from oneblock.inference.tokenizer import TextStream
+    from oneblock.text.checks import check_text
+    from oneblock.text.tokenizer import TextStream
 
     if args.model is None:
         raise InputError(

@@ -196,7 +196,7 @@ def add_lora_options(container: Any, *, rank: int | None, counting: bool = False
 
 def lora_config(args: argparse.Namespace) -> Any:
     """The ``LoraConfig`` of the LoRA flags (validated there: a rank below 1, an unknown target, ...)."""
-    from oneblock.finetune.lora import LoraConfig
+    from oneblock.adapters.lora import LoraConfig
 
     targets = tuple(t for t in args.lora_targets.split(",") if t.strip())
     return LoraConfig(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,6 +27,24 @@ def console() -> Console:
 def print_json(data: Any) -> None:
     """``json.dumps`` on stdout, nothing else: no markup, no colour."""
     print(json.dumps(data, indent=2, default=_jsonable))
+
+
+def report(
+    summary: Mapping[str, Any],
+    *,
+    as_json: bool,
+    title: str = "",
+    show: Callable[[Mapping[str, Any]], None] | None = None,
+) -> None:
+    """A command's result: ``summary`` as JSON for programs (``--json``), else ``show(summary)`` for people, or
+    by default a two-column table titled ``title`` (byte counts in human units)."""
+    if as_json:
+        print_json(summary)
+    elif show is not None:
+        show(summary)
+    else:
+        rows = [(key, human_bytes(value) if "bytes" in key else value) for key, value in summary.items()]
+        console().print(table(title, ["", "value"], rows))
 
 
 def _jsonable(value: Any) -> Any:

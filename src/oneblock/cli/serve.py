@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
     source = args.model
     if source is None:
-        from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+        from oneblock.inference.smollm2 import smollm2_gguf_path
 
         source = smollm2_gguf_path()
     if sys.stderr.isatty():  # a person waits seconds for SmolLM2; logs and errors stay clean

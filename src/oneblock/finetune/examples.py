@@ -9,7 +9,7 @@ from __future__ import annotations
 from oneblock.errors import InputError
 from oneblock.finetune.records import Dataset
 from oneblock.finetune.tokenize import Example, encode_record
-from oneblock.inference.tokenizer import Tokenizer
+from oneblock.text.tokenizer import Tokenizer
 
 
 def build_examples(dataset: Dataset, tokenizer: Tokenizer, *, seq_len: int, truncate: bool) -> list[Example]:

@@ -35,7 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from oneblock.finetune.lora import LoraConfig, apply_lora
+from oneblock.adapters.apply import apply_lora
+from oneblock.adapters.lora import LoraConfig
 from oneblock.finetune.objective import SupervisedObjective
 from oneblock.finetune.pairs import build_pairs, pair_record
 from oneblock.finetune.preference import PreferenceObjective
@@ -43,8 +44,8 @@ from oneblock.finetune.records import Record
 from oneblock.finetune.run import pad_id_of
 from oneblock.finetune.task_data import Order, orders, preference_pairs
 from oneblock.finetune.tokenize import Example, encode_record
-from oneblock.inference.tokenizer import Tokenizer
 from oneblock.models.inputs import config_of
+from oneblock.text.tokenizer import Tokenizer
 from oneblock.train.config import TrainConfig
 from oneblock.train.loop import Trainer
 
@@ -112,9 +113,9 @@ def exact_match(predictions: Sequence[str], answers: Sequence[str]) -> float:
 
 def tiny_model() -> tuple[nn.Module, Tokenizer]:
     """A small random Llama-family decoder over bytes, with ``\\n`` as its end of text (quick mode)."""
-    from oneblock.inference.tokenizer import ByteTokenizer
     from oneblock.models import build_model
     from oneblock.presets import get_preset
+    from oneblock.text.tokenizer import ByteTokenizer
 
     cfg = get_preset("smollm2-135m").replace(
         vocab_size=256, d_model=64, n_heads=2, n_kv_heads=1, n_layers=2, d_ff=96, max_seq_len=128,
@@ -136,7 +137,7 @@ def load_base(setup: Setup, four_bit: bool) -> tuple[nn.Module, Tokenizer]:
             model = quantize(model, "q4_1")
         return model, tokenizer
     from oneblock.inference.load import load_model
-    from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+    from oneblock.inference.smollm2 import smollm2_gguf_path
 
     loaded = load_model(smollm2_gguf_path(), dtype=None if four_bit else torch.float32)
     return loaded.model, loaded.tokenizer
@@ -227,7 +228,7 @@ def run_row(setup: Setup, row: Row, adapter_dir: str | None = None) -> dict[str,
     result = trainer.train()
     after = scores(trainer.model, tokenizer, held, objectives, setup.max_new_tokens)
     if adapter_dir is not None and row.method != "full":
-        from oneblock.io.peft import save_adapter
+        from oneblock.adapters.peft import save_adapter
 
         save_adapter(trainer.model, adapter_dir, cfg=LoraConfig(rank=row.rank, alpha=2.0 * row.rank), base="smollm2")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oneblock import jsontext
 from oneblock.errors import InputError
 from oneblock.finetune.records import ROLES, Record
 from oneblock.finetune.tokenize import Example, encode_record
-from oneblock.inference.text import check_text
-from oneblock.inference.tokenizer import Tokenizer
-from oneblock.io import jsontext, limits
+from oneblock.io import limits
+from oneblock.text.checks import check_text
+from oneblock.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from oneblock.adapters.apply import adapters_disabled, lora_modules
 from oneblock.errors import ConfigError
 from oneblock.finetune.batches import pad_batch
-from oneblock.finetune.lora import adapters_disabled, lora_modules
 from oneblock.finetune.pairs import PairExample
 from oneblock.train.config import TrainConfig
 from oneblock.train.masking import IGNORE

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from oneblock import jsontext
 from oneblock.errors import InputError
-from oneblock.inference.text import check_text
-from oneblock.io import jsontext, limits
+from oneblock.io import limits
+from oneblock.text.checks import check_text
 
 ROLES = ("system", "user", "assistant")
 FORMATS = ("chat", "prompt-completion", "alpaca", "text")
@@ -72,7 +73,7 @@ def read_data(path: str | Path, *, max_bytes: int | None = None) -> Dataset:
     A JSONL file is read a line at a time; no file is read past the limit on training texts
     (``oneblock.io.limits.text_limit``: ``ONEBLOCK_MAX_TEXT_BYTES``, else 256 MiB), and one whose size is over it
     is refused before any byte is read. Each record is parsed by the bounded JSON reader
-    (``oneblock.io.jsontext``) and its strings checked as text (``oneblock.inference.text.check_text``).
+    (``oneblock.jsontext``) and its strings checked as text (``oneblock.text.checks.check_text``).
 
     Args:
         path: the data file.

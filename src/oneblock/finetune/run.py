@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,16 +22,18 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from oneblock.adapters.apply import apply_lora
+from oneblock.adapters.lora import LoraConfig
+from oneblock.adapters.peft import save_adapter
 from oneblock.errors import CheckpointError, ConfigError
 from oneblock.finetune.examples import build_examples
-from oneblock.finetune.lora import LoraConfig, apply_lora
 from oneblock.finetune.objective import SupervisedObjective
 from oneblock.finetune.pairs import PairExample, build_pairs, read_pairs
 from oneblock.finetune.preference import DEFAULT_BETA, PreferenceObjective
 from oneblock.finetune.records import Dataset, read_data
 from oneblock.finetune.tokenize import Example
-from oneblock.inference.tokenizer import Tokenizer
 from oneblock.io import integrity
+from oneblock.text.tokenizer import Tokenizer
 from oneblock.train.config import TrainConfig
 from oneblock.train.data import fingerprint
 from oneblock.train.loop import CONFIG_FILE, Trainer
@@ -321,8 +322,7 @@ def finish(run: FinetuneRun, out: str | Path) -> list[Path]:
     ft, trainer, out = run.config, run.trainer, Path(out)
     model = trainer.model.eval() if not trainer.fsdp else _from_last_checkpoint(run)
     if ft.adapters:
-        peft = importlib.import_module("oneblock.io.peft")  # peft's adapter format, beside the other converters
-        return [peft.save_adapter(model, out, cfg=ft.lora, base=os.fspath(ft.model))]
+        return [save_adapter(model, out, cfg=ft.lora, base=os.fspath(ft.model))]
     from oneblock.io.checkpoint import save
 
     path = out / MODEL_FILE

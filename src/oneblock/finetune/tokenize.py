@@ -19,8 +19,8 @@ from typing import Any
 
 from oneblock.errors import InputError
 from oneblock.finetune.records import Record
-from oneblock.inference.chat_template import render_chat
-from oneblock.inference.tokenizer import ByteTokenizer, Tokenizer
+from oneblock.text.chat_template import render_chat
+from oneblock.text.tokenizer import ByteTokenizer, Tokenizer
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ The context window bounds prompt + reply: when the rendered prompt plus ``max_ne
 oldest exchanges (a user message and the reply to it) are dropped, the system prompt never. Replies end at the
 tokenizer's end-of-turn id or after ``max_new_tokens``.
 
->>> from oneblock.io.gguf.smollm2 import load_smollm2  # doctest: +SKIP
+>>> from oneblock.inference.smollm2 import load_smollm2  # doctest: +SKIP
 >>> session = ChatSession(*load_smollm2(), temperature=0)  # doctest: +SKIP
 >>> for piece in session.stream("What is the capital of France?"):  # doctest: +SKIP
 ...     print(piece, end="", flush=True)
@@ -30,9 +30,9 @@ from torch import Tensor
 from oneblock.errors import InputError
 from oneblock.inference.generation import generate_stream
 from oneblock.inference.sampling import Sampling
-from oneblock.inference.text import check_text
-from oneblock.inference.tokenizer import TextStream, Tokenizer
 from oneblock.models.decoder import Decoder
+from oneblock.text.checks import check_text
+from oneblock.text.tokenizer import TextStream, Tokenizer
 
 Message = dict[str, str]
 DEFAULT_NEW_TOKENS = 256

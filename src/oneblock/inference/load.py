@@ -9,7 +9,7 @@
 * a preset name (``"gpt2"``, ``"lesson"``, ...): a freshly initialized model (seeded), with UTF-8 bytes as tokens.
 
 Without a vocabulary file, text is UTF-8 bytes (ids 0..255). ``adapter=DIR`` puts a peft LoRA adapter on any of
-them (``oneblock.io.peft.load_adapter``), ``merge=True`` folds it into the weights. Every command of the CLI loads
+them (``oneblock.adapters.peft.load_adapter``), ``merge=True`` folds it into the weights. Every command of the CLI loads
 through here.
 """
 
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from oneblock.errors import CheckpointError, InputError
-from oneblock.inference.tokenizer import Tokenizer, load_tokenizer
 from oneblock.models.inputs import config_of
+from oneblock.text.tokenizer import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     from torch import nn
@@ -72,7 +72,7 @@ def load_model(
         device: where to put the parameters.
         tokenizer: a ``tokenizer.json`` or ``vocab.json`` to use instead of the one found with the model.
         seed: seeds the random initialization of a preset.
-        adapter: a peft LoRA adapter directory (``oneblock.io.peft.load_adapter``) to put on the model, unmerged.
+        adapter: a peft LoRA adapter directory (``oneblock.adapters.peft.load_adapter``) to put on the model, unmerged.
         merge: fold the adapter into the weights (``merge_lora(..., unload=True)``): a plain model, as fast as the
             base; needs float weights (load a GGUF file with ``dtype=torch.float32`` to merge).
 
@@ -117,8 +117,8 @@ def load_model(
 
 
 def _adapt(model: nn.Module, adapter: str | os.PathLike[str], merge: bool) -> None:
-    from oneblock.finetune.lora import merge_lora
-    from oneblock.io.peft import load_adapter
+    from oneblock.adapters.apply import merge_lora
+    from oneblock.adapters.peft import load_adapter
 
     load_adapter(model, adapter)
     if merge:

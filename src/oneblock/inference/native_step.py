@@ -28,11 +28,11 @@ import torch
 from torch import Tensor, nn
 
 from oneblock import kernels
-from oneblock.inference.blocks import BlockEmbedding, BlockLinear
 from oneblock.kernels import decode_step
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.feedforward import FeedForward
 from oneblock.layers.norms import LayerNorm, RMSNorm
+from oneblock.layers.quantized import BlockEmbedding, BlockLinear
 from oneblock.models.decoder import Decoder
 
 ENV = "ONEBLOCK_NATIVE_STEP"

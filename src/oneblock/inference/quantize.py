@@ -16,84 +16,13 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from oneblock.errors import InputError
 from oneblock.layers.attention import MultiHeadAttention
-
-# The int8 kernel reads the input width in blocks of 16 and crashes on other widths; those take the dequantizing path.
-KERNEL_BLOCK = 16
-# Rows (tokens) at or above which a product dequantizes the weight instead of calling the int8 kernel: a prompt
-# amortizes the dequantization over its rows, while one decoding step wants the fewest bytes read.
-DEQUANTIZE_ROWS = 16
+from oneblock.layers.quantized import Int8Linear
 
 M = TypeVar("M", bound=nn.Module)
-
-
-def _int8_kernel() -> bool:
-    return hasattr(torch, "_weight_int8pack_mm")
-
-
-class Int8Linear(nn.Module):
-    """``y = x W^T + b`` with ``W`` stored as int8 rows times float scales.
-
-    Args:
-        linear: the ``nn.Linear`` to quantize.
-        weight: use this (N, K) matrix instead of ``linear.weight`` (several projections stacked, say).
-        bias: use this (N,) bias instead of ``linear.bias``.
-
-    Shape: (..., K) -> (..., N).
-    """
-
-    weight: Tensor  # (N, K) int8
-    scale: Tensor  # (N,) in the source weight's dtype
-    scale_bf16: Tensor  # (N,) for the int8 kernel
-    bias: Tensor | None  # (N,)
-
-    def __init__(
-        self, linear: nn.Linear | None = None, *, weight: Tensor | None = None, bias: Tensor | None = None
-    ) -> None:
-        super().__init__()
-        if weight is None:
-            if linear is None:
-                raise InputError("Int8Linear needs an nn.Linear or a weight matrix (N, K); got neither")
-            weight = linear.weight
-            bias = linear.bias if bias is None else bias
-        w = weight.detach()
-        w32 = w.float()
-        scale = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (N,)
-        q = torch.round(w32 / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
-        self.in_features, self.out_features = w.shape[1], w.shape[0]
-        self.kernel = self.in_features % KERNEL_BLOCK == 0 and _int8_kernel()
-        self.register_buffer("weight", q)
-        self.register_buffer("scale", scale.to(w.dtype))
-        self.register_buffer("scale_bf16", scale.to(torch.bfloat16), persistent=False)
-        self.register_buffer("bias", bias.detach().clone() if bias is not None else None)
-
-    def dequantized(self, dtype: torch.dtype) -> Tensor:
-        """The (N, K) weight the int8 values and scales stand for."""
-        return self.weight.to(dtype) * self.scale.to(dtype)[:, None]
-
-    def forward(self, x: Tensor) -> Tensor:
-        k = self.in_features
-        if x.shape[-1] != k:
-            raise InputError(f"Int8Linear expects inputs of width {k}; got shape {tuple(x.shape)}")
-        bias = self.bias
-        if self.kernel and x.is_cpu and x.numel() < DEQUANTIZE_ROWS * k:
-            y = torch._weight_int8pack_mm(x.reshape(-1, k).to(torch.bfloat16), self.weight, self.scale_bf16)
-            y = y.view(*x.shape[:-1], self.out_features)  # (..., N) bfloat16
-            if bias is not None and bias.dtype == x.dtype:  # one op back to x's dtype: the bias promotes the sum
-                return torch.add(bias, y)
-            y = y.to(x.dtype)
-            return y if bias is None else y.add_(bias)
-        # x (W_int8 s)^T = (x W_int8^T) s: one conversion of the weight, the scales applied to the output.
-        y = F.linear(x, self.weight.to(x.dtype)).mul_(self.scale.to(x.dtype))  # (..., N)
-        return y if bias is None else y.add_(bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row scales"
 
 
 def quantize_int8(model: M) -> M:

@@ -4,7 +4,7 @@ Decoding one token reads every weight once, so its speed is the bytes of the wei
 weight, Q4_0 4.5 and Q4_1 5, against 32 for float32. The weights are rounded exactly as ggml's reference quantizer
 rounds them (``quantize_row_q8_0_ref`` and its siblings, through :func:`oneblock.kernels.quantize`), so a model
 quantized here computes what llama.cpp would compute from the same weights written to a GGUF file; the products
-run in oneblock's block kernels (:class:`~oneblock.inference.blocks.BlockLinear`).
+run in oneblock's block kernels (:class:`~oneblock.layers.quantized.BlockLinear`).
 
 Quantization is for inference: the layers are frozen (gradients still reach their inputs) and the state dict is
 no longer a checkpoint's.
@@ -18,9 +18,9 @@ from torch import nn
 
 from oneblock import kernels
 from oneblock.errors import InputError
-from oneblock.inference.blocks import BlockLinear
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.feedforward import FeedForward
+from oneblock.layers.quantized import BlockLinear
 
 M = TypeVar("M", bound=nn.Module)
 

@@ -35,9 +35,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from oneblock import jsontext
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError
-from oneblock.io import files, integrity, jsontext, limits
+from oneblock.io import files, integrity, limits
 from oneblock.models.build import Model, build_model
 
 FORMAT = "oneblock-checkpoint"

@@ -28,8 +28,8 @@ from safetensors import SafetensorError
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor
 
+from oneblock import jsontext
 from oneblock.errors import CheckpointError
-from oneblock.io import jsontext
 from oneblock.io.files import map_file, read_bytes
 
 PLACEHOLDER = "0" * 64

@@ -18,8 +18,8 @@ from torch import Tensor
 from oneblock.errors import InputError
 from oneblock.kernels.fallback import GEMM_ROWS
 from oneblock.kernels.formats import FORMATS, INTERLEAVED, QK, BlockFormat, get_format
-from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, deinterleave, interleave, interleaved_format
-from oneblock.kernels.ops import backend
+from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, deinterleave, interleaved_format
+from oneblock.kernels.ops import backend, interleave
 from oneblock.kernels.quantize import quantize_rows
 
 __all__ = [

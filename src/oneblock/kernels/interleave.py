@@ -9,9 +9,10 @@ holds::
     q4_1x16: d (16 x f16) | m (16 x f16) | 4 chunks of 64 bytes: chunk L = bytes 4L..4L+3 of each row's codes
     q8_0x16: d (16 x f16) | 8 chunks of 64 bytes: chunk L = codes 4L..4L+3 of each row
 
-The bytes are the file's, moved; nothing is decoded, the size is the same, and :func:`deinterleave` gives the file's
-bytes back exactly. A matrix is interleaved once, at load; its rows must be a multiple of 16. ``csrc/interleaved.h``
-is the same layout for the C++.
+The bytes are the file's, moved; nothing is decoded, the size is the same, and :func:`deinterleave` gives the
+file's bytes back exactly. A matrix is interleaved once, at load (:func:`oneblock.kernels.ops.interleave`: the C++
+op, or :func:`interleave_reference` here); its rows must be a multiple of 16. ``csrc/interleaved.h`` is the same
+layout for the C++.
 
 Shape notation: N weight rows, G = N / 16 groups, nb blocks per row, nbytes bytes per block.
 """
@@ -44,28 +45,6 @@ def _split(blocks: Tensor, fmt: str) -> tuple[int, int, int, int]:
     spec = FORMATS[fmt]
     n, row_bytes = blocks.shape
     return n // GROUP_ROWS, row_bytes // spec.nbytes, spec.nbytes, _HALF_FIELDS[fmt]
-
-
-def interleave(blocks: Tensor, fmt: str) -> Tensor:
-    """(N, nb * nbytes) uint8 rows in the file's layout -> the same shape in the interleaved layout (a new tensor).
-
-    Raises:
-        InputError: no interleaved layout for ``fmt``, or N not a multiple of 16.
-    """
-    if not can_interleave(blocks, fmt):
-        raise InputError(
-            f"interleave needs a q4_1 or q8_0 matrix with a multiple of {GROUP_ROWS} rows; got {fmt} with shape "
-            f"{tuple(blocks.shape)}. Keep such a matrix in the file's layout"
-        )
-    if _native():
-        return torch.ops.oneblock.interleave_rows(blocks, FORMATS[fmt].ggml_type)
-    return interleave_reference(blocks, fmt)
-
-
-def _native() -> bool:
-    from oneblock.kernels.ops import backend
-
-    return backend() != "torch"
 
 
 def interleave_reference(blocks: Tensor, fmt: str) -> Tensor:

@@ -23,9 +23,10 @@ import threading
 import torch
 from torch import Tensor
 
-from oneblock.errors import ConfigError
+from oneblock.errors import ConfigError, InputError
 from oneblock.kernels import fallback
-from oneblock.kernels.formats import BY_TYPE, QK
+from oneblock.kernels.formats import BY_TYPE, FORMATS, QK
+from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, interleave_reference
 
 ENV = "ONEBLOCK_KERNELS"
 ISAS = ("scalar", "avx2", "avx512", "avx512_vnni")
@@ -156,3 +157,19 @@ def grad_input(grad: Tensor, blocks: Tensor, fmt: int) -> Tensor:
         tile = torch.ops.oneblock.dequantize_rows(blocks, index, fmt).to(grad.dtype)  # (n', K)
         out = out + grad[:, start : start + tile.shape[0]] @ tile
     return out
+
+
+def interleave(blocks: Tensor, fmt: str) -> Tensor:
+    """(N, nb * nbytes) uint8 rows in the file's layout -> the same shape in the interleaved layout (a new tensor).
+
+    Raises:
+        InputError: no interleaved layout for ``fmt``, or N not a multiple of 16.
+    """
+    if not can_interleave(blocks, fmt):
+        raise InputError(
+            f"interleave needs a q4_1 or q8_0 matrix with a multiple of {GROUP_ROWS} rows; got {fmt} with shape "
+            f"{tuple(blocks.shape)}. Keep such a matrix in the file's layout"
+        )
+    if backend() != "torch":
+        return torch.ops.oneblock.interleave_rows(blocks, FORMATS[fmt].ggml_type)
+    return interleave_reference(blocks, fmt)

@@ -239,7 +239,7 @@ class MultiHeadAttention(nn.Module):
         Raises:
             ConfigError: no fused projection, or one of another kind (such as an int8 layer).
         """
-        from oneblock.inference.blocks import BlockLinear
+        from oneblock.layers.quantized import BlockLinear
 
         fused = self.qkv_proj
         sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)

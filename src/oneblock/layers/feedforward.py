@@ -98,7 +98,7 @@ class FeedForward(nn.Module):
         Raises:
             ConfigError: no stacked projection, or one of another kind.
         """
-        from oneblock.inference.blocks import BlockLinear
+        from oneblock.layers.quantized import BlockLinear
 
         fused = self.w13
         gate: nn.Module

@@ -37,9 +37,9 @@ from torch import Tensor, nn
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.batch import BatchDecoder, Slot
 from oneblock.inference.sampling import Sampling
-from oneblock.inference.tokenizer import Tokenizer
 from oneblock.serve.memory import check_fits, is_out_of_memory, position_bytes
 from oneblock.serve.text import StopText
+from oneblock.text.tokenizer import Tokenizer
 
 log = logging.getLogger("oneblock.serve")
 

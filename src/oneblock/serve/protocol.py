@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from oneblock.errors import InputError
-from oneblock.inference.chat_template import render_chat
 from oneblock.inference.sampling import Sampling
-from oneblock.inference.text import check_text
-from oneblock.inference.tokenizer import Tokenizer
+from oneblock.text.chat_template import render_chat
+from oneblock.text.checks import check_text
+from oneblock.text.tokenizer import Tokenizer
 
 # The conversation format llama.cpp's server falls back to when a model has no template of its own.
 CHATML = (

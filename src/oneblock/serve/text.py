@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oneblock.inference.tokenizer import TextStream, Tokenizer
+from oneblock.text.tokenizer import TextStream, Tokenizer
 
 
 class StopText:

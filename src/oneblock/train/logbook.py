@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oneblock import jsontext
 from oneblock.errors import InputError
-from oneblock.io import files, jsontext
+from oneblock.io import files
 
 LOG_FILE = "log.jsonl"  # the log's name in a run directory
 # The numeric fields of a record; each holds a number, or the string ``_clean`` writes for NaN or infinity.

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from oneblock import jsontext
 from oneblock.errors import CheckpointError
-from oneblock.io import files, integrity, jsontext
+from oneblock.io import files, integrity
 
 FORMAT = "oneblock-train-state"
 VERSION = 2  # 2: sealed with the digest of the whole file

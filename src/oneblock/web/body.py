@@ -1,5 +1,5 @@
 """A request's JSON body, read with limits: bytes (before they are all read), time, nesting depth, digits (through
-``oneblock.io.jsontext``, the one JSON reader), and Unicode.
+``oneblock.jsontext``, the one JSON reader), and Unicode.
 
 Python's ``json`` recurses once per ``[`` or ``{`` (a body nested 100,000 deep raises ``RecursionError``) and
 turns any run of digits into an ``int`` (past 4,300 digits a ``ValueError``; below that, quadratic time). Both are
@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
+from oneblock import jsontext
 from oneblock.errors import InputError
-from oneblock.inference.text import check_text
-from oneblock.io import jsontext
+from oneblock.text.checks import check_text
 
 MAX_DEPTH = 32
 MAX_DIGITS = 40  # an int64 has 19; a float's mantissa 17

@@ -319,7 +319,7 @@ def test_unsupported_or_inconsistent_metadata(tmp_path, kv, match):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from oneblock.io.gguf.smollm2 import load_smollm2, smollm2_gguf_path
+    from oneblock.inference.smollm2 import load_smollm2, smollm2_gguf_path
 
     path = smollm2_gguf_path()
     model, tokenizer = load_smollm2(dtype=torch.float32)
@@ -401,7 +401,7 @@ def test_smollm2_fast_path_matches_transformers(smollm2):
     8-bit rounding flips near-ties (asked for the capital of France, llama.cpp and the default path both answer
     "L'Étoile, ..." where float32 answers "The capital of France is Paris."); tests/io/gguf/test_llamacpp_logits.py
     holds the default path to llama.cpp itself."""
-    from oneblock.io.gguf.smollm2 import load_smollm2
+    from oneblock.inference.smollm2 import load_smollm2
 
     _, tokenizer, ref = smollm2
     fast, _ = load_smollm2()

@@ -19,10 +19,10 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from test_gguf import QUANT, hf_llama, ids, write_gguf  # noqa: E402
 
 from oneblock.errors import ConversionError  # noqa: E402
-from oneblock.inference.blocks import BlockEmbedding, BlockLinear  # noqa: E402
 from oneblock.io.gguf.dequant import dequantize  # noqa: E402
 from oneblock.io.gguf.layout import read_layout  # noqa: E402
 from oneblock.io.gguf.load import from_gguf  # noqa: E402
+from oneblock.layers.quantized import BlockEmbedding, BlockLinear  # noqa: E402
 
 
 def one_tensor_file(path, data, qtype):

@@ -18,14 +18,15 @@ import os
 import pytest
 import torch
 
-from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules, merge_lora
+from oneblock.adapters.apply import apply_lora, lora_modules, merge_lora
+from oneblock.adapters.gguf import save_gguf_adapter
+from oneblock.adapters.lora import LoraConfig
+from oneblock.adapters.peft import save_adapter
 from oneblock.inference.generation import generate
 from oneblock.inference.load import load_model
-from oneblock.io.gguf.adapter import save_gguf_adapter
-from oneblock.io.gguf.smollm2 import smollm2_gguf_path
+from oneblock.inference.smollm2 import smollm2_gguf_path
 from oneblock.io.gguf.write import save_gguf
 from oneblock.io.gguf.writer import typed_metadata
-from oneblock.io.peft import save_adapter
 
 NEW = 32
 B_SCALE = 0.2  # the adapter's B entries: big enough to change the continuation early, small enough to stay fluent

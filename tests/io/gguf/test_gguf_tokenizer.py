@@ -15,9 +15,9 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from oneblock import CheckpointError, ConversionError, InputError  # noqa: E402
-from oneblock.inference.chat_template import render_chat  # noqa: E402
-from oneblock.io.gguf.smollm2 import smollm2_gguf_path  # noqa: E402
+from oneblock.inference.smollm2 import smollm2_gguf_path  # noqa: E402
 from oneblock.io.gguf.tokenizer import GGUFTokenizer  # noqa: E402
+from oneblock.text.chat_template import render_chat  # noqa: E402
 
 TEXTS = [
     "Hello, world!",

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from oneblock.adapters.apply import apply_lora, lora_modules
+from oneblock.adapters.gguf import lora_delta, save_gguf_adapter
+from oneblock.adapters.lora import LoraConfig
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConversionError
-from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
-from oneblock.io.gguf.adapter import lora_delta, save_gguf_adapter
 from oneblock.io.gguf.layout import read_layout
 from oneblock.io.gguf.load import from_gguf, unpermute_rows
 from oneblock.io.gguf.write import gguf_name, permute_rows, save_gguf

@@ -59,7 +59,7 @@ def llama_cpp_logits(llm, window: list[int], *, stepwise: bool) -> torch.Tensor:
 def figures(tmp_path_factory):
     llama_cpp = _llama_cpp()
     from oneblock.cli.main import main
-    from oneblock.io.gguf.smollm2 import load_smollm2, smollm2_gguf_path
+    from oneblock.inference.smollm2 import load_smollm2, smollm2_gguf_path
 
     path = smollm2_gguf_path()
     exact, tokenizer = load_smollm2(dtype=torch.float32)

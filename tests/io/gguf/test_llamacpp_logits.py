@@ -51,7 +51,7 @@ def _llama_cpp():
 @pytest.fixture(scope="module")
 def both():
     llama_cpp = _llama_cpp()
-    from oneblock.io.gguf.smollm2 import load_smollm2, smollm2_gguf_path
+    from oneblock.inference.smollm2 import load_smollm2, smollm2_gguf_path
 
     path = smollm2_gguf_path()
     theirs = llama_cpp.Llama(

@@ -32,8 +32,7 @@ import torch
 from oneblock.errors import CheckpointError
 from oneblock.io import limits
 from oneblock.io.gguf.file import check_gguf_file, checked_value
-from oneblock.io.gguf.writer import verify_digest
-from oneblock.io.integrity import DIGEST_KEY
+from oneblock.io.integrity import DIGEST_KEY, verify
 
 _ALIGNMENT = 32
 MAX_ARRAY_DEPTH = 3  # an array of arrays of arrays; llama.cpp reads no nested array at all
@@ -54,6 +53,8 @@ _SCALARS: dict[int, tuple[str, str]] = {
     12: ("<d", "<f8"),
 }
 _STRING, _ARRAY, _BOOL = 8, 9, 7
+
+DIGEST_WITHIN = 1 << 16  # oneblock writes the digest early in the metadata: within the file's first 64 KiB
 
 
 @dataclass(frozen=True)
@@ -314,3 +315,12 @@ def _nbytes(where: str, name: str, shape: tuple[int, ...], ggml_type: int) -> in
         )
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     return n // block * type_size
+
+
+def verify_digest(mapped: mmap.mmap, recorded: object, name: str) -> None:
+    """Refuse a GGUF file whose recorded ``oneblock.sha256`` is not the digest of its bytes.
+
+    Raises:
+        CheckpointError: the digest differs (a byte changed after writing) or is malformed.
+    """
+    verify(mapped, recorded, name, 0, min(len(mapped), DIGEST_WITHIN))

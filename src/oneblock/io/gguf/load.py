@@ -271,15 +271,15 @@ def from_gguf(
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 
     By default (``dtype=None``, on the CPU) every Q4_0 / Q4_1 / Q8_0 matrix stays as stored, in a
-    :class:`~oneblock.inference.blocks.BlockLinear` multiplied by oneblock's block kernels the way llama.cpp
+    :class:`~oneblock.layers.quantized.BlockLinear` multiplied by oneblock's block kernels the way llama.cpp
     multiplies it (activations rounded to 8-bit blocks, integer dot products); the query, key and value
     projections are stacked into one, as are the FFN's gate and up projections; a token table in a block format
-    is read row by row (:class:`~oneblock.inference.blocks.BlockEmbedding`) and, tied, is the head's matrix too.
+    is read row by row (:class:`~oneblock.layers.quantized.BlockEmbedding`) and, tied, is the head's matrix too.
     Tensors in other formats (norms, K-quants) are dequantized to float32. With a ``dtype`` every tensor is
     dequantized once into that dtype: ``dtype=torch.float32`` is the exact reference model.
 
     Args:
-        path: the ``.gguf`` file (e.g. :func:`oneblock.io.gguf.smollm2.smollm2_gguf_path`), its parsed layout,
+        path: the ``.gguf`` file (e.g. :func:`oneblock.inference.smollm2.smollm2_gguf_path`), its parsed layout,
             or a ``gguf.GGUFReader``.
         dtype: ``None`` (block matrices as the file stores them), or the parameter dtype of a fully dequantized
             model: ``torch.float32``, ``torch.bfloat16`` or ``torch.float16``.

@@ -1,11 +1,11 @@
 """A GGUF file's quantized matrices as block modules, the bytes kept as stored (``from_gguf``'s default path).
 
 Every matrix in a format the block kernels multiply (``oneblock.kernels.FORMATS``: Q4_0, Q4_1, Q8_0) becomes a
-:class:`~oneblock.inference.blocks.BlockLinear` holding the file's bytes; nothing is decoded to float. Where it
+:class:`~oneblock.layers.quantized.BlockLinear` holding the file's bytes; nothing is decoded to float. Where it
 saves a pass over the activations, matrices that read the same input are stacked into one (rows hold whole blocks,
 so stacking is a concatenation of bytes): the query, key and value projections as ``attn.qkv_proj``, the gate and
 up projections of the SwiGLU FFN as ``ffn.w13``, when the stacked matrices share a format. The token table becomes
-a :class:`~oneblock.inference.blocks.BlockEmbedding`; tied to the head (SmolLM2's Q8_0 table), one buffer serves
+a :class:`~oneblock.layers.quantized.BlockEmbedding`; tied to the head (SmolLM2's Q8_0 table), one buffer serves
 both the lookup and the head's product.
 
 Every q4_1 / q8_0 matrix with a multiple of 16 rows is then interleaved (``BlockLinear.interleave``: the rows
@@ -24,9 +24,9 @@ from torch import Tensor, nn
 
 from oneblock import kernels
 from oneblock.config import ModelConfig
-from oneblock.inference.blocks import BlockEmbedding, BlockLinear
 from oneblock.io.gguf.dequant import check_finite
 from oneblock.io.gguf.layout import GGUFLayout, TensorRecord
+from oneblock.layers.quantized import BlockEmbedding, BlockLinear
 
 _BY_TYPE = {spec.ggml_type: name for name, spec in kernels.FORMATS.items()}
 

@@ -25,10 +25,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 
 from oneblock.errors import ConversionError, InputError
-from oneblock.inference.chat_template import render_chat
-from oneblock.inference.text import check_text
 from oneblock.io.gguf.file import check_merges, field_value
 from oneblock.io.gguf.layout import GGUFLayout, read_layout
+from oneblock.text.chat_template import render_chat
+from oneblock.text.checks import check_text
 
 _CONTROL = 3
 _USER_DEFINED = 4

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from oneblock import jsontext
 from oneblock.errors import ConversionError
-from oneblock.io import jsontext
 from oneblock.io.files import read_bytes
 from oneblock.io.gguf.tokenizer import _LLAMA3_SPLIT
 from oneblock.io.gguf.writer import Entry

@@ -4,7 +4,7 @@
 aligned data. It writes to a temporary name beside the target; the string ``oneblock.sha256``, the first metadata
 key after the architecture, is written as 64 zeros, then replaced by the SHA-256 of the whole file (zeros in
 place), and the file is flushed and renamed over the target. A reader that finds the key checks the digest
-(:func:`verify_digest`); llama.cpp ignores keys it does not know.
+(:func:`oneblock.io.gguf.layout.verify_digest`); llama.cpp ignores keys it does not know.
 
 ``typed_metadata`` re-reads a file's metadata with the GGUF type of each value, so that keys copied from another
 file (the tokenizer, the chat template) keep exactly the types llama.cpp expects of them.
@@ -13,7 +13,6 @@ file (the tokenizer, the chat template) keep exactly the types llama.cpp expects
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import secrets
 from collections.abc import Iterable, Sequence
@@ -24,11 +23,12 @@ from typing import Any
 import numpy as np
 
 from oneblock.errors import CheckpointError, OneBlockError
+from oneblock.io import limits
 from oneblock.io.files import describe_os_error, fsync_directory
-from oneblock.io.integrity import DIGEST_KEY, PLACEHOLDER, verify
+from oneblock.io.gguf.layout import DIGEST_WITHIN, _Cursor, read_layout
+from oneblock.io.integrity import DIGEST_KEY, PLACEHOLDER
 
 _ARRAY = 9
-_DIGEST_WITHIN = 1 << 16  # the digest is written early in the metadata: it lies in the file's first 64 KiB
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,6 @@ def typed_metadata(path: str | os.PathLike[str], prefixes: Sequence[str]) -> lis
     Raises:
         CheckpointError: the file is missing, not GGUF or corrupt.
     """
-    from oneblock.io import limits
-    from oneblock.io.gguf.layout import _Cursor, read_layout
-
     layout = read_layout(path)  # checks the whole file first
     if layout.mapped is None:
         raise CheckpointError(f"{str(path)!r} was not mapped; its metadata cannot be re-read")
@@ -154,7 +151,7 @@ def _writer(base: type) -> type:
 def _seal(path: Path) -> None:
     """Write the SHA-256 of the file (with zeros where the digest goes) over the zeros, and flush to disk."""
     with path.open("r+b") as f:
-        head = f.read(_DIGEST_WITHIN)
+        head = f.read(DIGEST_WITHIN)
         at = head.find(PLACEHOLDER.encode())
         if at < 0:
             raise CheckpointError(f"internal: no digest placeholder in the first bytes of {str(path)!r}")
@@ -167,12 +164,3 @@ def _seal(path: Path) -> None:
         f.write(digest.encode())
         f.flush()
         os.fsync(f.fileno())
-
-
-def verify_digest(mapped: mmap.mmap, recorded: object, name: str) -> None:
-    """Refuse a GGUF file whose recorded ``oneblock.sha256`` is not the digest of its bytes.
-
-    Raises:
-        CheckpointError: the digest differs (a byte changed after writing) or is malformed.
-    """
-    verify(mapped, recorded, name, 0, min(len(mapped), _DIGEST_WITHIN))

@@ -24,14 +24,14 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
+from oneblock import jsontext
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, ConversionError
-from oneblock.io import files, jsontext, limits
-from oneblock.io.hf import bart, bert, gpt2, llama, t5
+from oneblock.io import files, limits
+from oneblock.io.hf import t5
 from oneblock.io.hf.common import TensorSource, load_exact
+from oneblock.io.hf.families import FAMILIES
 from oneblock.models.build import Model, build_model
-
-FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama, t5)}
 
 
 def from_hf(source: Any) -> Model:

@@ -21,8 +21,9 @@ from lora_testing import (
 )
 from torch import nn
 
-from oneblock.finetune.lora import LoraConfig, LoraLinear, apply_lora, lora_modules
-from oneblock.finetune.targets import hf_target_modules, select
+from oneblock.adapters.apply import apply_lora, lora_modules
+from oneblock.adapters.lora import LoraConfig, LoraLinear
+from oneblock.adapters.targets import hf_target_modules, select
 from oneblock.io.hf.convert import from_hf
 
 peft = pytest.importorskip("peft")
@@ -138,7 +139,7 @@ def test_partial_targets_equal_peft(family, targets):
 def test_merged_equals_peft_merged(family):
     model, hf = _pair(family, LoraConfig().targets)
     batch = inputs(family)
-    from oneblock.finetune.lora import merge_lora
+    from oneblock.adapters.apply import merge_lora
 
     merge_lora(model)
     for _, layer in hf_lora_pairs(model, hf):

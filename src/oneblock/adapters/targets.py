@@ -40,9 +40,10 @@ from types import ModuleType
 import torch
 from torch import Tensor, nn
 
+from oneblock.adapters.lora import ALL_LINEAR, DEFAULT_TARGETS, LoraConfig
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError
-from oneblock.finetune.lora import ALL_LINEAR, DEFAULT_TARGETS, LoraConfig
+from oneblock.io.hf.families import FAMILIES
 from oneblock.models.inputs import config_of
 
 ROLES = (*DEFAULT_TARGETS, "pooler")
@@ -76,8 +77,6 @@ class Site:
 
 def family_of(cfg: ModelConfig) -> str | None:
     """The Hugging Face ``model_type`` whose checkpoints can hold ``cfg`` exactly, or ``None``."""
-    from oneblock.io.hf.convert import FAMILIES
-
     recorded = cfg.extra.get("hf_model_type") if isinstance(cfg.extra, dict) else None
     if recorded in FAMILIES and not FAMILIES[recorded].mismatches(cfg):
         return str(recorded)
@@ -118,8 +117,6 @@ def sites(cfg: ModelConfig) -> list[Site]:
 
 def hf_names(cfg: ModelConfig, family_name: str) -> dict[str, str]:
     """oneblock module name -> Hugging Face module name, for every site of a config that fits ``family_name``."""
-    from oneblock.io.hf.convert import FAMILIES
-
     family: ModuleType = FAMILIES[family_name]
     prefix = HF_PREFIX[family_name]
     out = {}
@@ -233,8 +230,8 @@ def split_fused(model: nn.Module, chosen: dict[str, Site]) -> tuple[dict[str, Si
     """The adapted sites whose layer the model has as such (or gets by a split: a stacked ``nn.Linear`` or
     ``BlockLinear``, such as a GGUF file's 4-bit ``qkv_proj``), and, per attention layer whose q, k and v are one
     matrix of a kind that cannot be split, the roles adapted there."""
-    from oneblock.inference.blocks import BlockLinear
     from oneblock.layers.attention import MultiHeadAttention
+    from oneblock.layers.quantized import BlockLinear
 
     separate: dict[str, Site] = {}
     fused: dict[str, dict[str, str]] = {}
@@ -256,7 +253,7 @@ def wrap_fused(model: nn.Module, attention: str, parts: dict[str, tuple[Tensor, 
     one adapter of rank ``len(parts) r``: A stacked (k r, C), B block-diagonal ((H + 2 Hkv) Dh, k r). It computes
     exactly what the separate adapters do, for inference; it is frozen, since training it would fill the zero
     blocks, and ``save_adapter`` refuses it."""
-    from oneblock.finetune.lora import LoraLinear
+    from oneblock.adapters.lora import LoraLinear
     from oneblock.layers.attention import MultiHeadAttention
 
     attn = model.get_submodule(attention)

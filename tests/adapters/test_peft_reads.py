@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from oneblock import ModelConfig, build_model
+from oneblock.adapters.apply import apply_lora, lora_modules
+from oneblock.adapters.lora import LoraConfig
+from oneblock.adapters.peft import CONFIG_NAME, WEIGHTS_NAME, load_adapter, save_adapter
 from oneblock.cli.main import main
 from oneblock.errors import CheckpointError
-from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
 from oneblock.io import files
 from oneblock.io.checkpoint import load, save
-from oneblock.io.peft import CONFIG_NAME, WEIGHTS_NAME, load_adapter, save_adapter
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 LLAMA = ModelConfig(
@@ -70,7 +71,7 @@ def test_the_weights_are_mapped_not_read(adapter, monkeypatch):
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(files, "read_bytes", refuse)
-    monkeypatch.setattr("oneblock.io.peft.read_bytes", refuse)
+    monkeypatch.setattr("oneblock.adapters.peft.read_bytes", refuse)
     fresh = load(checkpoint)
     load_adapter(fresh, directory)
     ids = torch.tensor([[1, 5, 9, 2]])
@@ -88,7 +89,7 @@ def test_a_huge_sparse_weights_file_is_refused_from_its_header(tmp_path):
 from oneblock import ModelConfig, build_model
 from oneblock.errors import CheckpointError
 from oneblock.inference.process import peak_rss_bytes
-from oneblock.io.peft import load_adapter
+from oneblock.adapters.peft import load_adapter
 model = build_model(ModelConfig(**{LLAMA.to_dict()!r}))
 before = peak_rss_bytes()
 try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -14,8 +13,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "finetune"))
 from lora_testing import (
     ATOL,
     FAMILIES,
@@ -28,9 +25,10 @@ from lora_testing import (
 )
 
 from oneblock import CheckpointError, ConversionError, OneBlockError
-from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
+from oneblock.adapters.apply import apply_lora, lora_modules
+from oneblock.adapters.lora import LoraConfig
+from oneblock.adapters.peft import CONFIG_NAME, WEIGHTS_NAME, load_adapter, save_adapter
 from oneblock.io.hf.convert import from_hf
-from oneblock.io.peft import CONFIG_NAME, WEIGHTS_NAME, load_adapter, save_adapter
 
 peft = pytest.importorskip("peft")
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from oneblock.errors import InputError
-from oneblock.inference.text import check_text, decode_utf8
-from oneblock.inference.tokenizer import ByteTokenizer
+from oneblock.text.checks import check_text, decode_utf8
+from oneblock.text.tokenizer import ByteTokenizer
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from oneblock.errors import InputError
-from oneblock.inference import chat_template
-from oneblock.inference.chat_template import render_chat
+from oneblock.text import chat_template
+from oneblock.text.chat_template import render_chat
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from oneblock.errors import CheckpointError, InputError
-from oneblock.inference.tokenizer import BPETokenizer, ByteTokenizer, TextStream, find_tokenizer, load_tokenizer
+from oneblock.text.tokenizer import BPETokenizer, ByteTokenizer, TextStream, find_tokenizer, load_tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 

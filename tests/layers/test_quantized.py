@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 from oneblock import kernels  # noqa: E402
 from oneblock.errors import InputError  # noqa: E402
-from oneblock.inference.blocks import BlockEmbedding, BlockLinear  # noqa: E402
+from oneblock.layers.quantized import BlockEmbedding, BlockLinear  # noqa: E402
 
 TYPES = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q8_0": Q.Q8_0}
 N, K, M = 37, 96, 5

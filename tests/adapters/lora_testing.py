@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from oneblock.finetune.lora import lora_modules
-from oneblock.finetune.targets import family_of, sites
+from oneblock.adapters.apply import lora_modules
+from oneblock.adapters.targets import family_of, sites
 
 V, C, H, F, T, S, B = 101, 36, 3, 37, 7, 5, 3
 MAX_POS = 13

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from oneblock.errors import CheckpointError, InputError
-from oneblock.inference.text import check_text
+from oneblock.text.checks import check_text
 
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILES = ("vocab.json", "merges.txt")

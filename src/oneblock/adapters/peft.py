@@ -31,11 +31,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from oneblock import jsontext
+from oneblock.adapters.apply import apply_lora, lora_modules
+from oneblock.adapters.lora import LoraConfig
+from oneblock.adapters.targets import HF_PREFIX, Site, family_of, hf_target_modules, sites, split_fused, wrap_fused
 from oneblock.errors import CheckpointError, ConversionError
-from oneblock.finetune.lora import LoraConfig, apply_lora, lora_modules
-from oneblock.finetune.targets import HF_PREFIX, Site, family_of, hf_target_modules, sites, split_fused, wrap_fused
-from oneblock.io import integrity, jsontext
+from oneblock.io import integrity
 from oneblock.io.files import map_file, read_bytes, replace_files
+from oneblock.io.hf.families import FAMILIES
 from oneblock.models.inputs import config_of
 
 CONFIG_NAME = "adapter_config.json"
@@ -105,7 +108,7 @@ def save_adapter(
     if family is None:
         raise ConversionError(
             "this model's config fits no Hugging Face family (GPT-2, BERT, BART, Llama, T5), so its adapters have no "
-            "peft names; save them with oneblock.finetune.lora.adapter_state_dict instead"
+            "peft names; save them with oneblock.adapters.apply.adapter_state_dict instead"
         )
     by_ours = {s.ours: s for s in sites(model_cfg)}
     tensors: dict[str, Tensor] = {}
@@ -298,8 +301,6 @@ def _adapted_modules(entries: dict[str, Any], path: Path) -> set[str]:
 def _match_sites(model: nn.Module, modules: set[str], path: Path) -> dict[str, Site]:
     """Hugging Face module name in the adapter -> the site of ``model`` it adapts (a body's names inside a head's
     class, ``layers.0...`` for ``model.layers.0...``, are accepted)."""
-    from oneblock.io.hf.convert import FAMILIES
-
     cfg = config_of(model)
     family = family_of(cfg)
     if family is None:

@@ -1,7 +1,7 @@
 """Chat templates: the Jinja programs that turn a conversation into the one string a chat model was trained on.
 
 A template comes from a downloaded file, so it is untrusted code: it runs in Jinja's immutable sandbox with every
-operation that builds a string or list bounded before it runs (``oneblock.inference.template_bounds``), under a
+operation that builds a string or list bounded before it runs (``oneblock.text.template_bounds``), under a
 time limit (``MAX_SECONDS``, checked on every line the template executes, so an empty loop of 10^10 turns stops
 too) and an output limit (``MAX_CHARS``). The template itself is at most ``MAX_TEMPLATE_CHARS`` long (published
 ones are under 20 KB), its compilation is timed (``MAX_COMPILE_SECONDS``), and it is compiled once per process for
@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import Any
 
 from oneblock.errors import InputError
-from oneblock.inference.template_bounds import MAX_CHARS, TooLarge, bounded_concat, bounded_environment
+from oneblock.text.template_bounds import MAX_CHARS, TooLarge, bounded_concat, bounded_environment
 
 MAX_SECONDS = 2.0
 MAX_COMPILE_SECONDS = 2.0

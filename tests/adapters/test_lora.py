@@ -9,16 +9,9 @@ from lora_testing import ATOL, FAMILIES, hf_model, inputs, max_diff, randomize_a
 from torch import nn
 
 from oneblock import ConfigError, build_model, get_preset
-from oneblock.finetune.lora import (
-    LoraConfig,
-    LoraLinear,
-    adapter_state_dict,
-    apply_lora,
-    lora_modules,
-    merge_lora,
-    unmerge_lora,
-)
-from oneblock.finetune.targets import select
+from oneblock.adapters.apply import adapter_state_dict, apply_lora, lora_modules, merge_lora, unmerge_lora
+from oneblock.adapters.lora import LoraConfig, LoraLinear
+from oneblock.adapters.targets import select
 from oneblock.io.hf.convert import from_hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -196,3 +189,21 @@ def test_fused_qkv_of_another_family_is_split_before_wrapping():
     assert {n.rsplit(".", 1)[-1] for n in lora_modules(model)} == {"q_proj", "v_proj"}
     with torch.no_grad():
         assert torch.equal(run_ours(model, "llama", batch), before)
+
+
+@pytest.mark.parametrize(
+    ("poison", "dtype"),
+    [("nan", torch.float32), ("inf", torch.float32), ("overflow", torch.float16)],
+)
+def test_a_merge_that_would_give_nan_or_inf_is_refused_and_changes_nothing(poison, dtype):
+    """peft's ``safe_merge``: the merged weight is checked before it is written, and the layer is named."""
+    model = _model("llama").to(dtype)
+    apply_lora(model, LoraConfig(rank=2, targets=("q",)))
+    name, layer = next(iter(lora_modules(model).items()))
+    with torch.no_grad():
+        layer.lora_A.weight.fill_(1.0)
+        layer.lora_B.weight.fill_({"nan": float("nan"), "inf": float("inf"), "overflow": 6e4}[poison])
+    original = layer.base.weight.detach().clone()
+    with pytest.raises(ConfigError, match=rf"{name}: merging this LoRA adapter gives \d+ non-finite"):
+        merge_lora(model)
+    assert not layer.merged and torch.equal(layer.base.weight, original)

@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from oneblock.adapters.apply import lora_modules
+from oneblock.adapters.lora import LoraLinear
 from oneblock.errors import ConversionError
-from oneblock.finetune.lora import LoraLinear, lora_modules
 from oneblock.io.gguf.write import check_llama, encode_tensor, gguf_name, permute_rows
 from oneblock.io.gguf.writer import Entry, TensorData, write_gguf
 from oneblock.models.inputs import config_of

@@ -17,8 +17,6 @@ Shape notation: B batch, T length, r rank; ``in`` and ``out`` the base layer's w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +40,7 @@ class LoraConfig:
         targets: which linear layers get adapters: the short names ``q, k, v, o, gate, up, down`` (every family's
             query, key, value and output projections and feed-forward layers), Hugging Face module names of the
             family (``q_proj``, ``c_attn``, ``attn.c_proj``, ...), or ``("all-linear",)``: every linear layer but
-            the embedding and the head. See ``oneblock.finetune.targets``.
+            the embedding and the head. See ``oneblock.adapters.targets``.
     """
 
     rank: int = 8
@@ -136,14 +134,23 @@ class LoraLinear(nn.Module):
             keep_original: keep a copy of W so that ``unmerge`` restores it bit for bit (one matrix of memory).
 
         Raises:
-            ConfigError: the base holds no floating-point ``weight`` (a 4-bit layer), or is already merged.
+            ConfigError: the base holds no floating-point ``weight`` (a 4-bit layer), is already merged, or the
+                merged weight would hold NaN or inf (then nothing changes).
         """
         if self.merged:
             raise ConfigError("this LoRA layer is already merged; unmerge it first")
         weight = self._base_weight("merge")
-        self._unmerged_weight = weight.detach().clone() if keep_original else None
         with torch.no_grad():
-            weight.copy_((weight.float() + self.delta_weight().to(weight.device)).to(weight.dtype))
+            merged = (weight.float() + self.delta_weight().to(weight.device)).to(weight.dtype)  # (out, in)
+            bad = int((~torch.isfinite(merged)).sum())
+            if bad:  # peft's safe_merge: a NaN or inf weight would poison every output it touches
+                raise ConfigError(
+                    f"merging this LoRA adapter gives {bad} non-finite (NaN or inf) values in the "
+                    f"({self.out_features}, {self.in_features}) {weight.dtype} weight; the weight is left as it "
+                    "was. Check the adapter's tensors for NaN or inf, or merge in float32 if the sum overflows"
+                )
+            self._unmerged_weight = weight.detach().clone() if keep_original else None
+            weight.copy_(merged)
         self.merged = True
 
     def unmerge(self) -> None:
@@ -175,105 +182,6 @@ class LoraLinear(nn.Module):
                 f"(out, in) = ({self.out_features}, {self.in_features})"
             )
         return weight
-
-
-def lora_modules(model: nn.Module) -> dict[str, LoraLinear]:
-    """Every ``LoraLinear`` in ``model``, by module name (``blocks.0.attn.q_proj``)."""
-    return {name: module for name, module in model.named_modules() if isinstance(module, LoraLinear)}
-
-
-def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
-    """Wrap the layers ``cfg.targets`` names in ``LoraLinear``s, in place; freeze every other parameter.
-
-    The adapters are the only parameters left with ``requires_grad``, so a trainer that trains what
-    ``requires_grad`` says trains them alone. Which layers a name selects, per family, is
-    ``oneblock.finetune.targets``; a GPT-2's query, key and value become one fused projection first (its
-    ``c_attn``, where peft puts one adapter for the three).
-
-    Returns:
-        ``model``.
-
-    Raises:
-        ConfigError: ``cfg`` is not a ``LoraConfig``, the model already has adapters, or a target is unknown.
-    """
-    from oneblock.finetune.targets import prepare_sites
-
-    if not isinstance(cfg, LoraConfig):
-        raise ConfigError(f"apply_lora expects a LoraConfig; got {type(cfg).__name__}")
-    if lora_modules(model):
-        raise ConfigError("this model already has LoRA adapters; merge_lora(model, unload=True) them first")
-    names = prepare_sites(model, cfg.targets)
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    for name in names:
-        parent, _, child = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        base = getattr(owner, child)
-        setattr(owner, child, LoraLinear(base, rank=cfg.rank, alpha=cfg.alpha, dropout=cfg.dropout, rslora=cfg.rslora))
-    return model
-
-
-@contextmanager
-def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
-    """Run ``model`` as its base inside the block: every unmerged adapter adds nothing (peft's ``disable_adapter``).
-
-    The base model without a second copy in memory, as DPO's frozen reference needs it.
-
-    Raises:
-        ConfigError: an adapter is merged (its update is inside the weight and cannot be switched off).
-    """
-    modules = list(lora_modules(model).values())
-    if any(m.merged for m in modules):
-        raise ConfigError("cannot disable merged LoRA adapters; unmerge_lora(model) first")
-    for module in modules:
-        module.disabled = True
-    try:
-        yield model
-    finally:
-        for module in modules:
-            module.disabled = False
-
-
-def adapter_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The adapters' tensors only, under oneblock names: ``blocks.0.attn.q_proj.lora_A.weight`` (r, in) ..."""
-    out: dict[str, Tensor] = {}
-    for name, module in lora_modules(model).items():
-        out[f"{name}.lora_A.weight"] = module.lora_A.weight
-        out[f"{name}.lora_B.weight"] = module.lora_B.weight
-    return out
-
-
-def merge_lora(model: nn.Module, *, unload: bool = False) -> nn.Module:
-    """Merge every adapter into its base weight (``LoraLinear.merge``), in place.
-
-    Args:
-        unload: also replace each wrapper by its base layer, keeping no copy of the old weights (peft's
-            ``merge_and_unload``): the model is then a plain oneblock model again, whose state dict, checkpoint
-            and Hugging Face export are those of any other; a GPT-2 query/key/value fused for its adapter is split
-            back into three projections.
-
-    Returns:
-        ``model``.
-    """
-    from oneblock.finetune.targets import unfuse_after_unload
-
-    for name, module in lora_modules(model).items():
-        if not module.merged:
-            module.merge(keep_original=not unload)
-        if unload:
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, module.base)
-    if unload:
-        unfuse_after_unload(model)
-    return model
-
-
-def unmerge_lora(model: nn.Module) -> nn.Module:
-    """Undo ``merge_lora`` (without ``unload``): every base weight exactly as before. Returns ``model``."""
-    for module in lora_modules(model).values():
-        if module.merged:
-            module.unmerge()
-    return model
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -1,0 +1,10 @@
+"""The Hugging Face families oneblock converts, by ``model_type``: the one table that conversion and adapter
+target selection both read."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from oneblock.io.hf import bart, bert, gpt2, llama, t5
+
+FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama, t5)}
