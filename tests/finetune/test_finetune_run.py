@@ -38,7 +38,7 @@ def test_full_finetune_memorises_examples(tmp_path, base, capsys):
 def test_lora_memorises_examples_and_trains_only_adapters(tmp_path, base):
     data = write_jsonl(tmp_path / "d.jsonl", pair_records())
     ft = FinetuneConfig(model=str(base), data=str(data), lora=LoraConfig(rank=8, alpha=16))
-    cfg = TrainConfig(task="finetune", steps=200, lr=3e-2, seq_len=16, batch_size=4, warmup_steps=10, weight_decay=0.0)
+    cfg = TrainConfig(task="finetune", steps=200, lr=1e-2, seq_len=16, batch_size=4, warmup_steps=10, weight_decay=0.0)
     run = prepare(ft, cfg, run_dir=None, device="cpu")
     before = {k: v.clone() for k, v in run.trainer.model.state_dict().items()}
     run.trainer.train()

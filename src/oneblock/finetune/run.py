@@ -32,11 +32,11 @@ from oneblock.finetune.pairs import PairExample, build_pairs, read_pairs
 from oneblock.finetune.preference import DEFAULT_BETA, PreferenceObjective
 from oneblock.finetune.records import Dataset, read_data
 from oneblock.finetune.tokenize import Example
-from oneblock.io import integrity
 from oneblock.text.tokenizer import Tokenizer
+from oneblock.train import rundir
 from oneblock.train.config import TrainConfig
 from oneblock.train.data import fingerprint
-from oneblock.train.loop import CONFIG_FILE, Trainer
+from oneblock.train.loop import Trainer
 
 METHODS = ("lora", "full", "dpo", "dpo-full")  # dpo: DPO on LoRA adapters; dpo-full: DPO on every parameter
 ADAPTER_METHODS = ("lora", "dpo")
@@ -307,12 +307,7 @@ def _unfreeze(model: nn.Module) -> None:
 
 def read_run(run_dir: str | Path) -> tuple[FinetuneConfig, TrainConfig, dict[str, Any] | None]:
     """The settings a fine-tuning run directory was started with (its ``config.json``) and its base's identity."""
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.exists():
-        raise CheckpointError(f"{str(path)!r} does not exist; is {str(run_dir)!r} a oneblock finetune run?")
-    saved = integrity.load_json(path, "run config")
-    if not isinstance(saved.get("finetune"), dict) or not isinstance(saved.get("train"), dict):
-        raise CheckpointError(f"{str(path)!r} is not the config of a finetune run (no 'finetune' section)")
+    saved = rundir.read_config(run_dir, ("finetune", "train"), kind="finetune")
     base = saved.get("base")
     return FinetuneConfig.from_dict(saved["finetune"]), TrainConfig.from_dict(saved["train"]), base
 

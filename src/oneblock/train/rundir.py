@@ -18,6 +18,28 @@ from oneblock.io import integrity
 from oneblock.train.checkpoints import DAMAGED, CheckpointDir
 from oneblock.train.logbook import LOG_FILE, last_counters
 
+CONFIG_FILE = "config.json"
+"""The run's settings, written when it starts: what rebuilds its model and trainer on resume."""
+
+
+def read_config(run_dir: str | Path, sections: tuple[str, ...], *, kind: str) -> dict[str, Any]:
+    """The run directory's ``config.json``, checked to hold the JSON objects ``sections``.
+
+    Raises:
+        CheckpointError: the file is missing or damaged, or lacks a section (not a ``kind`` run).
+    """
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.exists():
+        raise CheckpointError(f"{str(path)!r} does not exist; is {str(run_dir)!r} a oneblock {kind} run?")
+    saved = integrity.load_json(path, "run config")
+    missing = [name for name in sections if not isinstance(saved.get(name), dict)]
+    if missing:
+        raise CheckpointError(
+            f"{str(path)!r} is not the config of a {kind} run: it lacks its {' and '.join(map(repr, missing))} "
+            "section(s)"
+        )
+    return saved
+
 
 def check_same_data(config_path: Path, source: dict[str, Any] | None) -> None:
     """Refuse to resume on a text other than the one the run recorded.
