@@ -81,7 +81,7 @@ def test_unfusing_a_4bit_model_keeps_its_outputs_bit_for_bit():
         assert torch.equal(model(x), before)
     ffn = model.blocks[0].ffn
     assert isinstance(ffn.w1, BlockLinear) and isinstance(ffn.w3, BlockLinear) and ffn.w13 is None
-    with pytest.raises(ConfigError, match=r"unfuse_gate_up splits a stacked nn\.Linear or BlockLinear w13; .*NoneType"):
+    with pytest.raises(ConfigError, match=r"unfuse_gate_up splits a fused nn\.Linear or BlockLinear; .*NoneType"):
         ffn.unfuse_gate_up()
 
 

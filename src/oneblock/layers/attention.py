@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.errors import ConfigError, InputError
+from oneblock.layers.fusion import split_linear, stack_linears
 from oneblock.layers.kv_cache import KVCache
 from oneblock.layers.masks import causal_mask, check_padding_mask, padding_to_attention_mask
 from oneblock.layers.rotary import apply_rotary
@@ -216,15 +217,7 @@ class MultiHeadAttention(nn.Module):
         if not all(isinstance(p, nn.Linear) for p in projections):  # quantize_int8 swaps in other modules
             kinds = ", ".join(type(p).__name__ for p in projections)
             raise ConfigError(f"fuse_qkv needs three nn.Linear projections; got {kinds}. Fuse before quantizing")
-        q_proj = projections[0]
-        weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
-        fused = nn.Linear(
-            weight.shape[1], weight.shape[0], bias=q_proj.bias is not None, device=weight.device, dtype=weight.dtype
-        )
-        with torch.no_grad():
-            fused.weight.copy_(weight)
-            if fused.bias is not None:
-                fused.bias.copy_(torch.cat([p.bias.detach() for p in projections]))
+        fused = stack_linears(projections)  # C -> (H + 2 Hkv) Dh
         self.qkv_proj = fused
         del self.q_proj, self.k_proj, self.v_proj
         return fused
@@ -239,32 +232,10 @@ class MultiHeadAttention(nn.Module):
         Raises:
             ConfigError: no fused projection, or one of another kind (such as an int8 layer).
         """
-        from oneblock.layers.quantized import BlockLinear
-
-        fused = self.qkv_proj
         sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
-        names = ("q_proj", "k_proj", "v_proj")
-        if isinstance(fused, BlockLinear):
-            for name, part in zip(names, fused.split_rows(sizes), strict=True):
-                setattr(self, name, part)
-            self.qkv_proj = None
-            return
-        if not isinstance(fused, nn.Linear):
-            raise ConfigError(
-                f"unfuse_qkv splits a fused nn.Linear or BlockLinear; this layer has {type(fused).__name__}"
-                + (" (load the model in float to change it)" if fused is not None else "")
-            )
-        weights = fused.weight.detach().split(sizes)  # ((H + 2 Hkv) Dh, C) -> (H Dh, C), (Hkv Dh, C) x 2
-        biases = fused.bias.detach().split(sizes) if fused.bias is not None else (None, None, None)
-        for name, weight, bias in zip(names, weights, biases, strict=True):
-            linear = nn.Linear(
-                weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype
-            )
-            with torch.no_grad():
-                linear.weight.copy_(weight)
-                if bias is not None:
-                    linear.bias.copy_(bias)
-            setattr(self, name, linear)
+        parts = split_linear(self.qkv_proj, sizes, "unfuse_qkv")  # ((H + 2 Hkv) Dh, C) -> (H Dh, C), (Hkv Dh, C) x 2
+        for name, part in zip(("q_proj", "k_proj", "v_proj"), parts, strict=True):
+            setattr(self, name, part)
         self.qkv_proj = None
 
     # -- helpers ---------------------------------------------------------------------------------------------

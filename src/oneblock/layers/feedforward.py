@@ -8,12 +8,13 @@ same gate with any activation, e.g. T5 v1.1's gated GELU ``wo(gelu_tanh(wi_0 x) 
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.errors import ConfigError
 from oneblock.layers.activations import make_activation
+from oneblock.layers.fusion import split_linear, stack_linears
+from oneblock.layers.quantized import BlockLinear
 
 
 class FeedForward(nn.Module):
@@ -75,15 +76,7 @@ class FeedForward(nn.Module):
         if not (isinstance(self.w1, nn.Linear) and isinstance(self.w3, nn.Linear)):
             kinds = f"{type(self.w1).__name__}, {type(self.w3).__name__}"
             raise ConfigError(f"fuse_gate_up needs w1 and w3 to be nn.Linear; got {kinds}. Fuse before quantizing")
-        w1, w3 = self.w1, self.w3
-        weight = torch.cat([w1.weight.detach(), w3.weight.detach()])  # (2 d_ff, C)
-        fused = nn.Linear(
-            weight.shape[1], weight.shape[0], bias=w1.bias is not None, device=weight.device, dtype=weight.dtype
-        )
-        with torch.no_grad():
-            fused.weight.copy_(weight)
-            if fused.bias is not None and w1.bias is not None and w3.bias is not None:
-                fused.bias.copy_(torch.cat([w1.bias.detach(), w3.bias.detach()]))
+        fused = stack_linears([self.w1, self.w3])  # C -> 2 d_ff
         self.w13 = fused
         del self.w1, self.w3
         return fused
@@ -98,33 +91,9 @@ class FeedForward(nn.Module):
         Raises:
             ConfigError: no stacked projection, or one of another kind.
         """
-        from oneblock.layers.quantized import BlockLinear
-
         fused = self.w13
-        gate: nn.Module
-        up: nn.Module
-        if isinstance(fused, BlockLinear):
-            gate, up = fused.split_rows([fused.out_features // 2] * 2)  # (2 d_ff, C) -> (d_ff, C) x 2
-        elif isinstance(fused, nn.Linear):
-            parts = []
-            for weight, bias in zip(
-                fused.weight.detach().chunk(2),
-                fused.bias.detach().chunk(2) if fused.bias is not None else (None, None),
-                strict=True,
-            ):
-                linear = nn.Linear(
-                    weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype
-                )
-                with torch.no_grad():
-                    linear.weight.copy_(weight)
-                    if bias is not None and linear.bias is not None:
-                        linear.bias.copy_(bias)
-                parts.append(linear)
-            gate, up = parts
-        else:
-            raise ConfigError(
-                f"unfuse_gate_up splits a stacked nn.Linear or BlockLinear w13; this layer has {type(fused).__name__}"
-            )
+        d_ff = fused.out_features // 2 if isinstance(fused, (nn.Linear, BlockLinear)) else 0
+        gate, up = split_linear(fused, (d_ff, d_ff), "unfuse_gate_up")  # (2 d_ff, C) -> (d_ff, C) x 2
         # w1 and w3 are typed nn.Linear; a split 4-bit layer is a BlockLinear in their place
         setattr(self, "w1", gate)  # noqa: B010
         setattr(self, "w3", up)  # noqa: B010
