@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import oneblock as ob
-from oneblock.inference.decode import FullDecode, LeanDecode, lean_supported
+from oneblock.inference.decode import FullDecode, LeanDecode
 from oneblock.inference.generation import generate
+from oneblock.inference.plan import lean_supported
 from oneblock.inference.request import prepare
 
 SMALL = {"vocab_size": 101, "d_model": 36, "n_heads": 3, "d_ff": 37, "max_seq_len": 32, "n_layers": 2}

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
-from oneblock.inference.decode import _fused_qkv, heads_of_one_token, lean_supported
 from oneblock.inference.native_step import NativeStep
+from oneblock.inference.plan import DecodePlan, heads_of_one_token, lean_supported
 from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.decoder import Decoder
@@ -75,11 +75,9 @@ class BatchDecoder:
                 f"{type(model).__name__}"
             )
         self.model = model
-        self.blocks: list[Block] = [model.block(i) for i in range(len(model.blocks))]
-        self.qkv = [_fused_qkv(block.attn) for block in self.blocks]
-        attn = self.blocks[0].attn
-        self.heads, self.kv_heads, self.d_head = attn.n_heads, attn.n_kv_heads, attn.d_head
-        self.sizes = (self.heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head)
+        plan = DecodePlan.of(model)
+        self.blocks, self.qkv, self.sizes = plan.blocks, plan.qkv, plan.sizes
+        self.heads, self.kv_heads, self.d_head = plan.heads, plan.kv_heads, plan.d_head
         self.device = model.embed.device
         self.native = NativeStep.of(model) if native is not False else None
 

@@ -27,16 +27,13 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from oneblock.inference.compile_policy import compile_backend
 from oneblock.inference.native_step import NativeStep
+from oneblock.inference.plan import DecodePlan, heads_of_one_token
 from oneblock.inference.request import DecodeRequest
-from oneblock.layers.attention import MultiHeadAttention
-from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
-from oneblock.layers.rotary import apply_rotary
-from oneblock.models.decoder import Decoder
 from oneblock.models.encoder_decoder import EncoderDecoder
 
 
@@ -85,70 +82,6 @@ class FullDecode:
         return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
 
 
-def lean_supported(model: nn.Module) -> bool:
-    """Whether ``LeanDecode`` reproduces ``model``: a pre-LN, decoder-only ``Decoder`` with standard attention
-    (no relative position bias: the lean step adds no score bias)."""
-    if type(model) is not Decoder or model.final_logits_bias is not None or model.config.position == "relative":
-        return False
-    return all(
-        block.pre_norm and block.cross_attn is None and hasattr(block.attn, "o_proj") and block.attn.n_heads
-        for block in model.blocks
-    )  # fmt: skip
-
-
-def heads_of_one_token(
-    qkv: Tensor, sizes: tuple[int, int, int], d_head: int, cos: Tensor | None, sin: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One new token's queries, keys and values as heads, rotated to its position.
-
-    Args:
-        qkv: (B, 1, (H + 2 Hkv) Dh), the fused projection's output.
-        sizes: (H Dh, Hkv Dh, Hkv Dh).
-        d_head: Dh.
-        cos, sin: (B or 1, 1, 1, Dh) rotary tables of the token's position, or ``None`` (no rotary positions).
-
-    Returns:
-        q (B, H, 1, Dh), k and v (B, Hkv, 1, Dh).
-    """
-    b = qkv.shape[0]
-    q, k, v = qkv.split(sizes, dim=-1)  # (B, 1, H Dh), (B, 1, Hkv Dh) x 2
-    q = q.view(b, 1, sizes[0] // d_head, d_head).transpose(1, 2)  # (B, H, 1, Dh)
-    k = k.view(b, 1, sizes[1] // d_head, d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
-    v = v.view(b, 1, sizes[2] // d_head, d_head).transpose(1, 2)
-    if cos is not None and sin is not None:  # set together
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    return q, k, v
-
-
-class _SideBySide(nn.Module):
-    """q, k and v as three products, concatenated: for projections that compute more than a weight (a LoRA
-    adapter on each), which one stacked matrix cannot reproduce."""
-
-    def __init__(self, parts: list[nn.Module]) -> None:
-        super().__init__()
-        self.parts = nn.ModuleList(parts)
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, T, C) -> (B, T, (H + 2 Hkv) Dh)
-        return torch.cat([part(x) for part in self.parts], dim=-1)
-
-
-def _fused_qkv(attn: MultiHeadAttention) -> nn.Module:
-    """One module computing q, k and v in one product: the model's own ``qkv_proj`` (``fuse_qkv``, a GGUF file's
-    block matrix, ``quantize``'s), or one made for this generation, leaving the model as it is; projections that
-    are not plain ``nn.Linear`` layers (LoRA wrappers) run side by side instead."""
-    if attn.qkv_proj is not None:
-        return attn.qkv_proj
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    if not all(type(p) is nn.Linear for p in projections):
-        return _SideBySide(list(projections))
-    weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=attn.q_proj.bias is not None, device="meta")
-    fused.weight = nn.Parameter(weight, requires_grad=False)
-    if attn.q_proj.bias is not None:
-        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in projections]), requires_grad=False)
-    return fused
-
-
 class LeanDecode:
     """Prompt through ``Decoder.run``; each new token through ``step``, with nothing rebuilt per token.
 
@@ -192,11 +125,9 @@ class LeanDecode:
             where = self.positions if self.positions is not None else torch.arange(total)
             cos, sin = rope(where.to(rope.cos.device), dtype)
             self.cos, self.sin = cos, sin
-        self.blocks: list[Block] = [model.block(i) for i in range(len(model.blocks))]
-        self.qkv = [_fused_qkv(block.attn) for block in self.blocks]
-        attn = self.blocks[0].attn
-        self.heads, self.kv_heads, self.d_head = attn.n_heads, attn.n_kv_heads, attn.d_head
-        self.sizes = (self.heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head)
+        plan = DecodePlan.of(model)
+        self.blocks, self.qkv, self.sizes = plan.blocks, plan.qkv, plan.sizes
+        self.heads, self.kv_heads, self.d_head = plan.heads, plan.kv_heads, plan.d_head
         self.end = 0
         self.compile_seconds: float | None = None
         backend = compile_backend(compile, run.seen.device)  # None on the CPU unless forced: see compile_policy

@@ -31,8 +31,9 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
-from oneblock.inference.decode import FullDecode, LeanDecode, lean_supported
+from oneblock.inference.decode import FullDecode, LeanDecode
 from oneblock.inference.logprobs import LogprobTrace
+from oneblock.inference.plan import lean_supported
 from oneblock.inference.request import DecodeRequest, Prompt, prepare
 from oneblock.inference.sampler_state import RowSamplers
 from oneblock.inference.sampling import Sampling

@@ -89,6 +89,16 @@ class Objective:
         """Scores on the held-out set (the module is switched to eval mode and back)."""
         raise NotImplementedError
 
+    def _read_text(self, cfg: TrainConfig, window: int) -> Tensor:
+        """Read the text (recording its fingerprint), keep its training part as shuffled ``window``-byte windows
+        in ``self.windows``, and return the held-out bytes (N,)."""
+        self.max_seq_len = self.seq_len
+        raw = data.read_text(cfg.text)
+        self.source = data.fingerprint(cfg.text, raw)
+        train, held_out = data.split(data.encode(raw), cfg.val_fraction, window)
+        self.windows = data.TextWindows(train, window, seed=cfg.seed)
+        return held_out
+
 
 class LanguageModeling(Objective):
     """Next-byte prediction with a decoder: inputs are a window's first T bytes, targets its last T."""
@@ -98,12 +108,7 @@ class LanguageModeling(Objective):
 
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__(cfg)
-        self.max_seq_len = self.seq_len
-        raw = data.read_text(cfg.text)
-        self.source = data.fingerprint(cfg.text, raw)
-        ids = data.encode(raw)
-        train, held_out = data.split(ids, cfg.val_fraction, self.seq_len + 1)
-        self.windows = data.TextWindows(train, self.seq_len + 1, seed=cfg.seed)
+        held_out = self._read_text(cfg, self.seq_len + 1)
         self.eval_set = data.eval_windows(held_out, self.seq_len + 1, cfg.eval_examples)  # (W, T + 1)
 
     def next_batch(self, n: int) -> dict[str, Tensor]:
@@ -145,12 +150,7 @@ class MaskedLanguageModeling(Objective):
 
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__(cfg)
-        self.max_seq_len = self.seq_len
-        raw = data.read_text(cfg.text)
-        self.source = data.fingerprint(cfg.text, raw)
-        ids = data.encode(raw)
-        train, held_out = data.split(ids, cfg.val_fraction, self.seq_len)
-        self.windows = data.TextWindows(train, self.seq_len, seed=cfg.seed)
+        held_out = self._read_text(cfg, self.seq_len)
         self.masking = torch.Generator().manual_seed(cfg.seed + 1)
         windows = data.eval_windows(held_out, self.seq_len, cfg.eval_examples)
         fixed = torch.Generator().manual_seed(cfg.seed + _EVAL_SEED_OFFSET)
