@@ -170,6 +170,10 @@ def test_new_fields_under_batching_change_no_seeded_result(served):
         ({"messages": [{"role": "user", "content": "x"}]}, "messages", "it belongs to chat completions"),
         ({"frobnicate": 1}, "frobnicate", "'frobnicate' is not supported by this server: it is not a field"),
         ({"user": 5}, "user", "'user' must be a string"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "tokenizer ('bytes') has none"),
+        ({"response_format": {"type": "xml"}}, "response_format", "whose 'type' is 'text', 'json_object' or 'json_schema'"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "extra": 1}}}, "response_format",
+         "'response_format.json_schema.extra' is not supported"),
     ],
 )  # fmt: skip
 def test_bad_sampling_fields_and_unknown_fields_are_400_naming_them(served, change, param, match):

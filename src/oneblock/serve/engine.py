@@ -4,7 +4,8 @@ Shape notation: B active requests, V vocabulary.
 
 Requests wait in a bounded queue. Between two decoding steps the thread admits waiting requests (up to
 ``max_batch`` active), prefilling each alone, then runs one ``BatchDecoder.step`` for every active request and
-samples each row with the request's own settings and its own ``torch.Generator``. A request leaves the batch when
+samples each row with its own ``SamplerState`` (the request's ``logit_bias``, grammar mask, penalties over that
+row's tokens, filters, and its own ``torch.Generator``). A request leaves the batch when
 it ends (its end-of-turn id, a stop string, its token budget, its time limit), or at the next step after its
 client went away. What a request produces reaches its client through ``Job.emit``, called on this thread.
 
@@ -252,7 +253,10 @@ class Engine:
         if job.cancelled.is_set():
             self._release(job)
             return
-        job.sampler = SamplerState(job.sampling, vocab_size=self.vocab, prompt=job.prompt, row=job.row)
+        grammar = job.constraint.start() if job.constraint is not None else None
+        job.sampler = SamplerState(
+            job.sampling, vocab_size=self.vocab, prompt=job.prompt, row=job.row, constraint=grammar
+        )  # fmt: skip
         job.text = StopText(self.tokenizer, job.stop)
         job.deadline = time.monotonic() + job.seconds
         if job.echo:  # the prompt's text starts the choice; with logprobs, its scores

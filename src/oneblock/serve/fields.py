@@ -34,8 +34,10 @@ REFUSED = {
     "functions": "the deprecated function calling is not implemented",
     "function_call": "the deprecated function calling is not implemented",
     "parallel_tool_calls": "tool calling is not implemented",
-    "grammar": "grammar-constrained decoding is not implemented over HTTP yet",
-    "json_schema": "llama.cpp's json_schema field is not implemented; schema-constrained decoding is not served yet",
+    "grammar": "a grammar field is not read (its dialect, GBNF or Lark, is ambiguous); send OpenAI's "
+    "'response_format' with a JSON schema",
+    "json_schema": "llama.cpp's json_schema field is not read; send OpenAI's 'response_format': {'type': "
+    "'json_schema', 'json_schema': {'schema': ...}}",
     "n_probs": "llama.cpp's n_probs is not read; send OpenAI's 'logprobs' (and 'top_logprobs' on a chat)",
     "min_tokens": "a minimum reply length is not implemented",
     "repeat_penalty": "llama.cpp's repeat_penalty (over its last 64 tokens) is not read; send 'repetition_penalty' "

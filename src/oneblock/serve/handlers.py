@@ -147,7 +147,7 @@ class Service:
             Job(
                 parsed.prompts[i // parsed.n].ids, parsed.max_new[i // parsed.n], parsed.sampling, events.emitter(i),
                 stop=parsed.stop, eos_ids=self.eos_ids, seconds=self.limits.request_seconds, row=i % parsed.n,
-                top=parsed.logprobs, echo=parsed.echo,
+                top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint,
             )
             for i in range(parsed.choices)
         ]  # fmt: skip

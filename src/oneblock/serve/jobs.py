@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from oneblock.inference.batch import Slot
+from oneblock.inference.constraints import Constraint
 from oneblock.inference.logprobs import TopLogprobs
 from oneblock.inference.sampler_state import SamplerState
 from oneblock.inference.sampling import Sampling
@@ -105,7 +106,8 @@ class Job:
         seconds: time limit from admission; past it the request ends with ``"length"``.
         row: the choice's index among its prompt's ``n`` (choice ``j`` draws with ``seed + j``).
         top: alternatives per token to report with each token's log-probability; ``None`` reports none.
-        echo: score the prompt's own tokens first (an ``Echoed`` event); needs ``top``.
+        echo: start with the prompt's text (an ``Echoed`` event), scored when ``top`` is set.
+        constraint: a grammar the reply must follow; each job gets its own state, applied to its row's logits.
     """
 
     prompt: list[int]
@@ -118,6 +120,7 @@ class Job:
     row: int = 0
     top: int | None = None
     echo: bool = False
+    constraint: Constraint | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     # Filled in by the engine:
     slot: Slot | None = None

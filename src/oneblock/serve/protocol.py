@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from oneblock.errors import InputError
+from oneblock.inference.constraints import Constraint
 from oneblock.inference.sampling import Sampling
 from oneblock.inference.tokenizer import Tokenizer
 from oneblock.serve.checks import ApiError, bad, flag, integer, shown, text
@@ -38,6 +39,7 @@ class Request:
         sampling, stop, stream: as sent; ``include_usage`` from ``stream_options``.
         logprobs: alternatives to report per token (``None``: no log-probabilities).
         echo: the prompt's text (and, with ``logprobs``, its log-probabilities) starts each choice.
+        constraint: the grammar of ``response_format`` (``json_object``, ``json_schema``), or ``None``.
     """
 
     kind: Literal["chat", "text"]
@@ -51,6 +53,7 @@ class Request:
     include_usage: bool
     logprobs: int | None = None
     echo: bool = False
+    constraint: Constraint | None = None
 
     @property
     def prompt(self) -> list[int]:
@@ -105,7 +108,46 @@ def parse_completion(
             )
         max_new.append(min(default_max if requested is None else requested, room))
     stop = _stop(body)
-    return Request(kind, model, prompts, n, max_new, settings, stop, stream, include_usage, logprobs, echo)
+    constraint = _response_format(body.get("response_format"), tokenizer)
+    return Request(
+        kind, model, prompts, n, max_new, settings, stop, stream, include_usage, logprobs, echo, constraint
+    )  # fmt: skip
+
+
+def _response_format(value: Any, tokenizer: Tokenizer) -> Constraint | None:
+    """OpenAI's ``response_format`` compiled by llguidance (``oneblock.inference.constraints``): ``text`` (or
+    absent) is no constraint, ``json_object`` any JSON object, ``json_schema`` its ``json_schema.schema``."""
+    if value is None or value == {}:
+        return None
+    if isinstance(value, dict):
+        extra = set(value) - {"type", "json_schema"}
+        if extra:
+            name = sorted(extra)[0]
+            raise bad("response_format", f"'response_format.{name}' is not supported by this server; leave it out")
+        spec = value.get("json_schema")
+        if value.get("type") != "json_schema" and spec is not None:
+            raise bad("response_format", "'response_format.json_schema' goes with 'type': 'json_schema'")
+        if isinstance(spec, dict):
+            for name in spec:
+                if name not in ("name", "description", "schema", "strict"):
+                    raise bad("response_format", f"'response_format.json_schema.{name}' is not supported; leave it out")
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise bad(
+            "response_format", f"'response_format' must be an object whose 'type' is 'text', 'json_object' or "
+            f"'json_schema'; got {shown(value)}",
+        )  # fmt: skip
+    eos = getattr(tokenizer, "eos_id", None)
+    if not isinstance(eos, int) and kind != "text":
+        name = getattr(tokenizer, "name", type(tokenizer).__name__)
+        raise bad(
+            "response_format", f"'response_format' cannot be served: a constrained answer ends with the model's "
+            f"end-of-text token, and this model's tokenizer ({name!r}) has none",
+        )  # fmt: skip
+    try:
+        return Constraint.from_response_format(tokenizer, value, eos_ids=[eos] if isinstance(eos, int) else None)
+    except InputError as error:
+        raise bad("response_format", f"'response_format' cannot be served: {error}") from None
 
 
 def _model(body: Mapping[str, Any], answered: str) -> str:
@@ -123,13 +165,6 @@ def _check_no_ops(body: Mapping[str, Any], n: int) -> None:
         raise bad("tools", "'tools' is not supported by this server: tool calling is not implemented; leave it out")
     if body.get("tool_choice") not in (None, "none"):
         raise bad("tool_choice", "'tool_choice' is not supported by this server (only \"none\"); leave it out")
-    response_format = body.get("response_format")
-    if response_format not in (None, {}) and response_format != {"type": "text"}:
-        raise bad(
-            "response_format",
-            f"'response_format' {shown(response_format)} is not supported by this server (only {{\"type\": "
-            '"text"}); leave it out',
-        )
     best_of = body.get("best_of")
     if best_of is not None and (isinstance(best_of, bool) or best_of != n):
         raise bad("best_of", f"'best_of' is not supported by this server (only best_of = n = {n}); leave it out")
