@@ -135,3 +135,72 @@ def test_health_answers_while_smollm2s_tokenizer_encodes_a_megabyte_prompt(smoll
     assert sender.is_alive() and not statuses  # answered while the prompt was still being encoded
     sender.join(120)
     assert statuses == [400]  # then refused: 240,000 tokens do not fit SmolLM2's context
+
+
+def test_logprob_bytes_spell_the_reply_and_tokenize_is_the_tokenizers(smollm2):
+    import httpx
+
+    messages = [{"role": "user", "content": "Write the French word for coffee, with its accent."}]
+    answer = client(smollm2).chat.completions.create(
+        model="m", messages=messages, temperature=0, max_tokens=16, logprobs=True, top_logprobs=2
+    )
+    content = answer.choices[0].logprobs.content
+    assert len(content) == answer.usage.completion_tokens
+    assert b"".join(bytes(e.bytes) for e in content).decode() == answer.choices[0].message.content
+    assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in content)
+    assert all(e.top_logprobs[0].logprob >= e.logprob - 1e-6 for e in content)  # greedy: the chosen is the top
+    text = "héllo wörld, 咖啡"
+    tokens = httpx.post(smollm2.base + "/tokenize", json={"content": text}, timeout=60).json()["tokens"]
+    assert tokens == smollm2.engine.tokenizer.encode(text)
+    back = httpx.post(smollm2.base + "/detokenize", json={"tokens": tokens}, timeout=60).json()
+    assert back == {"content": text}
+
+
+def test_response_format_json_schema_is_followed_by_every_seeded_answer(smollm2):
+    import pydantic
+
+    class City(pydantic.BaseModel):  # bounded strings: at temperature 1 a free string can run past any budget
+        name: str = pydantic.Field(max_length=16)
+        country: str = pydantic.Field(max_length=16)
+        population: int = pydantic.Field(ge=0, le=10**9)
+
+    c = client(smollm2)
+    answers: list[object] = [None] * 20
+
+    def ask(i: int) -> None:
+        answers[i] = c.chat.completions.parse(
+            model="m", messages=[{"role": "user", "content": "Describe a city as JSON."}], response_format=City,
+            temperature=1.0, seed=i, max_tokens=80,
+        )  # fmt: skip
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for answer in answers:
+        choice = answer.choices[0]  # type: ignore[union-attr]
+        assert choice.finish_reason == "stop", choice.message.content
+        assert isinstance(choice.message.parsed, City)  # parsed and validated by the client
+    texts = {a.choices[0].message.content for a in answers}  # type: ignore[union-attr]
+    assert len(texts) > 1  # sampled, not one fixed answer
+
+
+def test_response_format_json_object_and_a_bad_schema(smollm2):
+    import json
+
+    c = client(smollm2)
+    answer = c.completions.create(
+        model="m", prompt="A JSON object about a dog: ", max_tokens=48, temperature=0.8, seed=1,
+        extra_body={"response_format": {"type": "json_object"}},
+    )  # fmt: skip
+    assert answer.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(answer.choices[0].text), dict)
+    with pytest.raises(openai.BadRequestError) as caught:
+        c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+        )  # fmt: skip
+    assert caught.value.body["param"] == "response_format"
+    assert "cannot be served" in caught.value.body["message"] and "nonsense" in caught.value.body["message"]
+    assert c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2).usage

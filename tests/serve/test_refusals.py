@@ -44,7 +44,7 @@ def assert_error(response: httpx.Response, status: int, match: str) -> None:
 @pytest.mark.parametrize(
     ("change", "param", "match"),
     [
-        ({"n": 2}, "n", "'n' must be 1"),
+        ({"n": 17}, "n", "'n' must be an integer in [1, 16]"),
         ({"temperature": 3.0}, "temperature", "'temperature' must be a number in [0, 2]; got 3.0"),
         ({"temperature": -1}, "temperature", "got -1"),
         ({"top_p": 0}, "top_p", "'top_p' must be in (0, 1]"),

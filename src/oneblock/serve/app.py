@@ -3,6 +3,7 @@
 * ``POST /v1/chat/completions`` and ``POST /v1/completions``: whole answers, or server-sent events
   (``data: {chunk}`` ... ``data: [DONE]``) with ``"stream": true``;
 * ``POST /v1/embeddings``: sentence embeddings from the embedding model, when one is loaded;
+* ``POST /tokenize`` and ``POST /detokenize``: llama.cpp's shapes, ``{"content": text}`` <-> ``{"tokens": [ids]}``;
 * ``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no key needed).
 
 Before any route, the guards of ``oneblock.web`` (the ``Host`` header, against DNS rebinding, on a loopback
@@ -38,19 +39,25 @@ def openai_error(status: int, message: str) -> bytes:
 
 
 class KeyCheck:
-    """Refuse (401) a request under ``/v1/`` without ``Authorization: Bearer KEY`` when a key is set."""
+    """Refuse (401) a request under ``/v1/`` (or to ``/tokenize``, ``/detokenize``) without
+    ``Authorization: Bearer KEY`` when a key is set."""
 
     def __init__(self, app: ASGIApp, *, api_key: str | None) -> None:
         self.app, self.api_key = app, api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.api_key is not None and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and self.api_key is not None and _keyed(scope["path"]):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 message = "missing or wrong API key; send 'Authorization: Bearer KEY'"
                 await refuse(send, 401, message, shape=openai_error)
                 return
         await self.app(scope, receive, send)
+
+
+def _keyed(path: str) -> bool:
+    """Whether a path needs the key: the API under ``/v1/`` and llama.cpp's ``/tokenize`` and ``/detokenize``."""
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
 
 
 def create_app(
@@ -84,6 +91,8 @@ def create_app(
         Route("/v1/embeddings", service.embeddings, methods=["POST"]),
         Route("/v1/models", service.model_list, methods=["GET"]),
         Route("/v1/models/{name:path}", service.model, methods=["GET"]),
+        Route("/tokenize", service.tokenize, methods=["POST"]),
+        Route("/detokenize", service.detokenize, methods=["POST"]),
         Route("/health", service.health, methods=["GET"]),
     ]
     guards = [Middleware(KeyCheck, api_key=api_key), Middleware(JSONOnly, shape=openai_error)]

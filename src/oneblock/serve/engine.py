@@ -4,7 +4,8 @@ Shape notation: B active requests, V vocabulary.
 
 Requests wait in a bounded queue. Between two decoding steps the thread admits waiting requests (up to
 ``max_batch`` active), prefilling each alone, then runs one ``BatchDecoder.step`` for every active request and
-samples each row with the request's own settings and its own ``torch.Generator``. A request leaves the batch when
+samples each row with its own ``SamplerState`` (the request's ``logit_bias``, grammar mask, penalties over that
+row's tokens, filters, and its own ``torch.Generator``). A request leaves the batch when
 it ends (its end-of-turn id, a stop string, its token budget, its time limit), or at the next step after its
 client went away. What a request produces reaches its client through ``Job.emit``, called on this thread.
 
@@ -27,107 +28,27 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from oneblock.errors import InputError, OneBlockError
-from oneblock.inference.batch import BatchDecoder, Slot
-from oneblock.inference.sampling import Sampling
+from oneblock.inference.batch import BatchDecoder
+from oneblock.inference.logprobs import TopLogprobs, token_logprobs
+from oneblock.inference.sampler_state import SamplerState
+from oneblock.serve.jobs import CacheFull, Delta, Done, Echoed, Event, Failed, Job, QueueFull, Scored, Stopping
 from oneblock.serve.memory import check_fits, is_out_of_memory, position_bytes
 from oneblock.serve.text import StopText
 from oneblock.text.tokenizer import Tokenizer
 
+__all__ = [
+    "CacheFull", "Delta", "Done", "Echoed", "Engine", "Event", "Failed", "Job", "QueueFull", "Scored", "Stopping",
+]  # fmt: skip
+SCORE_ROWS = 256  # prompt positions whose logits an echo computes at once: (256, V) float32 at most
+
 log = logging.getLogger("oneblock.serve")
-
-
-@dataclass(frozen=True)
-class Delta:
-    """New text of a request."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Done:
-    """A request's end: ``finish_reason`` is ``"stop"`` (end-of-turn id or stop string) or ``"length"`` (token
-    budget or time limit); the counts are exact."""
-
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A request that could not be completed: the server is stopping (``status`` 503), it ran out of memory
-    (507), or serving it failed (500)."""
-
-    message: str
-    status: int = 500
-
-
-Event = Delta | Done | Failed
-
-
-class QueueFull(Exception):
-    """``max_batch`` requests are running and ``max_queue`` are waiting."""
-
-
-class CacheFull(Exception):
-    """The requests running and waiting hold so much of the cache budget that this one's positions do not fit."""
-
-    def __init__(self, needed: int, free: int, budget: int) -> None:
-        super().__init__(f"the request needs {needed} cache positions; {free} of {budget} are free")
-        self.needed, self.free, self.budget = needed, free, budget
-
-
-class Stopping(Exception):
-    """The engine no longer accepts requests."""
-
-
-@dataclass(eq=False)
-class Job:
-    """One request as the engine sees it.
-
-    Attributes:
-        prompt: the prompt's ids.
-        max_new: the most tokens to generate (>= 1; fits beside the prompt in the context).
-        sampling: its settings; with a seed, its own generator.
-        emit: receives the request's events, on the engine's thread; ``Done`` or ``Failed`` comes last.
-        stop: stop strings, matched on the text.
-        eos_ids: ids that end the reply (not part of the text, not counted).
-        seconds: time limit from admission; past it the request ends with ``"length"``.
-    """
-
-    prompt: list[int]
-    max_new: int
-    sampling: Sampling
-    emit: Callable[[Event], None]
-    stop: tuple[str, ...] = ()
-    eos_ids: frozenset[int] = frozenset()
-    seconds: float = float("inf")
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    # Filled in by the engine:
-    slot: Slot | None = None
-    generator: torch.Generator | None = None
-    text: StopText = field(init=False)
-    last: int = 0  # the last sampled id, fed at the next step
-    produced: int = 0  # completion tokens so far
-    deadline: float = 0.0
-    held: int = 0  # cache positions reserved for it, given back when it leaves
-
-    @property
-    def positions(self) -> int:
-        """Cache positions the request can fill: the prompt and every new token but the last (never fed back)."""
-        return len(self.prompt) + self.max_new - 1
-
-    def cancel(self) -> None:
-        """Ask the engine to drop this request at its next step (a client that disconnected)."""
-        self.cancelled.set()
 
 
 class Engine:
@@ -188,21 +109,28 @@ class Engine:
             CacheFull: the requests running and waiting leave too few of ``cache_positions`` for this one.
             InputError: a prompt plus ``max_new`` over ``context`` (the server checks it before).
         """
-        if len(job.prompt) + job.max_new > self.context:
-            raise InputError(
-                f"the prompt ({len(job.prompt)} tokens) plus {job.max_new} new tokens is more than the context "
-                f"({self.context})"
-            )
+        self.submit_all([job])
+
+    def submit_all(self, jobs: Sequence[Job]) -> None:
+        """``submit`` for the choices of one request: all are queued, or none (the same exceptions)."""
+        for job in jobs:
+            if len(job.prompt) + job.max_new > self.context:
+                raise InputError(
+                    f"the prompt ({len(job.prompt)} tokens) plus {job.max_new} new tokens is more than the context "
+                    f"({self.context})"
+                )
+        needed = sum(job.positions for job in jobs)
         with self.wake:
             if not self.accepting:
                 raise Stopping
-            if len(self.waiting) >= self.max_queue:
+            if len(self.waiting) + len(jobs) > self.max_queue:
                 raise QueueFull
-            if self.reserved + job.positions > self.cache_positions:
-                raise CacheFull(job.positions, self.cache_positions - self.reserved, self.cache_positions)
-            self.reserved += job.positions
-            job.held = job.positions
-            self.waiting.append(job)
+            if self.reserved + needed > self.cache_positions:
+                raise CacheFull(needed, self.cache_positions - self.reserved, self.cache_positions)
+            self.reserved += needed
+            for job in jobs:
+                job.held = job.positions
+                self.waiting.append(job)
             self.wake.notify()
 
     def load(self) -> tuple[int, int]:
@@ -321,29 +249,59 @@ class Engine:
             self._end(job, Failed(f"internal error ({type(error).__name__}); the server's log has details"))
 
     def _start(self, job: Job) -> None:
-        """Prefill the request alone and sample its first token."""
+        """Score the prompt when asked (``echo``), prefill the request alone and sample its first token."""
         if job.cancelled.is_set():
             self._release(job)
             return
-        job.slot, logits = self.decoder.prefill(job.prompt, job.max_new)
-        job.generator = job.sampling.generator()
+        grammar = job.constraint.start() if job.constraint is not None else None
+        job.sampler = SamplerState(
+            job.sampling, vocab_size=self.vocab, prompt=job.prompt, row=job.row, constraint=grammar
+        )  # fmt: skip
         job.text = StopText(self.tokenizer, job.stop)
         job.deadline = time.monotonic() + job.seconds
+        if job.echo:  # the prompt's text starts the choice; with logprobs, its scores
+            job.emit(Echoed(tuple(self._prompt_scores(job.prompt, job.top)) if job.top is not None else ()))
+        if job.max_new == 0:  # the prompt scored, nothing generated
+            self._end(job, Done("length", len(job.prompt), 0))
+            return
+        job.slot, logits = self.decoder.prefill(job.prompt, job.max_new)
         with self.wake:
             self.active.append(job)
         self._take(job, logits[None])
 
+    @torch.inference_mode()
+    def _prompt_scores(self, prompt: list[int], top: int) -> list[Scored]:
+        """Each prompt token's log-probability given those before it (the first has none), from one forward
+        without cache; logits are computed ``SCORE_ROWS`` positions at a time."""
+        model = self.decoder.model
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.decoder.device)  # (1, T)
+        hidden = model.run(ids)  # (1, T, C)
+        scored = [Scored(prompt[0], None)]
+        for start in range(0, len(prompt) - 1, SCORE_ROWS):
+            end = min(start + SCORE_ROWS, len(prompt) - 1)
+            logits = model.logits(hidden[0, start:end])  # (rows, V): position t predicts token t + 1
+            scored += Scored.rows(prompt[start + 1 : end + 1], token_logprobs(logits, ids[0, start + 1 : end + 1], top))
+        return scored
+
     def _take(self, job: Job, logits: Tensor) -> None:
         """Sample the request's next token from its (1, V) logits; hand out its text; end it when done."""
-        token = int(job.sampling.pick(logits[:, : self.vocab], job.generator)[0])
+        sampler = job.sampler
+        assert sampler is not None  # set by _start
+        row = logits[:, : self.vocab]  # (1, V)
+        token = sampler.choose(row)
+        sampler.update(token)
         if token in job.eos_ids:
             self._end(job, self._done(job, "stop"))
             return
         job.produced += 1
         job.last = token
+        if job.top is not None:
+            scores = token_logprobs(logits[0], torch.tensor(token), job.top)  # the raw distribution
+            job.pending.append(Scored.rows([token], _one_row(scores))[0])
         piece = job.text.push(token)
         if piece:
-            job.emit(Delta(piece))
+            job.emit(Delta(piece, tuple(job.pending)))
+            job.pending = []
         if job.text.stopped:
             self._end(job, self._done(job, "stop"))
         elif job.produced >= job.max_new or time.monotonic() > job.deadline:
@@ -351,8 +309,9 @@ class Engine:
 
     def _done(self, job: Job, reason: str) -> Done:
         rest = job.text.finish()
-        if rest:
-            job.emit(Delta(rest))
+        if rest or job.pending:
+            job.emit(Delta(rest, tuple(job.pending)))
+            job.pending = []
         return Done(reason, len(job.prompt), job.produced)
 
     def _end(self, job: Job, event: Event) -> None:
@@ -376,6 +335,11 @@ class Engine:
                 if job.cancelled.is_set():
                     self._release(job)
             self.active = [j for j in self.active if j.slot is not None]
+
+
+def _one_row(scores: TopLogprobs) -> TopLogprobs:
+    """A single position's scores as a batch of one: ``chosen`` (1,), ``top_*`` (1, N)."""
+    return TopLogprobs(scores.chosen[None], scores.top_ids[None], scores.top_values[None])
 
 
 def _positive(name: str, value: Any, least: int = 1) -> int:

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,8 +25,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.embedding import SentenceEncoder
-from oneblock.serve.engine import CacheFull, Delta, Done, Engine, Event, Failed, Job, QueueFull, Stopping
-from oneblock.serve.protocol import ApiError, Request, parse_completion, parse_embeddings
+from oneblock.serve.engine import CacheFull, Done, Engine, Event, Failed, Job, QueueFull, Stopping
+from oneblock.serve.protocol import (
+    ApiError,
+    Request,
+    parse_completion,
+    parse_detokenize,
+    parse_embeddings,
+    parse_tokenize,
+)
 from oneblock.serve.responses import Answer, embeddings_body, model_entry
 from oneblock.web.body import BODY_SECONDS, BadField, BodyTooLarge, BodyTooSlow, parse_json, read_body
 from oneblock.web.gate import Busy, Gate, Gone
@@ -72,17 +79,23 @@ def sse(body: dict[str, Any] | str) -> str:
 
 
 class Events:
-    """A request's events, put by the engine's thread and read on the event loop; ``None`` means the client left."""
+    """A request's events, put by the engine's thread and read on the event loop, each with its choice's index;
+    ``None`` means the client left."""
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int, Event] | None] = asyncio.Queue()
 
-    def emit(self, event: Event) -> None:  # on the engine's thread
-        with contextlib.suppress(RuntimeError):  # the loop has closed: the server is gone
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+    def emitter(self, index: int) -> Callable[[Event], None]:
+        """What choice ``index``'s job calls, on the engine's thread."""
 
-    async def get(self) -> Event | None:
+        def emit(event: Event) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the server is gone
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+
+        return emit
+
+    async def get(self) -> tuple[int, Event] | None:
         return await self.queue.get()
 
 
@@ -130,31 +143,43 @@ class Service:
         except ClientDisconnect:
             return Response(status_code=499)  # nobody reads it
         events = Events()
-        job = Job(
-            parsed.prompt, parsed.max_new, parsed.sampling, events.emit, stop=parsed.stop, eos_ids=self.eos_ids,
-            seconds=self.limits.request_seconds,
-        )  # fmt: skip
-        refusal = self._submit(job)
+        jobs = [
+            Job(
+                parsed.prompts[i // parsed.n].ids, parsed.max_new[i // parsed.n], parsed.sampling, events.emitter(i),
+                stop=parsed.stop, eos_ids=self.eos_ids, seconds=self.limits.request_seconds, row=i % parsed.n,
+                top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint,
+            )
+            for i in range(parsed.choices)
+        ]  # fmt: skip
+        refusal = self._submit(jobs)
         if refusal is not None:
             return error_response(refusal)
-        answer = Answer(parsed)
+        answer = Answer(parsed, self.engine.tokenizer)
         if parsed.stream:
             headers = {"Cache-Control": "no-store"}
-            return StreamingResponse(stream(answer, job, events), media_type="text/event-stream", headers=headers)
-        return await whole(request, answer, job, events)
+            return StreamingResponse(stream(answer, jobs, events), media_type="text/event-stream", headers=headers)
+        return await whole(request, answer, jobs, events)
 
     def _parse_completion(self, raw: bytes, kind: Literal["chat", "text"]) -> Request:
         """In a worker thread: the JSON, the fields, the rendered and tokenized prompt."""
         engine = self.engine
         body = parse_json(raw)
-        return parse_completion(
-            body, kind, engine.tokenizer, context=engine.context, default_max=self.limits.default_max_tokens
-        )
+        parsed = parse_completion(
+            body, kind, engine.tokenizer, context=engine.context, default_max=self.limits.default_max_tokens,
+            vocab=engine.vocab,
+        )  # fmt: skip
+        if parsed.choices > engine.max_queue:
+            param = "n" if parsed.n > 1 else "prompt"
+            raise ApiError(
+                400, f"the request asks for {parsed.choices} choices ({len(parsed.prompts)} prompts x n = {parsed.n}); "
+                f"this server queues at most {engine.max_queue} (--max-queue)", param=param,
+            )  # fmt: skip
+        return parsed
 
-    def _submit(self, job: Job) -> ApiError | None:
+    def _submit(self, jobs: list[Job]) -> ApiError | None:
         engine = self.engine
         try:
-            engine.submit(job)
+            engine.submit_all(jobs)
         except QueueFull:
             message = f"the server is busy ({engine.max_batch} running, {engine.max_queue} waiting); retry shortly"
             return ApiError(429, message, kind="rate_limit_error", headers={"Retry-After": "1"})
@@ -199,6 +224,29 @@ class Service:
             return Response(status_code=499)
         return JSONResponse(body)
 
+    async def tokenize(self, request: HTTPRequest) -> Response:
+        """llama.cpp's ``POST /tokenize``: ``{"content": text}`` to ``{"tokens": [ids]}`` (no chat template)."""
+        tokenizer = self.engine.tokenizer
+        return await self._tokens(request, lambda body: {"tokens": parse_tokenize(body, tokenizer)})
+
+    async def detokenize(self, request: HTTPRequest) -> Response:
+        """llama.cpp's ``POST /detokenize``: ``{"tokens": [ids]}`` to ``{"content": text}``."""
+        engine = self.engine
+        return await self._tokens(
+            request, lambda body: {"content": parse_detokenize(body, engine.tokenizer, engine.vocab)}
+        )
+
+    async def _tokens(self, request: HTTPRequest, work: Callable[[Any], dict[str, Any]]) -> Response:
+        try:
+            raw = await read_body(request, self.limits.max_body, seconds=self.limits.body_seconds)
+            return JSONResponse(await run_in_threadpool(lambda: work(parse_json(raw))))
+        except ApiError as error:
+            return error_response(error)
+        except InputError as error:
+            return error_response(body_refusal(error))
+        except ClientDisconnect:
+            return Response(status_code=499)
+
     def models(self) -> list[dict[str, Any]]:
         return [model_entry(name, self.created) for name in self.names]
 
@@ -228,54 +276,63 @@ class Service:
         return error_response(ApiError(500, message, kind="server_error"))
 
 
-async def whole(request: HTTPRequest, answer: Answer, job: Job, events: Events) -> Response:
-    """The non-streamed answer, once the engine has finished; a 499 as soon as the client hangs up."""
-    watcher = asyncio.create_task(_watch_hang_up(request, job, events))
-    pieces: list[str] = []
+async def whole(request: HTTPRequest, answer: Answer, jobs: list[Job], events: Events) -> Response:
+    """The non-streamed answer, once the engine has finished every choice; a 499 as soon as the client hangs up."""
+    watcher = asyncio.create_task(_watch_hang_up(request, jobs, events))
     try:
         while True:
-            event = await events.get()
-            if event is None:
+            item = await events.get()
+            if item is None:
                 return Response(status_code=499)  # nobody reads it
-            if isinstance(event, Delta):
-                pieces.append(event.text)
-            elif isinstance(event, Done):
-                return JSONResponse(answer.whole("".join(pieces), event))
-            else:
+            index, event = item
+            if isinstance(event, Failed):
                 return error_response(_failure(event))
+            if isinstance(event, Done):
+                answer.finish(index, event)
+                if answer.finished:
+                    return JSONResponse(answer.whole())
+            else:
+                answer.add(index, event)
     finally:
         watcher.cancel()
-        job.cancel()  # a no-op once finished; frees the row if this handler was cancelled
+        for job in jobs:
+            job.cancel()  # a no-op once finished; frees the rows if this handler was cancelled or one choice failed
 
 
-async def _watch_hang_up(request: HTTPRequest, job: Job, events: Events) -> None:
-    """Wait for the client's disconnect (the body has been read: the next message is one) and drop the job."""
+async def _watch_hang_up(request: HTTPRequest, jobs: list[Job], events: Events) -> None:
+    """Wait for the client's disconnect (the body has been read: the next message is one) and drop the jobs."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    job.cancel()  # the engine frees the row at its next step
+    for job in jobs:
+        job.cancel()  # the engine frees the rows at its next step
     events.queue.put_nowait(None)
 
 
-async def stream(answer: Answer, job: Job, events: Events) -> AsyncIterator[str]:
-    """Server-sent events: the role, the text, the finish (and usage), or an error event; ``[DONE]`` last."""
+async def stream(answer: Answer, jobs: list[Job], events: Events) -> AsyncIterator[str]:
+    """Server-sent events: the role, the text, each choice's finish, the usage, or an error event; ``[DONE]``."""
     try:
-        yield sse(answer.chunk(first=True))
+        for chunk in answer.first_chunks():
+            yield sse(chunk)
         while True:
-            event = await events.get()
-            if isinstance(event, Delta):
-                yield sse(answer.chunk(event.text))
-            elif isinstance(event, Done):
-                yield sse(answer.chunk(finish=event.finish_reason))
-                if answer.request.include_usage:
-                    yield sse(answer.usage_chunk(event))
+            item = await events.get()
+            if item is None:
                 break
+            index, event = item
+            if isinstance(event, Failed):
+                yield sse(_failure(event).body())
+                break
+            if isinstance(event, Done):
+                yield sse(answer.finish(index, event))
+                if answer.finished:
+                    if answer.request.include_usage:
+                        yield sse(answer.usage_chunk())
+                    break
             else:
-                if event is not None:
-                    yield sse(_failure(event).body())
-                break
+                yield sse(answer.add(index, event))
         yield sse("[DONE]")
     finally:
-        job.cancel()  # the client went away (or the answer ended): the row is freed at the next step
+        for job in jobs:
+            job.cancel()  # the client went away (or the answer ended): the rows are freed at the next step
 
 
 def _failure(event: Failed) -> ApiError:

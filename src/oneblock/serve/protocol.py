@@ -1,59 +1,28 @@
-"""OpenAI's API as the server speaks it: request fields checked, response bodies and stream chunks built.
+"""OpenAI's API as the server speaks it: a completion request checked into a ``Request``, an embeddings request,
+and llama.cpp's ``/tokenize`` and ``/detokenize``.
 
-Every refusal is an ``ApiError`` whose body has OpenAI's shape, ``{"error": {"message", "type", "param",
-"code"}}``, so the ``openai`` client raises its usual exceptions (``BadRequestError`` for 400, ...). Fields a
-client sends that change nothing here (``user``, zero penalties, ``logprobs: false``, ``best_of: 1``,
-``suffix: ""``, ``response_format: {"type": "text"}``, ``tool_choice: "none"`` without tools) are accepted;
-fields that would change the answer but are not implemented (``n > 1``, ``tools``, ``logprobs``) are refused by
-name. Every string is checked as Unicode and every number as a number before it is used, so a hostile value is a
-400 naming its field, never an exception.
+Every field is honoured, accepted because its value asks for nothing, or refused by name (``fields``); every
+refusal is an ``ApiError`` in OpenAI's shape (``checks``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from oneblock.errors import InputError
+from oneblock.inference.constraints import Constraint
 from oneblock.inference.sampling import Sampling
-from oneblock.text.chat_template import render_chat
-from oneblock.text.checks import check_text
+from oneblock.serve.checks import ApiError, bad, flag, integer, shown, text
+from oneblock.serve.fields import check_known, sampling, top_logprobs
+from oneblock.serve.prompts import CHATML, Prompt, chat_prompt, text_prompts
 from oneblock.text.tokenizer import Tokenizer
 
-# The conversation format llama.cpp's server falls back to when a model has no template of its own.
-CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+__all__ = ["CHATML", "ApiError", "Prompt", "Request", "bad", "parse_completion", "parse_embeddings"]
 MAX_STOP = 4  # OpenAI's limit on stop strings
-ROLES = ("system", "developer", "user", "assistant")
+MAX_N = 16  # choices per prompt
 MAX_MODEL_CHARS = 256  # the name is echoed in every chunk of a stream; OpenAI's own ids are under 64
-UNSUPPORTED = ("tools", "functions", "tool_choice", "response_format", "logit_bias", "suffix", "echo", "best_of")
-# OpenAI's values of those fields that ask for what this server does anyway (tool_choice "none" only without tools).
-NO_OPS: dict[str, tuple[Any, ...]] = {
-    "best_of": (1,), "suffix": ("",), "response_format": ({"type": "text"},), "tool_choice": ("none",),
-}  # fmt: skip
-
-
-class ApiError(Exception):
-    """A request the server refuses: the HTTP status and OpenAI's error fields."""
-
-    def __init__(
-        self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
-        code: str | None = None, headers: Mapping[str, str] | None = None,
-    ) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-def bad(param: str, message: str, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
 
 
 @dataclass(frozen=True)
@@ -63,76 +32,122 @@ class Request:
     Attributes:
         kind: ``"chat"`` (``/v1/chat/completions``) or ``"text"`` (``/v1/completions``).
         model: the ``model`` field as sent (echoed in the answer).
-        prompt: the prompt's ids (for a chat, the rendered conversation ending in the assistant's header).
-        max_new: tokens to generate at most: the request's, capped to what the context leaves.
+        prompts: the prompts (a chat has one: the rendered conversation ending in the assistant's header).
+        n: choices per prompt; choice ``j`` of a prompt draws with ``seed + j``.
+        max_new: tokens to generate at most per prompt: the request's, capped to what the context leaves (0 only
+            for ``echo`` with ``max_tokens: 0``, which scores the prompt alone).
         sampling, stop, stream: as sent; ``include_usage`` from ``stream_options``.
+        logprobs: alternatives to report per token (``None``: no log-probabilities).
+        echo: the prompt's text (and, with ``logprobs``, its log-probabilities) starts each choice.
+        constraint: the grammar of ``response_format`` (``json_object``, ``json_schema``), or ``None``.
     """
 
     kind: Literal["chat", "text"]
     model: str
-    prompt: list[int]
-    max_new: int
+    prompts: list[Prompt]
+    n: int
+    max_new: list[int]
     sampling: Sampling
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    logprobs: int | None = None
+    echo: bool = False
+    constraint: Constraint | None = None
+
+    @property
+    def prompt(self) -> list[int]:
+        """The first prompt's ids."""
+        return self.prompts[0].ids
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
 
 
 def parse_completion(
-    body: Any, kind: Literal["chat", "text"], tokenizer: Tokenizer, *, context: int, default_max: int
-) -> Request:
-    """Check a request body and render its prompt.
+    body: Any, kind: Literal["chat", "text"], tokenizer: Tokenizer, *, context: int, default_max: int,
+    vocab: int | None = None,
+) -> Request:  # fmt: skip
+    """Check a request body and render its prompts.
 
     Args:
         body: the decoded JSON.
         kind: which endpoint received it.
         tokenizer: renders and encodes the prompt.
-        context: the model's context; the prompt must leave room for at least one new token.
+        context: the model's context; a prompt must leave room for at least one new token.
         default_max: new tokens when the request names no limit (still capped by the context).
+        vocab: the ids the engine samples from (default: the tokenizer's).
 
     Raises:
         ApiError: 400 naming the field and the fix.
     """
     if not isinstance(body, dict):
         raise bad("body", f"the request body must be a JSON object; got {type(body).__name__}")
+    vocab = tokenizer.vocab_size if vocab is None else vocab
     model = _model(body, "this server answers with its own model")
-    for name in UNSUPPORTED:
-        if not _no_op(body.get(name), NO_OPS.get(name, ())):
-            raise bad(name, f"'{name}' is not supported by this server; leave it out")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
-        raise bad("logprobs", "'logprobs' is not supported by this server; leave it out")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise bad(name, f"'{name}' is not supported by this server; send 0 or leave it out")
-    n = body.get("n")
-    if n not in (None, 1) or isinstance(n, bool):
-        raise bad("n", f"'n' must be 1 (one choice per request); got {_shown(n)}; send several requests instead")
-    stream = _flag(body, "stream")
-    options = body.get("stream_options")
-    if options is not None and (not stream or not isinstance(options, dict)):
-        raise bad("stream_options", "'stream_options' is an object, allowed only with 'stream': true")
-    include_usage = bool(options and _flag(options, "include_usage"))
-    prompt = _chat_prompt(body, tokenizer) if kind == "chat" else _text_prompt(body, tokenizer)
-    if len(prompt) >= context:
+    check_known(body, kind)
+    n = integer(body, "n", 1, MAX_N, " (choices per prompt)") or 1
+    _check_no_ops(body, n)
+    settings = sampling(body, vocab)
+    stream = flag(body, "stream")
+    include_usage = _stream_options(body, stream)
+    logprobs = top_logprobs(body, kind)
+    echo = flag(body, "echo")
+    prompts = [chat_prompt(body, tokenizer)] if kind == "chat" else text_prompts(body, tokenizer, vocab)
+    requested = _max_tokens(body, echo)
+    max_new = []
+    for prompt in prompts:
+        room = context - len(prompt.ids)
+        if room < (0 if requested == 0 else 1):
+            raise bad(
+                "messages" if kind == "chat" else "prompt",
+                f"the prompt is {len(prompt.ids)} tokens; the model's context is {context}, which must also hold "
+                "at least one new token; shorten it",
+                code="context_length_exceeded",
+            )
+        max_new.append(min(default_max if requested is None else requested, room))
+    stop = _stop(body)
+    constraint = _response_format(body.get("response_format"), tokenizer)
+    return Request(
+        kind, model, prompts, n, max_new, settings, stop, stream, include_usage, logprobs, echo, constraint
+    )  # fmt: skip
+
+
+def _response_format(value: Any, tokenizer: Tokenizer) -> Constraint | None:
+    """OpenAI's ``response_format`` compiled by llguidance (``oneblock.inference.constraints``): ``text`` (or
+    absent) is no constraint, ``json_object`` any JSON object, ``json_schema`` its ``json_schema.schema``."""
+    if value is None or value == {}:
+        return None
+    if isinstance(value, dict):
+        extra = set(value) - {"type", "json_schema"}
+        if extra:
+            name = sorted(extra)[0]
+            raise bad("response_format", f"'response_format.{name}' is not supported by this server; leave it out")
+        spec = value.get("json_schema")
+        if value.get("type") != "json_schema" and spec is not None:
+            raise bad("response_format", "'response_format.json_schema' goes with 'type': 'json_schema'")
+        if isinstance(spec, dict):
+            for name in spec:
+                if name not in ("name", "description", "schema", "strict"):
+                    raise bad("response_format", f"'response_format.json_schema.{name}' is not supported; leave it out")
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
         raise bad(
-            "messages" if kind == "chat" else "prompt",
-            f"the prompt is {len(prompt)} tokens; the model's context is {context}, which must also hold at least "
-            "one new token; shorten it",
-            code="context_length_exceeded",
-        )
-    requested = _max_tokens(body)
-    max_new = min(default_max if requested is None else requested, context - len(prompt))
-    sampling = Sampling(temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_p=_top_p(body), seed=_seed(body))
-    return Request(kind, model, prompt, max_new, sampling, _stop(body), stream, include_usage)
-
-
-def _flag(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise bad(name, f"'{name}' must be true or false; got {_shown(value)}")
-    return value
+            "response_format", f"'response_format' must be an object whose 'type' is 'text', 'json_object' or "
+            f"'json_schema'; got {shown(value)}",
+        )  # fmt: skip
+    eos = getattr(tokenizer, "eos_id", None)
+    if not isinstance(eos, int) and kind != "text":
+        name = getattr(tokenizer, "name", type(tokenizer).__name__)
+        raise bad(
+            "response_format", f"'response_format' cannot be served: a constrained answer ends with the model's "
+            f"end-of-text token, and this model's tokenizer ({name!r}) has none",
+        )  # fmt: skip
+    try:
+        return Constraint.from_response_format(tokenizer, value, eos_ids=[eos] if isinstance(eos, int) else None)
+    except InputError as error:
+        raise bad("response_format", f"'response_format' cannot be served: {error}") from None
 
 
 def _model(body: Mapping[str, Any], answered: str) -> str:
@@ -141,67 +156,52 @@ def _model(body: Mapping[str, Any], answered: str) -> str:
         raise bad("model", f"'model' is required: a model name ({answered})")
     if len(model) > MAX_MODEL_CHARS:
         raise bad("model", f"'model' is {len(model):,} characters; the limit is {MAX_MODEL_CHARS}")
-    return _text("model", model)
+    return text("model", model)
 
 
-def _text(param: str, value: str, where: str | None = None) -> str:
-    """``value`` if it is valid Unicode (a JSON ``\\ud800`` escape decodes to a lone surrogate, which no
-    tokenizer can encode); the refusal names ``where`` (default: the field ``param``)."""
-    try:
-        return check_text(value, f"'{where or param}'")
-    except InputError as error:
-        raise bad(param, str(error)) from None
+def _check_no_ops(body: Mapping[str, Any], n: int) -> None:
+    """Fields read but not implemented: accepted only with a value that asks for nothing."""
+    if body.get("tools") not in (None, []):
+        raise bad("tools", "'tools' is not supported by this server: tool calling is not implemented; leave it out")
+    if body.get("tool_choice") not in (None, "none"):
+        raise bad("tool_choice", "'tool_choice' is not supported by this server (only \"none\"); leave it out")
+    best_of = body.get("best_of")
+    if best_of is not None and (isinstance(best_of, bool) or best_of != n):
+        raise bad("best_of", f"'best_of' is not supported by this server (only best_of = n = {n}); leave it out")
+    if body.get("suffix") not in (None, ""):
+        raise bad("suffix", "'suffix' is not supported by this server (insertion is not implemented); leave it out")
+    if body.get("cache_prompt") not in (None, False):
+        raise bad(
+            "cache_prompt", "'cache_prompt' is not supported by this server: no prompt is cached between requests; "
+            "send false or leave it out",
+        )  # fmt: skip
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad("user", f"'user' must be a string; got {shown(user)}")
 
 
-def _no_op(value: Any, no_ops: tuple[Any, ...]) -> bool:
-    """Whether a field of ``UNSUPPORTED`` asks for nothing: absent, false, empty, or one of its no-op values."""
-    if value is None or value is False or value == [] or value == {}:
-        return True
-    return not isinstance(value, bool) and any(type(value) is type(v) and value == v for v in no_ops)
+def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream or not isinstance(options, dict):
+        raise bad("stream_options", "'stream_options' is an object, allowed only with 'stream': true")
+    for key in options:
+        if key != "include_usage":
+            raise bad(f"stream_options.{key}", f"'stream_options.{key}' is not supported by this server; leave it out")
+    return flag(options, "include_usage", "stream_options.include_usage")
 
 
-def _number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    # An int is compared exactly, never converted: math.isfinite(10**400) raises OverflowError.
-    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (finite and low <= value <= high):
-        raise bad(name, f"'{name}' must be a number in [{low:g}, {high:g}]; got {_shown(value)}")
-    return float(value)
-
-
-def _shown(value: Any) -> str:
-    """``repr(value)`` in at most 40 characters: a 401-digit integer or a megabyte string is not echoed whole."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _top_p(body: Mapping[str, Any]) -> float | None:
-    p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if p == 0:
-        raise bad("top_p", "'top_p' must be in (0, 1]; got 0 (use temperature 0 for greedy decoding)")
-    return None if p == 1 else p
-
-
-def _seed(body: Mapping[str, Any]) -> int | None:
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63):
-        raise bad("seed", f"'seed' must be an integer in [-2**63, 2**63) or null; got {_shown(seed)}")
-    return seed
-
-
-def _max_tokens(body: Mapping[str, Any]) -> int | None:
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad(name, f"'{name}' must be an integer >= 1 or null; got {_shown(value)}")
-        return value
-    return None
+def _max_tokens(body: Mapping[str, Any], echo: bool) -> int | None:
+    values = {name: body[name] for name in ("max_completion_tokens", "max_tokens") if body.get(name) is not None}
+    for name, value in values.items():
+        least = 0 if echo else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            extra = " (0 only with 'echo': true)" if not echo else ""
+            raise bad(name, f"'{name}' must be an integer >= {least}{extra} or null; got {shown(value)}")
+    if len(set(values.values())) > 1:
+        raise bad("max_tokens", f"'max_tokens' and 'max_completion_tokens' differ ({values}); send one of them")
+    return next(iter(values.values()), None)
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -214,52 +214,9 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
         or not 0 < len(stops) <= MAX_STOP
         or not all(isinstance(s, str) and s for s in stops)
     ):
-        message = f"'stop' must be a non-empty string or a list of 1 to {MAX_STOP} of them; got {_shown(stop)}"
+        message = f"'stop' must be a non-empty string or a list of 1 to {MAX_STOP} of them; got {shown(stop)}"
         raise bad("stop", message)
-    return tuple(_text("stop", s) for s in stops)
-
-
-def _chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer) -> list[int]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("messages", "'messages' must be a non-empty list of {'role', 'content'} objects")
-    conversation = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise bad(f"messages[{i}]", f"message {i} needs a 'role' among {list(ROLES)}; got {_shown(message)}")
-        role = "system" if message["role"] == "developer" else message["role"]
-        content = _text("messages", _content(message.get("content"), i), f"messages[{i}].content")
-        conversation.append({"role": role, "content": content})
-    try:
-        if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
-            return [int(i) for i in ids]
-        return tokenizer.encode(render_chat(conversation, template=CHATML))
-    except InputError as error:
-        raise bad("messages", str(error)) from None
-
-
-def _content(content: Any, i: int) -> str:
-    """A message's text: a string, or a list of ``{"type": "text", "text": ...}`` parts, joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        texts = [p.get("text") for p in content]
-        if all(isinstance(t, str) for t in texts):
-            return "".join(texts)
-    raise bad(f"messages[{i}].content", f"message {i}'s content must be a string or a list of text parts")
-
-
-def _text_prompt(body: Mapping[str, Any], tokenizer: Tokenizer) -> list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise bad("prompt", f"'prompt' must be one non-empty string; got {_shown(prompt)}")
-    try:
-        return tokenizer.encode(_text("prompt", prompt))
-    except InputError as error:
-        raise bad("prompt", str(error)) from None
+    return tuple(text("stop", s) for s in stops)
 
 
 def parse_embeddings(body: Any) -> tuple[str, list[str], str]:
@@ -276,8 +233,43 @@ def parse_embeddings(body: Any) -> tuple[str, list[str], str]:
     texts = [texts] if isinstance(texts, str) else texts
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise bad("input", "'input' must be a string or a non-empty list of strings (token ids are not accepted)")
-    texts = [_text("input", t, f"input[{i}]") for i, t in enumerate(texts)]
+    texts = [text("input", t, f"input[{i}]") for i, t in enumerate(texts)]
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
-        raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64'; got {_shown(encoding)}")
+        raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64'; got {shown(encoding)}")
     return model, texts, encoding
+
+
+def parse_tokenize(body: Any, tokenizer: Tokenizer) -> list[int]:
+    """llama.cpp's ``/tokenize``: ``{"content": text}`` to the ids the server would read (no chat template).
+
+    Raises:
+        ApiError: 400 for a body without a string ``content`` or with any other field.
+    """
+    if not isinstance(body, dict) or not isinstance(body.get("content"), str):
+        raise bad("content", f'the body must be {{"content": text}}; got {shown(body)}')
+    for name in body:
+        if name != "content":
+            raise bad(name, f"'{name}' is not supported by this server's /tokenize (only 'content'); leave it out")
+    try:
+        return tokenizer.encode(text("content", body["content"]))
+    except InputError as error:
+        raise bad("content", str(error)) from None
+
+
+def parse_detokenize(body: Any, tokenizer: Tokenizer, vocab: int) -> str:
+    """llama.cpp's ``/detokenize``: ``{"tokens": [ids]}`` to their text.
+
+    Raises:
+        ApiError: 400 for a body without a list of ids in ``[0, vocab)`` or with any other field.
+    """
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in tokens):
+        raise bad("tokens", f'the body must be {{"tokens": [token ids]}}; got {shown(body)}')
+    for name in body:
+        if name != "tokens":
+            raise bad(name, f"'{name}' is not supported by this server's /detokenize (only 'tokens'); leave it out")
+    outside = [i for i in tokens if not 0 <= i < vocab]
+    if outside:
+        raise bad("tokens", f"'tokens' holds id {shown(outside[0])}, outside the vocabulary [0, {vocab})")
+    return tokenizer.decode(tokens)

@@ -1,4 +1,8 @@
-"""OpenAI's response bodies: a whole completion, a stream chunk, usage, the model list, embeddings."""
+"""OpenAI's response bodies: a whole completion, stream chunks, usage, the model list, embeddings.
+
+One ``Answer`` follows every choice of a request (``n`` per prompt, choice ``index`` = prompt * n + j) as its
+events arrive, for a stream (``chunk``) or for the whole answer (``whole``).
+"""
 
 from __future__ import annotations
 
@@ -11,60 +15,127 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from oneblock.serve.engine import Done
-from oneblock.serve.protocol import Request
+from oneblock.serve.jobs import Delta, Done, Echoed, Scored
+from oneblock.serve.logprob_bodies import LegacyLogprobs, Renderer, chat_logprobs, joined
+from oneblock.serve.protocol import Prompt, Request
+from oneblock.text.tokenizer import Tokenizer
 
 
-@dataclass(frozen=True)
+@dataclass
+class Choice:
+    """What one choice has produced so far."""
+
+    index: int
+    prompt: Prompt
+    pieces: list[str] = field(default_factory=list)
+    tokens: list[Scored] = field(default_factory=list)  # a chat's scored tokens
+    legacy: LegacyLogprobs | None = None
+    parts: list[dict[str, Any]] = field(default_factory=list)  # a completion's legacy logprobs, piece by piece
+    done: Done | None = None
+
+
 class Answer:
-    """What every body of one request shares: its id, its creation time and the request."""
+    """The bodies of one request: its id, its creation time, and each choice's state.
 
-    request: Request
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    created: int = field(default_factory=lambda: int(time.time()))
+    Args:
+        request: the checked request.
+        tokenizer: renders the tokens of log-probabilities.
+    """
+
+    def __init__(self, request: Request, tokenizer: Tokenizer) -> None:
+        self.request = request
+        self.id = uuid.uuid4().hex
+        self.created = int(time.time())
+        self.render = Renderer(tokenizer)
+        self.choices = [Choice(i, request.prompts[i // request.n]) for i in range(request.choices)]
+        if request.kind == "text" and request.logprobs is not None:
+            for choice in self.choices:
+                start = 0 if request.echo else len(choice.prompt.text)
+                choice.legacy = LegacyLogprobs(tokenizer, self.render, start)
+
+    @property
+    def chat(self) -> bool:
+        return self.request.kind == "chat"
 
     def _head(self, chunk: bool) -> dict[str, Any]:
-        chat = self.request.kind == "chat"
-        obj = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
-        prefix = "chatcmpl-" if chat else "cmpl-"
+        obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        prefix = "chatcmpl-" if self.chat else "cmpl-"
         return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.request.model}
 
-    def whole(self, text: str, done: Done) -> dict[str, Any]:
-        """The non-streamed answer."""
-        if self.request.kind == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+    def add(self, index: int, event: Delta | Echoed) -> dict[str, Any]:
+        """Record a choice's event; return its stream chunk."""
+        choice = self.choices[index]
+        if isinstance(event, Echoed):
+            text, flush = choice.prompt.text, True
         else:
-            choice = {"index": 0, "text": text}
-        choice.update(finish_reason=done.finish_reason, logprobs=None)
-        return {**self._head(False), "choices": [choice], "usage": usage(done)}
+            text, flush = event.text, False
+        choice.pieces.append(text)
+        logprobs: Any = None
+        if self.request.logprobs is not None:
+            if self.chat:
+                choice.tokens += event.tokens
+                logprobs = chat_logprobs(event.tokens, self.render)
+            elif choice.legacy is not None:
+                logprobs = choice.legacy.add(event.tokens, flush=flush)
+                choice.parts.append(logprobs)
+        if self.chat:
+            return self._chunk(
+                {"index": index, "delta": {"content": text}, "finish_reason": None, "logprobs": logprobs}
+            )
+        return self._chunk({"index": index, "text": text, "finish_reason": None, "logprobs": logprobs})
 
-    def chunk(self, text: str | None = None, *, first: bool = False, finish: str | None = None) -> dict[str, Any]:
-        """One streamed event: the assistant's role first (chat), then text, then the finish reason alone."""
-        if self.request.kind == "chat":
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if text is not None:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
-        else:
-            choice = {"index": 0, "text": text or ""}
-        choice.update(finish_reason=finish, logprobs=None)
+    def finish(self, index: int, done: Done) -> dict[str, Any]:
+        """Record a choice's end; return its last chunk (the finish reason)."""
+        self.choices[index].done = done
+        if self.chat:
+            return self._chunk({"index": index, "delta": {}, "finish_reason": done.finish_reason, "logprobs": None})
+        return self._chunk({"index": index, "text": "", "finish_reason": done.finish_reason, "logprobs": None})
+
+    @property
+    def finished(self) -> bool:
+        return all(choice.done is not None for choice in self.choices)
+
+    def first_chunks(self) -> list[dict[str, Any]]:
+        """A chat stream's opening chunks: the assistant's role, one per choice (none for completions)."""
+        if not self.chat:
+            return []
+        return [
+            self._chunk({"index": c.index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                         "logprobs": None})
+            for c in self.choices
+        ]  # fmt: skip
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
         body = {**self._head(True), "choices": [choice]}
         if self.request.include_usage:  # OpenAI sends null usage on every chunk but the last
             body["usage"] = None
         return body
 
-    def usage_chunk(self, done: Done) -> dict[str, Any]:
+    def whole(self) -> dict[str, Any]:
+        """The non-streamed answer, once every choice is done."""
+        choices = []
+        for c in self.choices:
+            assert c.done is not None
+            text = "".join(c.pieces)
+            logprobs: Any = None
+            if self.request.logprobs is not None:
+                logprobs = chat_logprobs(c.tokens, self.render) if self.chat else joined(c.parts)
+            body: dict[str, Any] = {"index": c.index}
+            body.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+            body.update(finish_reason=c.done.finish_reason, logprobs=logprobs)
+            choices.append(body)
+        return {**self._head(False), "choices": choices, "usage": self.usage()}
+
+    def usage_chunk(self) -> dict[str, Any]:
         """The last event with ``stream_options.include_usage``: no choices, the usage."""
-        return {**self._head(True), "choices": [], "usage": usage(done)}
+        return {**self._head(True), "choices": [], "usage": self.usage()}
 
-
-def usage(done: Done) -> dict[str, int]:
-    """Exact counts: the prompt's ids and the generated ids that make the text (an end-of-turn id not counted)."""
-    return {
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
-    }
+    def usage(self) -> dict[str, int]:
+        """Exact counts: each prompt's ids once (not once per choice), and every choice's generated ids that make
+        its text (an end-of-turn id not counted)."""
+        prompt = sum(len(p.ids) for p in self.request.prompts)
+        completion = sum(c.done.completion_tokens for c in self.choices if c.done is not None)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def model_entry(name: str, created: int) -> dict[str, Any]:
