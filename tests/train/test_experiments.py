@@ -7,6 +7,7 @@ import math
 import torch
 
 from oneblock.config import ModelConfig
+from oneblock.models.ablations import BlockStack
 from oneblock.train.experiments import norm_placement as npl
 from oneblock.train.experiments import residuals
 
@@ -14,8 +15,8 @@ from oneblock.train.experiments import residuals
 def test_no_skip_block_drops_only_the_residual():
     cfg = ModelConfig(arch="encoder", d_model=8, n_heads=2, n_layers=1, max_seq_len=4)
     torch.manual_seed(0)
-    with_skip = residuals.BlockStack(cfg, skip=True)
-    without = residuals.BlockStack(cfg, skip=False)
+    with_skip = BlockStack(cfg, skip=True)
+    without = BlockStack(cfg, skip=False)
     without.load_state_dict(with_skip.state_dict())
     x = torch.randn(2, 4, 8)
     block = with_skip.blocks[0]

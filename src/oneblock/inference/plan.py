@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.block import Block
+from oneblock.layers.fusion import SideBySide
 from oneblock.layers.rotary import apply_rotary
 from oneblock.models.decoder import Decoder
 
@@ -52,18 +53,6 @@ def heads_of_one_token(
     return q, k, v
 
 
-class _SideBySide(nn.Module):
-    """q, k and v as three products, concatenated: for projections that compute more than a weight (a LoRA
-    adapter on each), which one stacked matrix cannot reproduce."""
-
-    def __init__(self, parts: list[nn.Module]) -> None:
-        super().__init__()
-        self.parts = nn.ModuleList(parts)
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, T, C) -> (B, T, (H + 2 Hkv) Dh)
-        return torch.cat([part(x) for part in self.parts], dim=-1)
-
-
 def fused_qkv(attn: MultiHeadAttention) -> nn.Module:
     """One module computing q, k and v in one product: the model's own ``qkv_proj`` (``fuse_qkv``, a GGUF file's
     block matrix, ``quantize``'s), or one made for this generation, leaving the model as it is; projections that
@@ -72,7 +61,7 @@ def fused_qkv(attn: MultiHeadAttention) -> nn.Module:
         return attn.qkv_proj
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
     if not all(type(p) is nn.Linear for p in projections):
-        return _SideBySide(list(projections))
+        return SideBySide(list(projections))
     weight = torch.cat([p.weight.detach() for p in projections])  # ((H + 2 Hkv) Dh, C)
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=attn.q_proj.bias is not None, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)

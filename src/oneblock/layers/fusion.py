@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from oneblock.errors import ConfigError
 from oneblock.layers.quantized import BlockLinear
@@ -60,3 +60,16 @@ def split_linear(fused: nn.Module | None, sizes: Sequence[int], what: str) -> li
                 linear.bias.copy_(bias)
         parts.append(linear)
     return parts
+
+
+class SideBySide(nn.Module):
+    """Several layers that read the same input, run one after another and concatenated along the last axis: what
+    :func:`stack_linears` gives for layers that compute more than a weight (a LoRA adapter on each), which one
+    stacked matrix cannot reproduce."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: Tensor) -> Tensor:  # (..., K) -> (..., sum N_i)
+        return torch.cat([part(x) for part in self.parts], dim=-1)

@@ -27,35 +27,12 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import InputError
-from oneblock.layers.block import Block
-from oneblock.layers.state import AttentionState
+from oneblock.models.ablations import BlockStack
 from oneblock.models.build import init_weights
 
 FULL_DEPTHS = tuple(range(1, 49))
 QUICK_DEPTHS = (1, 2, 4, 8, 12, 24)
 TINY_EPS = 1e-12  # the third stack's norm epsilon (ModelConfig's default is 1e-5)
-
-
-class NoSkipBlock(Block):
-    """A pre-LN block with its residual connections removed: ``x = f(norm(x))`` for each sublayer."""
-
-    def forward(self, x: Tensor, state: AttentionState | None = None) -> Tensor:
-        x = self.drop(self.attn(self.attn_norm(x), state))
-        return self.drop(self.ffn(self.ffn_norm(x)))
-
-
-class BlockStack(nn.Module):
-    """``n_layers`` blocks and nothing else (no embeddings, no head): (B, T, C) -> (B, T, C)."""
-
-    def __init__(self, cfg: ModelConfig, *, skip: bool) -> None:
-        super().__init__()
-        kind = Block if skip else NoSkipBlock
-        self.blocks = nn.ModuleList(kind(cfg, causal=False) for _ in range(cfg.n_layers))
-
-    def forward(self, x: Tensor) -> Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 def filled_grad(t: Tensor) -> Tensor:
