@@ -14,14 +14,17 @@ llama-cpp-python takes a long build; without it these tests skip, except under C
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
+from llamacpp_testing import llama_cpp_windows
 
 from oneblock.adapters.apply import apply_lora, lora_modules, merge_lora
 from oneblock.adapters.gguf import save_gguf_adapter
 from oneblock.adapters.lora import LoraConfig
 from oneblock.adapters.peft import save_adapter
+from oneblock.inference.fidelity import fidelity, stepwise_logits, windows
 from oneblock.inference.generation import generate
 from oneblock.inference.load import load_model
 from oneblock.inference.smollm2 import smollm2_gguf_path
@@ -29,6 +32,8 @@ from oneblock.io.gguf.write import save_gguf
 from oneblock.io.gguf.writer import typed_metadata
 
 NEW = 32
+TEXT = Path(__file__).parent / "data" / "heldout.txt"
+WINDOW, WINDOWS = 128, 2  # the adapter's KL divergence: two held-out windows of 128 tokens
 B_SCALE = 0.2  # the adapter's B entries: big enough to change the continuation early, small enough to stay fluent
 
 
@@ -90,7 +95,7 @@ def run(tmp_path_factory):
     out = {
         "llama_cpp": llama_cpp, "source": source, "where": where, "prompt": prompt, "base": base_tokens,
         "adapted": adapted, "merged": _ours(model, prompt), "model": model, "tokenizer": tokenizer,
-        "base_f32": base_f32, "adapted_fast": adapted_fast,
+        "base_f32": base_f32, "adapted_fast": adapted_fast, "fast": fast,
     }  # fmt: skip
     return out
 
@@ -104,12 +109,45 @@ def test_llama_cpp_with_the_gguf_adapter_equals_oneblock_with_the_adapter(run):
     assert theirs == run["adapted"]
 
 
-def test_llama_cpp_on_the_4bit_file_with_the_adapter_starts_as_oneblocks_fast_path(run):
-    """On the Q4_1 file both engines round activations to 8 bits, each in its own order of operations, so near-ties
-    may resolve differently later in the continuation (docs/performance.md): the first greedy token is the same."""
-    adapter = run["where"] / "adapter.gguf"
-    theirs = _llama_cpp_greedy(run["llama_cpp"], run["source"], run["prompt"], lora_path=adapter)
-    assert theirs[0] == run["adapted_fast"][0]
+@pytest.fixture(scope="module")
+def adapter_kld(run):
+    """On the Q4_1 file both engines round activations to 8 bits, each in its own order of operations, so their
+    logits differ by what any two summation orders do (docs/performance.md). Measured as llama.cpp measures
+    quantization, over held-out windows fed token by token: the mean KL divergence from llama.cpp's distribution to
+    oneblock's, with the GGUF adapter (llama.cpp's ``lora_path``) and oneblock's 4-bit path with the same adapter
+    from peft's files, and without it. Both of oneblock's sides take the Python decoding step (a model with
+    adapters has no native step), so the adapter is the one difference."""
+    source, adapter = run["source"], run["where"] / "adapter.gguf"
+    parts = windows(run["tokenizer"].encode(TEXT.read_text()), WINDOW)[:WINDOWS]
+    base = load_model(source).model
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ONEBLOCK_NATIVE_STEP", "0")
+        without = fidelity(llama_cpp_windows(source, parts, stepwise=True), [stepwise_logits(base, w) for w in parts])
+        adapted = fidelity(
+            llama_cpp_windows(source, parts, stepwise=True, lora_path=adapter),
+            [stepwise_logits(run["fast"], w) for w in parts],
+        )
+    print(f"llama.cpp vs oneblock, Q4_1: KLD {without.kld:.5f} without the adapter, {adapted.kld:.5f} with it")
+    assert adapted.tokens == without.tokens >= WINDOWS * (WINDOW - 1)
+    return without, adapted
+
+
+def test_llama_cpp_on_the_4bit_file_with_the_adapter_stays_near_oneblock(adapter_kld):
+    """The adapter's tensors, names and scale reach llama.cpp's 4-bit path as they reach oneblock's: with it the two
+    engines stay within a small factor of their divergence without it (a wrong tensor or scale gives 10x or more)."""
+    without, adapted = adapter_kld
+    assert adapted.kld <= 1.5 * without.kld and adapted.top1 >= 0.9, (adapted, without)
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="not met: with the adapter the divergence is 1.30x the divergence without it on a Xeon (KLD 0.00476 "
+    "against 0.00366 over 254 tokens); a random adapter with B entries of 0.2 makes the model more sensitive to "
+    "the rounding of activations",
+)
+def test_llama_cpp_on_the_4bit_file_with_the_adapter_is_as_close_to_oneblock_as_without_it(adapter_kld):
+    without, adapted = adapter_kld
+    assert adapted.kld <= without.kld, (adapted, without)
 
 
 def test_merged_f32_gguf_in_llama_cpp_equals_oneblock_merged(run):

@@ -19,45 +19,22 @@ Without llama-cpp-python the tests skip with a message; under ``CI=true`` they f
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from llamacpp_testing import llama_cpp_module, llama_cpp_windows
 
 from oneblock.inference.fidelity import fidelity, full_logits, stepwise_logits, windows
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oneblock's side; llama.cpp keeps its 2 threads
 TEXT = Path(__file__).parent / "data" / "heldout.txt"
 WINDOW = 256
-F32 = 0  # GGML_TYPE_F32
-
-
-def _llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError:
-        message = "llama-cpp-python is not installed (make test builds it into the venv); the reference is missing"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return llama_cpp
-
-
-def llama_cpp_logits(llm, window: list[int], *, stepwise: bool) -> torch.Tensor:
-    """llama.cpp's logits (W - 1, V) predicting ``window[1:]``: one token per decode call, or the window at once."""
-    llm.reset()
-    if stepwise:
-        for token in window[:-1]:
-            llm.eval([token])
-    else:
-        llm.eval(window[:-1])
-    return torch.tensor(llm.scores[: len(window) - 1]).float()
 
 
 @pytest.fixture(scope="module")
 def figures(tmp_path_factory):
-    llama_cpp = _llama_cpp()
+    llama_cpp_module()
     from oneblock.cli.main import main
     from oneblock.inference.smollm2 import load_smollm2, smollm2_gguf_path
 
@@ -67,22 +44,13 @@ def figures(tmp_path_factory):
     parts = windows(tokenizer.encode(TEXT.read_text()), WINDOW)
     reference = [full_logits(exact, w) for w in parts]
 
-    def llama(model_path: Path, stepwise: bool) -> list[torch.Tensor]:
-        llm = llama_cpp.Llama(
-            model_path=str(model_path), n_ctx=WINDOW, n_batch=WINDOW, n_threads=2, n_threads_batch=2,
-            logits_all=True, type_k=F32, type_v=F32, verbose=False,
-        )  # fmt: skip
-        try:
-            return [llama_cpp_logits(llm, w, stepwise=stepwise) for w in parts]
-        finally:
-            llm.close()
-
     f32 = tmp_path_factory.mktemp("f32") / "smollm2-f32.gguf"
     assert main(["convert", str(path), str(f32), "--to", "gguf", "--type", "f32"]) == 0
     figures = {
         "oneblock": fidelity(reference, [stepwise_logits(quantized, w) for w in parts]),
-        "llama.cpp": fidelity(reference, llama(path, stepwise=True)),
-        "llama.cpp f32": fidelity(reference, llama(f32, stepwise=False)),  # float32 products: no rounding to follow
+        "llama.cpp": fidelity(reference, llama_cpp_windows(path, parts, stepwise=True)),
+        # float32 products have no rounding for the decode path to change: one pass per window
+        "llama.cpp f32": fidelity(reference, llama_cpp_windows(f32, parts, stepwise=False)),
         "oneblock f32 stepwise": fidelity(reference[:1], [stepwise_logits(exact, parts[0])]),
     }
     for name, f in figures.items():
