@@ -134,7 +134,7 @@ def adapter_kld(run):
 
 def test_llama_cpp_on_the_4bit_file_with_the_adapter_stays_near_oneblock(adapter_kld):
     """The adapter's tensors, names and scale reach llama.cpp's 4-bit path as they reach oneblock's: with it the two
-    engines stay within a small factor of their divergence without it (a wrong tensor or scale gives 10x or more)."""
+    engines stay within a small factor of their divergence without it, and rank the same token first nearly always."""
     without, adapted = adapter_kld
     assert adapted.kld <= 1.5 * without.kld and adapted.top1 >= 0.9, (adapted, without)
 
