@@ -18,7 +18,14 @@ from torch import Tensor
 from oneblock.errors import InputError
 from oneblock.kernels.fallback import GEMM_ROWS
 from oneblock.kernels.formats import FORMATS, INTERLEAVED, QK, BlockFormat, get_format
-from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, deinterleave, interleave, interleaved_format
+from oneblock.kernels.interleave import (
+    GROUP_ROWS,
+    can_interleave,
+    deinterleave,
+    interleave,
+    interleave_parts,
+    interleaved_format,
+)
 from oneblock.kernels.ops import backend
 from oneblock.kernels.quantize import quantize_rows
 
@@ -34,6 +41,7 @@ __all__ = [
     "deinterleave",
     "dequantize",
     "interleave",
+    "interleave_parts",
     "interleaved_format",
     "quantize",
 ]
