@@ -7,7 +7,9 @@ round, each reading the same file (``SmolLM2-135M-Instruct.Q4_1.gguf`` of the ``
 continuing the same 64-token prompt by 128 greedy tokens (quick: 32) on the same number of threads. Figures are
 medians over rounds: decode tokens/s, prefill tokens/s, seconds from process start to the first and to the last
 token (the whole-process wall time), and peak resident memory. transformers dequantizes the whole file at every
-start (tens of seconds), so it runs in the first round only.
+start (tens of seconds), so it runs in the first round only. Every round also starts ``python -c "import torch"``
+(``cold_run.py torch``): its peak RSS, measured in the same run, is what torch alone holds, and oneblock's peak
+minus it is what oneblock adds (the figure to set beside llama.cpp's).
 
 llama.cpp is llama-cpp-python (``make bench-llamacpp`` builds it); without it the comparison says so and goes on.
 ``bench.py`` runs this file as its ``smollm2`` section.
@@ -66,7 +68,7 @@ def bench_smollm2(*, quick: bool = False, rounds: int | None = None, new: int | 
     model = smollm2_gguf_path()
     new = new or (32 if quick else 128)
     rounds = rounds or (2 if quick else 3)
-    engines = ["oneblock", "oneblock-exact"] + (["llama.cpp"] if llamacpp_installed() else [])
+    engines = ["oneblock", "oneblock-exact", "torch"] + (["llama.cpp"] if llamacpp_installed() else [])
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*engines, "transformers"]}
     for r in range(rounds):
         order = engines[r % len(engines) :] + engines[: r % len(engines)]
@@ -74,15 +76,22 @@ def bench_smollm2(*, quick: bool = False, rounds: int | None = None, new: int | 
             order.append("transformers")
         for name in order:
             runs[name].append(cold(name, model, new, threads))
+    torch_alone = runs.pop("torch")
     median = {
         name: {key: statistics.median(run[key] for run in values) for key in _FIGURES}
         for name, values in runs.items()
         if values
     }
     same = {name: values[0]["ids"] == runs["oneblock-exact"][0]["ids"] for name, values in runs.items() if values}
+    torch_rss = statistics.median(run["peak_rss_bytes"] for run in torch_alone)
     out: dict[str, Any] = {
         "file": model.name, "new_tokens": new, "prompt_tokens": 64, "threads": threads, "rounds": rounds,
         "median": median, "same_tokens_as_oneblock_exact": same, "llama_cpp": llamacpp_installed(),
+        "import_torch": {
+            "peak_rss_bytes": torch_rss,
+            "import_seconds": statistics.median(run["import_seconds"] for run in torch_alone),
+        },
+        "over_torch_rss_bytes": {name: m["peak_rss_bytes"] - torch_rss for name, m in median.items()},
     }  # fmt: skip
     if "llama.cpp" in median:
         ours, theirs = median["oneblock"], median["llama.cpp"]
@@ -90,6 +99,7 @@ def bench_smollm2(*, quick: bool = False, rounds: int | None = None, new: int | 
             "decode": ours["decode_tokens_per_second"] / theirs["decode_tokens_per_second"],
             "wall": ours["last_token_seconds"] / theirs["last_token_seconds"],
             "rss": ours["peak_rss_bytes"] / theirs["peak_rss_bytes"],
+            "rss_over_torch": out["over_torch_rss_bytes"]["oneblock"] / theirs["peak_rss_bytes"],
             "prefill": ours["prefill_tokens_per_second"] / theirs["prefill_tokens_per_second"],
             "first_token": ours["first_token_seconds"] / theirs["first_token_seconds"],
         }
@@ -124,14 +134,20 @@ def report(result: dict[str, Any]) -> str:
         lines.append("  llama.cpp: skipped, llama-cpp-python is not installed (make bench-llamacpp builds it)")
     lines.append(
         f"  {'engine':15s} {'decode tok/s':>12s} {'prefill tok/s':>13s} {'1st token s':>11s} {'last token s':>12s} "
-        f"{'load s':>7s} {'peak RSS MB':>11s}  same tokens"
+        f"{'load s':>7s} {'peak RSS MB':>11s} {'- torch MB':>10s}  same tokens"
     )
     for name, m in result["median"].items():
         lines.append(
             f"  {name:15s} {m['decode_tokens_per_second']:12.1f} {m['prefill_tokens_per_second']:13.1f} "
             f"{m['first_token_seconds']:11.2f} {m['last_token_seconds']:12.2f} {m['load_seconds']:7.2f} "
-            f"{m['peak_rss_bytes'] / 1e6:11.0f}  {result['same_tokens_as_oneblock_exact'][name]}"
+            f"{m['peak_rss_bytes'] / 1e6:11.0f} {result['over_torch_rss_bytes'][name] / 1e6:10.0f}  "
+            f"{result['same_tokens_as_oneblock_exact'][name]}"
         )
+    alone = result["import_torch"]
+    lines.append(
+        f"  {'import torch':15s} peak RSS {alone['peak_rss_bytes'] / 1e6:.0f} MB, {alone['import_seconds']:.2f} s from "
+        "process start (python -c 'import torch', same rounds; '- torch' above is a peak minus this one)"
+    )
     for row in targets(result):
         lines.append(
             f"  {'met ' if row['met'] else 'MISS'}  {row['target']:60s} x{row['value']:.2f}  "

@@ -3,10 +3,12 @@
     python benchmarks/cold_run.py ENGINE MODEL.gguf --new 128 --threads 2 [--prompt-tokens 64]
 
 ENGINE is ``oneblock`` (the default fast path: 4-bit matrices as stored), ``oneblock-exact`` (every weight
-dequantized to float32), ``llama.cpp`` (llama-cpp-python) or ``transformers`` (``from_pretrained(gguf_file=)``,
-which dequantizes to float32). Every engine continues the same text, cut to the same number of its own tokens,
-greedily, never stopping at end-of-text. Times count from the moment the operating system started this process,
-so interpreter start-up and imports are included, as a user waiting for the 128th token sees them.
+dequantized to float32), ``llama.cpp`` (llama-cpp-python), ``transformers`` (``from_pretrained(gguf_file=)``,
+which dequantizes to float32) or ``torch`` (``import torch`` and nothing else: the floor under oneblock's memory
+and start-up, reported as ``peak_rss_bytes`` and ``import_seconds`` only). Every other engine continues the same
+text, cut to the same number of its own tokens, greedily, never stopping at end-of-text. Times count from the
+moment the operating system started this process, so interpreter start-up and imports are included, as a user
+waiting for the 128th token sees them.
 
 Figures: ``load_seconds`` (model and tokenizer), ``first_token_seconds`` and ``last_token_seconds`` (from
 process start), ``prefill_tokens_per_second``, ``decode_tokens_per_second`` (the tokens after the first, over the
@@ -52,6 +54,13 @@ def run_oneblock(path: str, prompt_tokens: int, new: int, exact: bool) -> dict:
     stamps: list[float] = []
     out = generate(loaded.model, ids, new, greedy=True, stream=lambda _: stamps.append(time.perf_counter()))
     return _figures(start, loaded_at, stamps, prompt_tokens, out[prompt_tokens:].tolist())
+
+
+def run_torch() -> dict:
+    """What ``python -c "import torch"`` holds: the part of oneblock's figures that is torch's own."""
+    import torch  # noqa: F401
+
+    return {"import_seconds": _since_start(), "peak_rss_bytes": peak_rss_bytes()}
 
 
 def run_llamacpp(path: str, prompt_tokens: int, new: int, threads: int) -> dict:
@@ -122,12 +131,15 @@ def _figures(start: float, loaded_at: float, stamps: list[float], prompt_tokens:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("engine", choices=("oneblock", "oneblock-exact", "llama.cpp", "transformers"))
-    parser.add_argument("model", help="the .gguf file")
+    parser.add_argument("engine", choices=("oneblock", "oneblock-exact", "llama.cpp", "transformers", "torch"))
+    parser.add_argument("model", help="the .gguf file (read by every engine but torch)")
     parser.add_argument("--new", type=int, default=128, help="greedy tokens to make (default 128)")
     parser.add_argument("--prompt-tokens", type=int, default=64, help="prompt length in tokens (default 64)")
     parser.add_argument("--threads", type=int, default=2, help="threads (default 2)")
     args = parser.parse_args()
+    if args.engine == "torch":
+        print(json.dumps(run_torch()))
+        return 0
     if args.engine.startswith("oneblock") or args.engine == "transformers":
         import torch
 

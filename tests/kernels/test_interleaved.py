@@ -4,6 +4,7 @@ independent of M, NaN kept in its row, and every path of the ops agreeing with t
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -15,6 +16,7 @@ from oneblock.errors import InputError
 from oneblock.kernels import fallback, ops, reference
 from oneblock.kernels.formats import FORMATS
 
+kernel_ops = importlib.import_module("oneblock.kernels.ops")  # the module, not the names kernels re-exports
 FMTS = ["q4_1", "q8_0"]
 SHAPES = [(1, 16, 32), (3, 48, 96), (5, 32, 160), (9, 64, 576)]  # M, N, K: nb 1, 3, 5, 18
 BIG = (2, 1024, 576)  # enough weight traffic for the threads to share it in chunks
@@ -208,3 +210,54 @@ def test_the_native_interleave_moves_the_bytes_the_reference_moves(fmt):
     g = torch.Generator().manual_seed(11)
     blocks = torch.randint(0, 256, (48, 7 * FORMATS[fmt].nbytes), dtype=torch.uint8, generator=g)
     assert torch.equal(interleave(blocks, fmt), interleave_reference(blocks, fmt))
+
+
+def _parts_case(fmt: str, case) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Three block matrices of one width (16 + 32 + 48 rows; the second a strided view of a wider tensor's rows)
+    and a permutation of their 96 stacked rows."""
+    parts = [case(fmt, 1, n, 96, seed=n)[1] for n in (16, 32, 48)]
+    wide = torch.cat([parts[1], parts[1]], dim=1)  # (32, 2 * row_bytes)
+    parts[1] = wide[:, : parts[0].shape[1]]  # rows `row_bytes` long, `2 * row_bytes` apart
+    return parts, torch.randperm(96, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("path", ["native", "torch"])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_interleave_parts_is_the_interleaved_layout_of_the_reordered_stack(fmt, path, case, monkeypatch):
+    if path == "native" and not _native():
+        pytest.skip("the C++ kernels did not build here")
+    if path == "torch":
+        monkeypatch.setattr(kernel_ops, "backend", lambda: "torch")
+    parts, order = _parts_case(fmt, case)
+    stacked = torch.cat(parts)
+    for index in (None, order):
+        expected = numpy_interleave((stacked if index is None else stacked[index]).numpy(), fmt)
+        ours = kernels.interleave_parts(parts, fmt, index)
+        np.testing.assert_array_equal(ours.numpy(), expected)
+        assert ours.data_ptr() not in {p.data_ptr() for p in parts}  # new bytes, the parts untouched
+
+
+@native
+def test_interleave_parts_op_refuses_an_index_outside_the_stack(case):
+    parts, order = _parts_case("q8_0", case)
+    order[5] = 96
+    with pytest.raises(RuntimeError, match=r"order\[5\] = 96 is outside the 96 stacked rows"):
+        torch.ops.oneblock.interleave_parts(parts, order, FORMATS["q8_0"].ggml_type)
+
+
+def test_interleave_parts_refuses_what_it_cannot_hold(case):
+    parts, order = _parts_case("q4_1", case)
+    with pytest.raises(InputError, match="needs at least one matrix"):
+        kernels.interleave_parts([], "q4_1")
+    with pytest.raises(InputError, match="of one width"):
+        kernels.interleave_parts([parts[0], parts[0][:, :20]], "q4_1")
+    with pytest.raises(InputError, match="multiple of 16 rows in all; got q4_1 with 40 rows"):
+        kernels.interleave_parts([parts[0], parts[2][:24]], "q4_1")
+    with pytest.raises(InputError, match="multiple of 16 rows in all; got q4_0"):
+        kernels.interleave_parts([case("q4_0", 1, 16, 64)[1]], "q4_0")
+    with pytest.raises(InputError, match=r"order must be \(96,\) int64 indexes of the stacked rows \(0..95\)"):
+        kernels.interleave_parts(parts, "q4_1", order[:50])
+    with pytest.raises(InputError, match=r"order must be \(96,\) int64"):
+        kernels.interleave_parts(parts, "q4_1", order.to(torch.int32))
+    with pytest.raises(InputError, match=r"order must be \(96,\) int64"):
+        kernels.interleave_parts(parts, "q4_1", order - 1)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from oneblock.errors import ConfigError
 from oneblock.kernels import build, cpu, ops
@@ -81,3 +83,25 @@ def test_an_unwritable_cache_falls_back_with_one_line(tmp_path):
     assert done.stdout.split() == ["torch", "True"]
     notes = [line for line in done.stderr.splitlines() if "oneblock" in line]
     assert len(notes) == 1 and "ONEBLOCK_KERNELS=torch" in notes[0], done.stderr
+
+
+OPENMP_PROBE = """
+import json, re, torch
+from oneblock import kernels
+kernels.block_mm(torch.randn(2, 576), kernels.quantize(torch.randn(1024, 576), "q4_1x16"), "q4_1x16")
+with open("/proc/self/maps") as f:
+    print(json.dumps(sorted({line.split()[-1] for line in f if re.search(r"lib(g|i)omp", line)})))
+"""
+
+
+def test_the_library_runs_on_torchs_openmp_runtime_alone():
+    if ops.backend() == "torch":
+        pytest.skip("the C++ kernels did not build here")
+    assert "-fopenmp" in build.CFLAGS  # ATen's parallel_for, inlined into the library, is serial without it
+    done = _python(OPENMP_PROBE)
+    assert done.returncode == 0, done.stderr
+    runtimes = json.loads(done.stdout)  # the mapped OpenMP libraries: one runtime, one thread team
+    shipped = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+    assert len(runtimes) == 1, runtimes
+    if shipped:
+        assert Path(runtimes[0]).resolve() == shipped[0].resolve()

@@ -71,3 +71,51 @@ def test_build_decoder_is_build_model_for_a_decoder_config():
 def test_build_decoder_refuses_other_families(arch):
     with pytest.raises(ob.errors.ConfigError, match=re.escape(f"(arch='decoder'); got arch='{arch}'")):
         build_decoder(ob.ModelConfig(arch=arch))
+
+
+SKELETON_PROBE = """
+import json, sys, torch
+import oneblock as ob
+from oneblock.models.build import build_skeleton
+cfg = ob.ModelConfig(position="rope", norm="rmsnorm", ffn="swiglu", n_kv_heads=2)
+model = build_skeleton(cfg)
+print(json.dumps([sorted({str(t.device) for t in model.state_dict().values()}), "torch._dynamo" in sys.modules]))
+"""
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder-decoder"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_skeleton_is_the_model_in_shapes_only(arch, variant):
+    from oneblock.models.build import build_skeleton
+
+    model = build(arch, **variant)
+    skeleton = build_skeleton(model.config, dtype=torch.bfloat16)
+    assert type(skeleton) is type(model)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    assert {name: tuple(t.shape) for name, t in skeleton.state_dict().items()} == shapes
+    assert all(t.is_meta for t in [*skeleton.parameters(), *skeleton.buffers()])
+    assert {p.dtype for p in skeleton.parameters()} == {torch.bfloat16}
+    after = next(build(arch, **variant).parameters())  # the mode is gone: initialized as usual, reproducibly
+    assert torch.equal(after, next(model.parameters()))
+    assert after.std().item() == pytest.approx(0.02, rel=0.1)  # the token table: N(0, 0.02)
+
+
+def test_a_skeleton_runs_no_initializer():
+    """On the meta device an initializer (and the rotary tables' arithmetic) would run through PyTorch's Python
+    reference implementations, whose first use imports torch._dynamo: seconds at every start of a loader."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", SKELETON_PROBE],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": src},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [["meta"], False]

@@ -39,7 +39,7 @@ from oneblock import jsontext
 from oneblock.config import ModelConfig
 from oneblock.errors import CheckpointError, ConfigError
 from oneblock.io import files, integrity, limits
-from oneblock.models.build import Model, build_model
+from oneblock.models.build import Model, build_model, build_skeleton
 
 FORMAT = "oneblock-checkpoint"
 FORMAT_VERSION = 2  # 2: the digest covers the whole file; 1 covered the tensors only
@@ -132,8 +132,7 @@ def _check_loadable(path: Path, cfg: ModelConfig, tensors: Mapping[str, Tensor],
                 f"its config (n_layers={cfg.n_layers}, d_model={cfg.d_model}, vocab_size={cfg.vocab_size}) "
                 f"describes {counted:,} parameters, the model holds {held:,}"
             )
-        with torch.device("meta"):
-            skeleton = build_model(cfg, dtype=stored)
+        skeleton = build_skeleton(cfg, dtype=stored)
         expected = skeleton.state_dict()
         aliases = _aliases(skeleton, expected)
         _check_listing(name, listing, {key: expected[key] for key in set(aliases.values())})
@@ -186,8 +185,7 @@ def load(
         max_layers=max_layers,
     )
     try:
-        with torch.device("meta"):  # names, shapes and dtypes of the model, without allocating it
-            skeleton = build_model(cfg, dtype=stored)
+        skeleton = build_skeleton(cfg, dtype=stored)  # names, shapes and dtypes of the model, without allocating it
     except ConfigError as error:
         raise CheckpointError(f"{name} holds a config that cannot be built: {error}") from error
     expected = skeleton.state_dict()

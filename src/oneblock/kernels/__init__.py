@@ -19,7 +19,7 @@ from oneblock.errors import InputError
 from oneblock.kernels.fallback import GEMM_ROWS
 from oneblock.kernels.formats import FORMATS, INTERLEAVED, QK, BlockFormat, get_format
 from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, deinterleave, interleaved_format
-from oneblock.kernels.ops import backend, interleave
+from oneblock.kernels.ops import backend, interleave, interleave_parts
 from oneblock.kernels.quantize import quantize_rows
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "deinterleave",
     "dequantize",
     "interleave",
+    "interleave_parts",
     "interleaved_format",
     "quantize",
 ]

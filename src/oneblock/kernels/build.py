@@ -1,12 +1,12 @@
 """Building and loading the C++ library, once per source version, cached across processes.
 
-The library is compiled by ``torch.utils.cpp_extension.load`` (ninja, ``-O3``, no ``-march``: each vector
-function carries its own ``target`` attribute, so one build runs on any x86-64 CPU) into
-``$XDG_CACHE_HOME/oneblock/kernels/<hash>`` (default ``~/.cache``), the hash covering the sources, the flags and
-the torch and Python versions. A ``complete`` marker recording the library's SHA-256 is written after the first
-successful load; later processes that find it, and the library matching it, load the shared object directly,
-without asking the compiler or ninja anything. How a killed build and a damaged library are recovered from:
-:mod:`oneblock.kernels.cache`.
+The library is compiled by ``torch.utils.cpp_extension.load`` (ninja, ``-O3 -fopenmp``, linked to torch's own
+OpenMP runtime; no ``-march``: each vector function carries its own ``target`` attribute, so one build runs on any
+x86-64 CPU) into ``$XDG_CACHE_HOME/oneblock/kernels/<hash>`` (default ``~/.cache``), the hash covering the
+sources, the flags and the torch and Python versions. A ``complete`` marker recording the library's SHA-256 is
+written after the first successful load; later processes that find it, and the library matching it, load the
+shared object directly, without asking the compiler or ninja anything. How a killed build and a damaged library
+are recovered from: :mod:`oneblock.kernels.cache`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,24 @@ SOURCES = (
 )
 HEADERS = ("blocks.h", "interleaved.h", "dot.h", "dot_avx512.h", "dot_x16_avx512.h", "decode_step.h", "step_math.h")
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as
-# the NumPy reference (the vector paths call FMA explicitly).
-CFLAGS = ("-O3", "-ffp-contract=off")
+# the NumPy reference (the vector paths call FMA explicitly). -fopenmp: ATen's parallel_for, inlined from its
+# headers, runs on torch's thread team only when the including code is compiled with OpenMP (without it every
+# at::parallel_for here runs on the calling thread alone).
+CFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
+
+
+def openmp_ldflags() -> tuple[str, ...]:
+    """The OpenMP runtime to link: torch's own (its wheels ship ``torch/lib/libgomp*.so*``), by path.
+
+    A process must hold one OpenMP runtime: two would keep two thread teams, each sized by its own
+    ``omp_set_num_threads``, and oversubscribe the cores. Linked by path, the library records torch's runtime's
+    soname and the loader binds it to the copy libtorch_cpu already loaded; the link also fails here, at build
+    time, if the code needs an entry point torch's runtime lacks. A torch without its own copy is linked against the
+    system's (``-fopenmp``), the one such a torch uses.
+    """
+    lib = Path(torch.__file__).parent / "lib"
+    shipped = sorted(lib.glob("libgomp*.so*"))
+    return (str(shipped[0]),) if shipped else ("-fopenmp",)
 
 
 # What a build directory holds beyond ninja's files (see oneblock.kernels.cache); part of the hash, so that a
@@ -64,7 +80,7 @@ def build_directory() -> Path:
     digest = hashlib.sha256()
     for name in SOURCES + HEADERS:
         digest.update(name.encode() + b"\0" + (CSRC / name).read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join((*CFLAGS, *openmp_ldflags())).encode())
     digest.update(f"{torch.__version__} {sys.version_info[:2]}".encode())
     digest.update(LAYOUT.encode())
     return cache_root() / digest.hexdigest()[:16]
@@ -143,6 +159,7 @@ def _build(directory: Path) -> None:
             name=NAME,
             sources=[str(CSRC / name) for name in SOURCES],
             extra_cflags=list(CFLAGS),
+            extra_ldflags=list(openmp_ldflags()),
             build_directory=str(directory),
             is_python_module=False,
             verbose=False,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -26,7 +27,7 @@ from torch import Tensor
 from oneblock.errors import ConfigError, InputError
 from oneblock.kernels import fallback
 from oneblock.kernels.formats import BY_TYPE, FORMATS, QK
-from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, interleave_reference
+from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, interleave_reference, interleaved_format
 
 ENV = "ONEBLOCK_KERNELS"
 ISAS = ("scalar", "avx2", "avx512", "avx512_vnni")
@@ -173,3 +174,54 @@ def interleave(blocks: Tensor, fmt: str) -> Tensor:
     if backend() != "torch":
         return torch.ops.oneblock.interleave_rows(blocks, FORMATS[fmt].ggml_type)
     return interleave_reference(blocks, fmt)
+
+
+def interleave_parts(parts: Sequence[Tensor], fmt: str, order: Tensor | None = None) -> Tensor:
+    """The interleaved layout of ``torch.cat(parts)[order]``, written in one pass from the parts.
+
+    A loader stacks matrices that read the same input (q/k/v, gate/up) and puts rows back in another order
+    (:func:`oneblock.io.gguf.load.unpermute_rows`); here both happen while the bytes move into the interleaved
+    layout, straight from the parts (views of a memory-mapped file stay views until then): no stacked or reordered
+    copy in between.
+
+    Args:
+        parts: (N_i, nb * nbytes) uint8 block rows of format ``fmt``, each with contiguous rows, all as wide.
+        fmt: ``"q4_1"`` or ``"q8_0"``.
+        order: (N,) int64, N = sum of N_i: row i of the result is row ``order[i]`` of the stacked parts;
+            ``None`` keeps them in turn.
+
+    Returns:
+        (N, nb * nbytes) uint8 in the ``fmt + "x16"`` layout (a new tensor).
+
+    Raises:
+        InputError: no parts, parts of different widths or dtypes, no interleaved layout for ``fmt``, N not a
+            multiple of 16, or an ``order`` that is not N indexes of the stacked rows.
+    """
+    if not parts:
+        raise InputError("interleave_parts needs at least one matrix in parts; got none")
+    widths = {(p.dim(), p.shape[-1] if p.dim() else 0, p.dtype) for p in parts}
+    if len(widths) != 1 or parts[0].dim() != 2 or parts[0].dtype != torch.uint8:
+        raise InputError(
+            "interleave_parts needs 2-D uint8 parts of one width; got "
+            f"{[(tuple(p.shape), str(p.dtype)) for p in parts]}"
+        )
+    n = sum(p.shape[0] for p in parts)
+    if interleaved_format(fmt) is None or n % GROUP_ROWS:
+        raise InputError(
+            f"interleave_parts needs q4_1 or q8_0 parts with a multiple of {GROUP_ROWS} rows in all; got {fmt} with "
+            f"{n} rows. Stack them in the file's layout instead"
+        )
+    if order is not None and (
+        order.dtype != torch.int64
+        or tuple(order.shape) != (n,)
+        or (n and (int(order.min()) < 0 or int(order.max()) >= n))
+    ):
+        raise InputError(
+            f"order must be ({n},) int64 indexes of the stacked rows (0..{n - 1}); got {tuple(order.shape)} "
+            f"{order.dtype}"
+        )
+    if backend() != "torch":
+        rows = [p if p.shape[-1] <= 1 or p.stride(-1) == 1 else p.contiguous() for p in parts]
+        return torch.ops.oneblock.interleave_parts(rows, order, FORMATS[fmt].ggml_type)
+    stacked = torch.cat(list(parts))
+    return interleave_reference(stacked if order is None else stacked[order], fmt)

@@ -31,7 +31,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class RotaryEmbedding(nn.Module):
     """Cosine and sine tables for every position up to ``max_seq_len``, computed once in float32.
 
-    The tables are non-persistent buffers: they are derived from ``theta`` and never stored in a checkpoint.
+    The tables are non-persistent buffers: they are derived from ``theta`` and never stored in a checkpoint. Built
+    under ``torch.device("meta")`` they are empty meta tensors of the same shapes (on the meta device PyTorch would
+    compute even shapes through its Python reference implementations, at a cost of seconds the first time).
     """
 
     cos: Tensor  # (L, Dh)
@@ -41,6 +43,10 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.d_head = d_head
         self.theta = theta
+        if torch.get_default_device().type == "meta":  # a skeleton to load into: shapes only, nothing to compute
+            self.register_buffer("cos", torch.empty(max_seq_len, d_head), persistent=False)
+            self.register_buffer("sin", torch.empty(max_seq_len, d_head), persistent=False)
+            return
         inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
         t = torch.arange(max_seq_len, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)  # (L, Dh/2)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection
+from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError
@@ -56,6 +59,48 @@ def build_model(
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
     return model
+
+
+class _NoInit(TorchFunctionMode):
+    """Every ``torch.nn.init`` function, and the in-place fills and random draws, leave a meta tensor as it is.
+
+    A torch-function mode, like ``torch.device`` as a context manager: local to the calling thread. A tensor that
+    is not on the meta device is initialized as usual.
+    """
+
+    _SKIPPED = frozenset({torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.zero_, torch.Tensor.fill_})
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in self._SKIPPED:
+            target = kwargs.get("tensor", args[0] if args else None)
+            if isinstance(target, torch.Tensor) and target.is_meta:
+                return target
+        return func(*args, **kwargs)
+
+
+def build_skeleton(cfg: ModelConfig, *, dtype: torch.dtype | None = None) -> Model:
+    """The model ``cfg`` describes, its parameters on the meta device and never initialized: shapes only.
+
+    For a loader about to assign every tensor (``load_state_dict(assign=True)``): nothing is allocated, and no
+    initializer runs only to be overwritten (on the meta device each would still cost a trip through PyTorch's
+    Python reference implementations, and the first one imports ``torch._dynamo``, seconds at start-up).
+
+    Args:
+        cfg: the configuration.
+        dtype: the parameters' dtype (``None``: float32).
+
+    Returns:
+        As ``build_model``, with every parameter and buffer a meta tensor.
+    """
+    with torch.device("meta"), _NoInit():
+        return build_model(cfg, dtype=dtype)
 
 
 def build_decoder(

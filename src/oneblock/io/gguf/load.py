@@ -32,7 +32,7 @@ from oneblock.io.gguf.layout import GGUFLayout, TensorRecord, read_layout
 from oneblock.io.gguf.quantized import block_modules
 from oneblock.io.limits import check_model_size
 from oneblock.layers.rotary import RotaryEmbedding
-from oneblock.models.build import build_decoder
+from oneblock.models.build import build_skeleton
 from oneblock.models.decoder import Decoder
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -354,12 +354,13 @@ def _uninitialized(cfg: ModelConfig) -> Decoder:
     """The model with its parameters on the meta device: shapes only, no memory, no initialization.
 
     Every matrix is about to be replaced by the file's (``load_state_dict(assign=True)``), so nothing is allocated
-    only to be overwritten. The meta device is chosen through ``torch.device`` as a context manager, which is
-    local to the calling thread: a model built at the same time in another thread is initialized as usual. The
-    rotary tables are not in the file and are computed here, on the CPU.
+    or initialized only to be overwritten (``build_skeleton``; local to the calling thread: a model built at the
+    same time in another thread is initialized as usual). The rotary tables are not in the file and are computed
+    here, on the CPU.
     """
-    with torch.device("meta"):
-        model = build_decoder(cfg)
+    model = build_skeleton(cfg)
+    if not isinstance(model, Decoder):
+        raise ConversionError(f"a GGUF file describes a decoder; its config has arch={cfg.arch!r}")
     if model.rope is not None:
         model.rope = RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta)
     return model

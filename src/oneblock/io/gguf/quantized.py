@@ -8,11 +8,13 @@ up projections of the SwiGLU FFN as ``ffn.w13``, when the stacked matrices share
 a :class:`~oneblock.layers.quantized.BlockEmbedding`; tied to the head (SmolLM2's Q8_0 table), one buffer serves
 both the lookup and the head's product.
 
-Every q4_1 / q8_0 matrix with a multiple of 16 rows is then interleaved (``BlockLinear.interleave``: the rows
-16 at a time, the layout the vector kernels read fastest) into a copy, and its file pages released; a matrix that
-stays in the file's layout and needs no reordering stays a view of the memory-mapped file (its pages are the
-model's memory); the stacked and the query/key matrices, whose rows move (see
-:func:`oneblock.io.gguf.load.unpermute_rows`), are copied and their file pages released.
+Every q4_1 / q8_0 matrix (stacked or not) with a multiple of 16 rows is written once, straight from the mapped
+file, into the interleaved layout (the rows 16 at a time, the layout the vector kernels read fastest;
+:func:`oneblock.kernels.interleave_parts` stacks the parts and puts the query/key rows in ``rotate_half`` order,
+see :func:`oneblock.io.gguf.load.unpermute_rows`, in the same pass), and its file pages released: one copy of
+the bytes, none of them decoded. A matrix that stays in the file's layout and needs no reordering stays a view of
+the memory-mapped file (its pages are the model's memory); other stacked or reordered matrices are copied in the
+file's layout and their pages released.
 """
 
 from __future__ import annotations
@@ -38,34 +40,60 @@ def block_format(t: TensorRecord) -> str | None:
     return _BY_TYPE.get(t.ggml_type) if len(t.shape) == 2 else None
 
 
-def _rows(t: TensorRecord, fmt: str, cfg: ModelConfig, unpermute: Rows) -> Tensor:
-    """(N, bytes per row) uint8 of a block matrix, query/key rows in ``rotate_half`` order; its scales checked."""
+def _part(t: TensorRecord, fmt: str, cfg: ModelConfig, unpermute: Rows) -> tuple[Tensor, Tensor | None]:
+    """``(rows, order)`` of a block matrix: (N, bytes per row) uint8, a view of the mapped file, its scales checked;
+    and (N,) int64, the file's row for each ``rotate_half`` row of a query or key projection (``None`` for any other
+    matrix, whose rows stay in the file's order)."""
     spec = kernels.FORMATS[fmt]
     raw = t.checked_data().view(t.shape[0], -1)  # (N, K / 32 * nbytes): a view of the mapped file
-    blocks = raw.reshape(-1, spec.nbytes)  # (N K / 32, nbytes)
-    check_finite(t.name, blocks[:, :2].contiguous().view(torch.float16))  # d of every block
+    blocks = raw.reshape(-1, spec.nbytes)  # (N K / 32, nbytes), still a view
+    check_finite(t.name, blocks[:, :2].view(torch.float16))  # d of every block: a strided view, no copy
     if fmt == "q4_1":
-        check_finite(t.name, blocks[:, 2:4].contiguous().view(torch.float16))  # m
+        check_finite(t.name, blocks[:, 2:4].view(torch.float16))  # m
     if t.name.endswith(".attn_q.weight"):
-        return unpermute(raw, cfg.n_heads).contiguous()
-    if t.name.endswith(".attn_k.weight"):
-        return unpermute(raw, cfg.n_kv_heads).contiguous()
-    return raw
+        heads = cfg.n_heads
+    elif t.name.endswith(".attn_k.weight"):
+        heads = cfg.n_kv_heads
+    else:
+        return raw, None
+    n = t.shape[0]
+    return raw, unpermute(torch.arange(n).view(n, 1), heads).view(n)  # the rows' own permutation, as indexes
 
 
-def _stacked(
-    records: list[TensorRecord | None], cfg: ModelConfig, layout: GGUFLayout, unpermute: Rows
-) -> tuple[str, Tensor] | None:
-    """``(format, rows)``: the row-wise concatenation of matrices sharing one block format, or ``None``."""
-    present = [t for t in records if t is not None]
-    formats = {block_format(t) for t in present}
-    fmt = formats.pop() if len(formats) == 1 and len(present) == len(records) else None
-    if fmt is None:
-        return None
-    stacked = torch.cat([_rows(t, fmt, cfg, unpermute) for t in present])  # ((sum of N), bytes per row)
-    for t in present:
+def _interleavable(fmt: str, rows: int) -> bool:
+    """Whether rows of ``fmt`` go straight into the interleaved layout (the C++ kernels read it; PyTorch does not)."""
+    return (
+        kernels.interleaved_format(fmt) is not None and rows % kernels.GROUP_ROWS == 0 and kernels.backend() != "torch"
+    )
+
+
+def _matrix(
+    records: list[TensorRecord], fmt: str, cfg: ModelConfig, layout: GGUFLayout, unpermute: Rows
+) -> BlockLinear:
+    """The block matrix of ``records`` stacked row-wise (one record: that matrix), query/key rows reordered.
+
+    Interleavable rows are written once, from the mapped file into the interleaved layout
+    (:func:`oneblock.kernels.interleave_parts`), and the file's pages released; otherwise the stacked or reordered
+    rows are a copy in the file's layout, and a single matrix in the file's order stays a view of the file.
+    """
+    parts = [_part(t, fmt, cfg, unpermute) for t in records]
+    n = sum(rows.shape[0] for rows, _ in parts)
+    if _interleavable(fmt, n):
+        order, start = None, 0
+        if any(index is not None for _, index in parts):  # indexes into the stacked rows
+            steps = []
+            for rows, index in parts:
+                steps.append(start + (torch.arange(rows.shape[0]) if index is None else index))
+                start += rows.shape[0]
+            order = torch.cat(steps)
+        layer = BlockLinear(kernels.interleave_parts([rows for rows, _ in parts], fmt, order), f"{fmt}x16")
+    elif len(parts) == 1 and parts[0][1] is None:
+        return BlockLinear(parts[0][0], fmt)  # the file's pages are the model's memory
+    else:
+        layer = BlockLinear(torch.cat([rows if index is None else rows[index] for rows, index in parts]), fmt)
+    for t in records:
         layout.release(t)
-    return fmt, stacked
+    return layer
 
 
 def block_modules(
@@ -91,26 +119,25 @@ def block_modules(
     stacks = {"attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "ffn.w13": ("ffn_gate", "ffn_up")}
     for i in range(cfg.n_layers):
         for fused, parts in stacks.items():
-            records = [tensors.get(f"blk.{i}.{part}.weight") for part in parts]
-            stacked = _stacked(records, cfg, layout, unpermute)
-            if stacked is not None:
-                covered = [names[t.name] for t in records if t is not None]
-                layer = BlockLinear(stacked[1], stacked[0])
-                layer.interleave()
-                modules[f"blocks.{i}.{fused}"] = (layer, covered)
+            found = [tensors.get(f"blk.{i}.{part}.weight") for part in parts]
+            records = [t for t in found if t is not None]
+            formats = {block_format(t) for t in records}
+            fmt = formats.pop() if len(formats) == 1 and len(records) == len(found) else None
+            if fmt is not None:  # one format for all: stacked (rows hold whole blocks: the bytes concatenate)
+                modules[f"blocks.{i}.{fused}"] = (
+                    _matrix(records, fmt, cfg, layout, unpermute),
+                    [names[t.name] for t in records],
+                )
     done = {name for _, covered in modules.values() for name in covered}
     for t in tensors.values():
         fmt, name = block_format(t), names[t.name]
         if fmt is None or name in done:
             continue
         module = name.removesuffix(".weight")
-        blocks = _rows(t, fmt, cfg, unpermute)
         if module == "embed.tok" and not cfg.tie_embeddings:
-            modules[module] = (BlockEmbedding(blocks, fmt), [name])
+            modules[module] = (BlockEmbedding(_part(t, fmt, cfg, unpermute)[0], fmt), [name])
             continue
-        layer = BlockLinear(blocks, fmt)
-        if layer.interleave():
-            layout.release(t)  # the interleaved copy replaces the file's pages
+        layer = _matrix([t], fmt, cfg, layout, unpermute)
         if module == "embed.tok":  # tied: the head's buffer serves the lookup too
             modules[module] = (BlockEmbedding(layer.blocks, layer.fmt), [name])
             modules["lm_head"] = (layer, ["lm_head.weight"])

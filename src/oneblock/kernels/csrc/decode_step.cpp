@@ -37,8 +37,9 @@
 
 #include "decode_step.h"
 
-// The OpenMP runtime torch is linked with (libgomp), reached without compiling this library with -fopenmp; weak,
-// so a torch without it leaves the pointer null and the step runs on the calling thread.
+// The OpenMP runtime torch is linked with (libgomp; the library links the same one, see kernels/build.py), called
+// directly so that one region holds the whole step; weak, so a runtime without it leaves the pointer null and the
+// step runs on the calling thread.
 extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
     __attribute__((weak));
 
