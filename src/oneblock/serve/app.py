@@ -3,7 +3,7 @@
 * ``POST /v1/chat/completions`` and ``POST /v1/completions``: whole answers, or server-sent events
   (``data: {chunk}`` ... ``data: [DONE]``) with ``"stream": true``;
 * ``POST /v1/embeddings``: sentence embeddings from the embedding model, when one is loaded;
-* ``POST /tokenize`` and ``POST /detokenize``: llama.cpp's shapes, ``{"content": text}`` <-> ``{"tokens": [ids]}``;
+* ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``: llama.cpp's and vLLM's shapes (``tokens``);
 * ``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no key needed).
 
 Before any route, the guards of ``oneblock.web`` (the ``Host`` header, against DNS rebinding, on a loopback
@@ -39,7 +39,7 @@ def openai_error(status: int, message: str) -> bytes:
 
 
 class KeyCheck:
-    """Refuse (401) a request under ``/v1/`` (or to ``/tokenize``, ``/detokenize``) without
+    """Refuse (401) a request under ``/v1/`` (or to ``/tokenize``, ``/detokenize``, ``/tokenizer_info``) without
     ``Authorization: Bearer KEY`` when a key is set."""
 
     def __init__(self, app: ASGIApp, *, api_key: str | None) -> None:
@@ -57,7 +57,7 @@ class KeyCheck:
 
 def _keyed(path: str) -> bool:
     """Whether a path needs the key: the API under ``/v1/`` and llama.cpp's ``/tokenize`` and ``/detokenize``."""
-    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/tokenizer_info")
 
 
 def create_app(
@@ -93,6 +93,7 @@ def create_app(
         Route("/v1/models/{name:path}", service.model, methods=["GET"]),
         Route("/tokenize", service.tokenize, methods=["POST"]),
         Route("/detokenize", service.detokenize, methods=["POST"]),
+        Route("/tokenizer_info", service.tokenizer_info, methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
     ]
     guards = [Middleware(KeyCheck, api_key=api_key), Middleware(JSONOnly, shape=openai_error)]

@@ -26,15 +26,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.embedding import SentenceEncoder
 from oneblock.serve.engine import CacheFull, Done, Engine, Event, Failed, Job, QueueFull, Stopping
-from oneblock.serve.protocol import (
-    ApiError,
-    Request,
-    parse_completion,
-    parse_detokenize,
-    parse_embeddings,
-    parse_tokenize,
-)
+from oneblock.serve.protocol import ApiError, Request, parse_completion, parse_embeddings
 from oneblock.serve.responses import Answer, embeddings_body, model_entry
+from oneblock.serve.tokens import parse_detokenize, parse_tokenize, tokenizer_info
 from oneblock.web.body import BODY_SECONDS, BadField, BodyTooLarge, BodyTooSlow, parse_json, read_body
 from oneblock.web.gate import Busy, Gate, Gone
 
@@ -225,16 +219,18 @@ class Service:
         return JSONResponse(body)
 
     async def tokenize(self, request: HTTPRequest) -> Response:
-        """llama.cpp's ``POST /tokenize``: ``{"content": text}`` to ``{"tokens": [ids]}`` (no chat template)."""
-        tokenizer = self.engine.tokenizer
-        return await self._tokens(request, lambda body: {"tokens": parse_tokenize(body, tokenizer)})
+        """``POST /tokenize``: llama.cpp's ``{"content": text}`` or vLLM's ``{"prompt": text}`` to the ids."""
+        engine = self.engine
+        return await self._tokens(request, lambda body: parse_tokenize(body, engine.tokenizer, engine.context))
 
     async def detokenize(self, request: HTTPRequest) -> Response:
-        """llama.cpp's ``POST /detokenize``: ``{"tokens": [ids]}`` to ``{"content": text}``."""
+        """``POST /detokenize``: ``{"tokens": [ids]}`` to ``{"content": text, "prompt": text}``."""
         engine = self.engine
-        return await self._tokens(
-            request, lambda body: {"content": parse_detokenize(body, engine.tokenizer, engine.vocab)}
-        )
+        return await self._tokens(request, lambda body: parse_detokenize(body, engine.tokenizer, engine.vocab))
+
+    async def tokenizer_info(self, request: HTTPRequest) -> Response:
+        """vLLM's ``GET /tokenizer_info``: the special tokens, the chat template, the context."""
+        return JSONResponse(tokenizer_info(self.engine.tokenizer, self.engine.context))
 
     async def _tokens(self, request: HTTPRequest, work: Callable[[Any], dict[str, Any]]) -> Response:
         try:

@@ -1,5 +1,5 @@
-"""OpenAI's API as the server speaks it: a completion request checked into a ``Request``, an embeddings request,
-and llama.cpp's ``/tokenize`` and ``/detokenize``.
+"""OpenAI's API as the server speaks it: a completion request checked into a ``Request``, and an embeddings
+request (``/tokenize`` and ``/detokenize`` are ``tokens``'s).
 
 Every field is honoured, accepted because its value asks for nothing, or refused by name (``fields``); every
 refusal is an ``ApiError`` in OpenAI's shape (``checks``).
@@ -238,38 +238,3 @@ def parse_embeddings(body: Any) -> tuple[str, list[str], str]:
     if encoding not in ("float", "base64"):
         raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64'; got {shown(encoding)}")
     return model, texts, encoding
-
-
-def parse_tokenize(body: Any, tokenizer: Tokenizer) -> list[int]:
-    """llama.cpp's ``/tokenize``: ``{"content": text}`` to the ids the server would read (no chat template).
-
-    Raises:
-        ApiError: 400 for a body without a string ``content`` or with any other field.
-    """
-    if not isinstance(body, dict) or not isinstance(body.get("content"), str):
-        raise bad("content", f'the body must be {{"content": text}}; got {shown(body)}')
-    for name in body:
-        if name != "content":
-            raise bad(name, f"'{name}' is not supported by this server's /tokenize (only 'content'); leave it out")
-    try:
-        return tokenizer.encode(text("content", body["content"]))
-    except InputError as error:
-        raise bad("content", str(error)) from None
-
-
-def parse_detokenize(body: Any, tokenizer: Tokenizer, vocab: int) -> str:
-    """llama.cpp's ``/detokenize``: ``{"tokens": [ids]}`` to their text.
-
-    Raises:
-        ApiError: 400 for a body without a list of ids in ``[0, vocab)`` or with any other field.
-    """
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    if not isinstance(tokens, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in tokens):
-        raise bad("tokens", f'the body must be {{"tokens": [token ids]}}; got {shown(body)}')
-    for name in body:
-        if name != "tokens":
-            raise bad(name, f"'{name}' is not supported by this server's /detokenize (only 'tokens'); leave it out")
-    outside = [i for i in tokens if not 0 <= i < vocab]
-    if outside:
-        raise bad("tokens", f"'tokens' holds id {shown(outside[0])}, outside the vocabulary [0, {vocab})")
-    return tokenizer.decode(tokens)
