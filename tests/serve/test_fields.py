@@ -28,6 +28,8 @@ def client(running) -> openai.OpenAI:
 class NoEmbedder:
     """Stands for the embedding model: these requests are refused before anything is embedded."""
 
+    dim = 8
+
     def tokenize(self, texts):
         raise AssertionError("not reached")
 

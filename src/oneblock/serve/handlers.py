@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.embedding import SentenceEncoder
 from oneblock.serve.engine import CacheFull, Done, Engine, Event, Failed, Job, QueueFull, Stopping
-from oneblock.serve.protocol import ApiError, Request, parse_completion, parse_embeddings
+from oneblock.serve.protocol import ApiError, Request, check_window, parse_completion, parse_embeddings
 from oneblock.serve.responses import Answer, embeddings_body, model_entry
 from oneblock.serve.tokens import parse_detokenize, parse_tokenize, tokenizer_info
 from oneblock.web.body import BODY_SECONDS, BadField, BodyTooLarge, BodyTooSlow, parse_json, read_body
@@ -198,7 +198,7 @@ class Service:
                 raise ApiError(404, "this server has no embedding model; start it with --embedding-model minilm",
                                code="model_not_found")  # fmt: skip
             raw = await read_body(request, self.limits.max_body, seconds=self.limits.body_seconds)
-            name, texts, encoding = await run_in_threadpool(lambda: parse_embeddings(parse_json(raw)))
+            name, texts, encoding = await run_in_threadpool(lambda: parse_embeddings(parse_json(raw), embedder.dim))
             if len(texts) > self.limits.max_inputs:
                 raise ApiError(
                     400, f"'input' holds {len(texts)} texts; the limit is {self.limits.max_inputs}", param="input"
@@ -337,6 +337,10 @@ def _failure(event: Failed) -> ApiError:
 
 
 def _embed(embedder: SentenceEncoder, name: str, texts: list[str], encoding: str) -> Any:
-    tokens = sum(len(ids) for ids in embedder.tokenize(texts))
+    """Under the embedding gate (the tokenizer's truncation setting is shared): refuse a text longer than the
+    model's window, then embed."""
+    lengths = embedder.lengths(texts)
+    check_window(texts, lengths, embedder.max_length)
+    tokens = sum(lengths)
     vectors = embedder.encode(texts)  # (N, C), L2-normalized: what ob.embed returns
     return embeddings_body(name, vectors, encoding, tokens)

@@ -23,6 +23,7 @@ __all__ = ["CHATML", "ApiError", "Prompt", "Request", "bad", "parse_completion",
 MAX_STOP = 4  # OpenAI's limit on stop strings
 MAX_N = 16  # choices per prompt
 MAX_MODEL_CHARS = 256  # the name is echoed in every chunk of a stream; OpenAI's own ids are under 64
+EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 
 
 @dataclass(frozen=True)
@@ -219,22 +220,58 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(text("stop", s) for s in stops)
 
 
-def parse_embeddings(body: Any) -> tuple[str, list[str], str]:
+def parse_embeddings(body: Any, dim: int | None = None) -> tuple[str, list[str], str]:
     """``(model, texts, encoding_format)`` of an embeddings request.
 
+    Args:
+        body: the decoded JSON.
+        dim: the embedding model's width C; ``dimensions`` is accepted only equal to it.
+
     Raises:
-        ApiError: 400 for a missing model, an input that is not a string or a list of strings, or an unknown
-            encoding format.
+        ApiError: 400 for a missing model, an input that is not a string or a list of non-empty strings, an
+            unknown encoding format, a ``dimensions`` other than the model's width, or any other field.
     """
     if not isinstance(body, dict):
         raise bad("body", f"the request body must be a JSON object; got {type(body).__name__}")
     model = _model(body, "this server embeds with its embedding model")
+    for name in body:
+        if name not in EMBEDDING_FIELDS:
+            raise bad(name, f"'{name}' is not supported by this server's /v1/embeddings; leave it out")
     texts = body.get("input")
     texts = [texts] if isinstance(texts, str) else texts
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise bad("input", "'input' must be a string or a non-empty list of strings (token ids are not accepted)")
     texts = [text("input", t, f"input[{i}]") for i, t in enumerate(texts)]
+    empty = [i for i, t in enumerate(texts) if not t]
+    if empty:
+        where = "input" if isinstance(body["input"], str) else f"input[{empty[0]}]"
+        raise bad("input", f"'{where}' is an empty string; every input needs text to embed")
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
         raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64'; got {shown(encoding)}")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad("user", f"'user' must be a string; got {shown(user)}")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (isinstance(dimensions, bool) or dimensions != dim):
+        raise bad(
+            "dimensions", f"'dimensions' must equal the embedding model's width ({dim}) or be left out; got "
+            f"{shown(dimensions)}: the model was not trained for shortened vectors (Matryoshka), so cutting them "
+            "would lose accuracy silently",
+        )  # fmt: skip
     return model, texts, encoding
+
+
+def check_window(texts: list[str], lengths: list[int], window: int) -> None:
+    """Refuse a text longer than the embedding model's window, which would otherwise be cut silently.
+
+    Raises:
+        ApiError: 400 naming the first such input, its length and the window.
+    """
+    for i, length in enumerate(lengths):
+        if length > window:
+            where = "input" if len(texts) == 1 else f"input[{i}]"
+            raise bad(
+                "input", f"'{where}' is {length} tokens; the embedding model reads at most {window} (special tokens "
+                "included); shorten it or split it", code="context_length_exceeded",
+            )  # fmt: skip
