@@ -27,15 +27,15 @@ COMMON = frozenset({
 })  # fmt: skip
 KNOWN = {
     "chat": COMMON | {"messages", "top_logprobs", "tools", "tool_choice"},
-    "text": COMMON | {"prompt", "echo", "best_of", "suffix"},
+    "text": COMMON | {"prompt", "echo", "best_of", "suffix", "grammar"},
 }
 # Fields other servers know, refused here with the reason (anything else gets the generic message).
 REFUSED = {
     "functions": "the deprecated function calling is not implemented",
     "function_call": "the deprecated function calling is not implemented",
     "parallel_tool_calls": "tool calling is not implemented",
-    "grammar": "a grammar field is not read (its dialect, GBNF or Lark, is ambiguous); send OpenAI's "
-    "'response_format' with a JSON schema",
+    "grammar": "a Lark grammar is read on /v1/completions only; on a chat send OpenAI's 'response_format' with "
+    "a JSON schema",
     "json_schema": "llama.cpp's json_schema field is not read; send OpenAI's 'response_format': {'type': "
     "'json_schema', 'json_schema': {'schema': ...}}",
     "n_probs": "llama.cpp's n_probs is not read; send OpenAI's 'logprobs' (and 'top_logprobs' on a chat)",

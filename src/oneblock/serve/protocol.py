@@ -40,7 +40,8 @@ class Request:
         sampling, stop, stream: as sent; ``include_usage`` from ``stream_options``.
         logprobs: alternatives to report per token (``None``: no log-probabilities).
         echo: the prompt's text (and, with ``logprobs``, its log-probabilities) starts each choice.
-        constraint: the grammar of ``response_format`` (``json_object``, ``json_schema``), or ``None``.
+        constraint: the grammar of ``response_format`` (``json_object``, ``json_schema``) or of ``grammar`` (Lark),
+            or ``None``.
     """
 
     kind: Literal["chat", "text"]
@@ -110,6 +111,10 @@ def parse_completion(
         max_new.append(min(default_max if requested is None else requested, room))
     stop = _stop(body)
     constraint = _response_format(body.get("response_format"), tokenizer)
+    if body.get("grammar") is not None:
+        if constraint is not None:
+            raise bad("grammar", "'grammar' and a JSON 'response_format' each constrain the answer; send one of them")
+        constraint = _grammar(body["grammar"], tokenizer)
     return Request(
         kind, model, prompts, n, max_new, settings, stop, stream, include_usage, logprobs, echo, constraint
     )  # fmt: skip
@@ -149,6 +154,26 @@ def _response_format(value: Any, tokenizer: Tokenizer) -> Constraint | None:
         return Constraint.from_response_format(tokenizer, value, eos_ids=[eos] if isinstance(eos, int) else None)
     except InputError as error:
         raise bad("response_format", f"'response_format' cannot be served: {error}") from None
+
+
+def _grammar(value: Any, tokenizer: Tokenizer) -> Constraint:
+    """The ``grammar`` extension: a Lark grammar in llguidance's dialect (``start`` is the start rule; terminals
+    may be ``/regex/``), compiled against the vocabulary; the answer ends with the end-of-text token."""
+    if not isinstance(value, str) or not value.strip():
+        raise bad(
+            "grammar", f"'grammar' must be a Lark grammar (a non-empty string with a 'start' rule); got {shown(value)}"
+        )
+    eos = getattr(tokenizer, "eos_id", None)
+    if not isinstance(eos, int):
+        name = getattr(tokenizer, "name", type(tokenizer).__name__)
+        raise bad(
+            "grammar", f"'grammar' cannot be served: a constrained answer ends with the model's end-of-text token, "
+            f"and this model's tokenizer ({name!r}) has none",
+        )  # fmt: skip
+    try:
+        return Constraint.lark(tokenizer, text("grammar", value), eos_ids=[eos])
+    except InputError as error:
+        raise bad("grammar", f"'grammar' cannot be served: {error}") from None
 
 
 def _model(body: Mapping[str, Any], answered: str) -> str:
