@@ -318,13 +318,14 @@ async def stream(answer: Answer, jobs: list[Job], events: Events) -> AsyncIterat
                 yield sse(_failure(event).body())
                 break
             if isinstance(event, Done):
-                yield sse(answer.finish(index, event))
+                for chunk in answer.finish(index, event):
+                    yield sse(chunk)
                 if answer.finished:
                     if answer.request.include_usage:
                         yield sse(answer.usage_chunk())
                     break
-            else:
-                yield sse(answer.add(index, event))
+            elif (piece := answer.add(index, event)) is not None:
+                yield sse(piece)
         yield sse("[DONE]")
     finally:
         for job in jobs:

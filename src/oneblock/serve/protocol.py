@@ -17,6 +17,7 @@ from oneblock.inference.sampling import Sampling
 from oneblock.serve.checks import ApiError, bad, flag, integer, shown, text
 from oneblock.serve.fields import check_known, sampling, top_logprobs
 from oneblock.serve.prompts import CHATML, Prompt, chat_prompt, text_prompts
+from oneblock.serve.tools import Tools, parse_tools
 from oneblock.text.tokenizer import Tokenizer
 
 __all__ = ["CHATML", "ApiError", "Prompt", "Request", "bad", "parse_completion", "parse_embeddings"]
@@ -42,6 +43,8 @@ class Request:
         echo: the prompt's text (and, with ``logprobs``, its log-probabilities) starts each choice.
         constraint: the grammar of ``response_format`` (``json_object``, ``json_schema``) or of ``grammar`` (Lark),
             or ``None``.
+        tools: the tools an answer may call (``tool_choice`` other than ``none``): each answer is a call or a
+            reply, read by ``tools.read_answer``.
     """
 
     kind: Literal["chat", "text"]
@@ -56,6 +59,7 @@ class Request:
     logprobs: int | None = None
     echo: bool = False
     constraint: Constraint | None = None
+    tools: Tools | None = None
 
     @property
     def prompt(self) -> list[int]:
@@ -96,7 +100,10 @@ def parse_completion(
     include_usage = _stream_options(body, stream)
     logprobs = top_logprobs(body, kind)
     echo = flag(body, "echo")
-    prompts = [chat_prompt(body, tokenizer)] if kind == "chat" else text_prompts(body, tokenizer, vocab)
+    tools = parse_tools(body) if kind == "chat" else None
+    if tools is not None and tools.active and logprobs is not None:
+        raise bad("logprobs", "'logprobs' with tools is not implemented (a tool call is read whole); leave it out")
+    prompts = [chat_prompt(body, tokenizer, tools)] if kind == "chat" else text_prompts(body, tokenizer, vocab)
     requested = _max_tokens(body, echo)
     max_new = []
     for prompt in prompts:
@@ -115,8 +122,13 @@ def parse_completion(
         if constraint is not None:
             raise bad("grammar", "'grammar' and a JSON 'response_format' each constrain the answer; send one of them")
         constraint = _grammar(body["grammar"], tokenizer)
+    if tools is not None and tools.active:
+        if constraint is not None:
+            raise bad("response_format", "a JSON 'response_format' cannot be combined with tools; send one of them")
+        constraint = _tool_grammar(tools, tokenizer)
     return Request(
-        kind, model, prompts, n, max_new, settings, stop, stream, include_usage, logprobs, echo, constraint
+        kind, model, prompts, n, max_new, settings, stop, stream, include_usage, logprobs, echo, constraint,
+        tools if tools is not None and tools.active else None,
     )  # fmt: skip
 
 
@@ -156,6 +168,19 @@ def _response_format(value: Any, tokenizer: Tokenizer) -> Constraint | None:
         raise bad("response_format", f"'response_format' cannot be served: {error}") from None
 
 
+def _tool_grammar(tools: Tools, tokenizer: Tokenizer) -> Constraint:
+    """The answer's grammar with tools: a JSON call of the allowed tools, or a reply (``tools.Tools.schema``)."""
+    eos = getattr(tokenizer, "eos_id", None)
+    if not isinstance(eos, int):
+        name = getattr(tokenizer, "name", type(tokenizer).__name__)
+        raise bad("tools", f"'tools' cannot be served: a call ends with the model's end-of-text token, and this "
+                  f"model's tokenizer ({name!r}) has none")  # fmt: skip
+    try:
+        return Constraint.json_schema(tokenizer, tools.schema(), eos_ids=[eos])
+    except InputError as error:
+        raise bad("tools", f"'tools' cannot be served (a function's parameters): {error}") from None
+
+
 def _grammar(value: Any, tokenizer: Tokenizer) -> Constraint:
     """The ``grammar`` extension: a Lark grammar in llguidance's dialect (``start`` is the start rule; terminals
     may be ``/regex/``), compiled against the vocabulary; the answer ends with the end-of-text token."""
@@ -187,10 +212,6 @@ def _model(body: Mapping[str, Any], answered: str) -> str:
 
 def _check_no_ops(body: Mapping[str, Any], n: int) -> None:
     """Fields read but not implemented: accepted only with a value that asks for nothing."""
-    if body.get("tools") not in (None, []):
-        raise bad("tools", "'tools' is not supported by this server: tool calling is not implemented; leave it out")
-    if body.get("tool_choice") not in (None, "none"):
-        raise bad("tool_choice", "'tool_choice' is not supported by this server (only \"none\"); leave it out")
     best_of = body.get("best_of")
     if best_of is not None and (isinstance(best_of, bool) or best_of != n):
         raise bad("best_of", f"'best_of' is not supported by this server (only best_of = n = {n}); leave it out")
