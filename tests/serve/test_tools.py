@@ -105,6 +105,21 @@ def test_streamed_answers_equal_the_whole_ones(smollm2):
     )
 
 
+def test_history_is_written_in_the_answer_format(smollm2):
+    from oneblock.serve.prompts import chat_prompt
+    from oneblock.serve.tools import parse_tools
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+    messages = [*QUESTION, {"role": "assistant", "content": "Let me look.", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": RESULT}]  # fmt: skip
+    body = {"messages": messages, "tools": [WEATHER], "tool_choice": "none"}
+    tokenizer = smollm2.engine.tokenizer
+    text = tokenizer.decode(chat_prompt(body, tokenizer, parse_tools(body)).ids)
+    assert 'Let me look.\n{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome"}}]}' in text
+    assert f"<|im_start|>user\nThe tool get_weather returned: {RESULT}<|im_end|>" in text
+    assert text.startswith("<|im_start|>system\nYou can call these tools: ") and "Do not call a tool now" in text
+
+
 def test_a_named_function_is_the_one_called(smollm2):
     answer = ask(
         smollm2, QUESTION, tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}

@@ -44,7 +44,9 @@ def chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, tools: Tools | No
             raise bad(f"messages[{i}]", f"message {i} needs a 'role' among {list(ROLES)}; got {shown(message)}")
         role = "system" if message["role"] == "developer" else message["role"]
         if role == "assistant" and message.get("tool_calls"):
-            content = written_calls(message["tool_calls"], i)
+            said = message.get("content")  # text sent beside the calls comes first, on its own line
+            said = "" if said is None else text("messages", _content(said, i), f"messages[{i}].content")
+            content = (said + "\n" if said else "") + written_calls(message["tool_calls"], i)
         elif role == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str):
