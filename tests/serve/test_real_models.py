@@ -153,7 +153,7 @@ def test_logprob_bytes_spell_the_reply_and_tokenize_is_the_tokenizers(smollm2):
     tokens = httpx.post(smollm2.base + "/tokenize", json={"content": text}, timeout=60).json()["tokens"]
     assert tokens == smollm2.engine.tokenizer.encode(text)
     back = httpx.post(smollm2.base + "/detokenize", json={"tokens": tokens}, timeout=60).json()
-    assert back == {"content": text}
+    assert back == {"content": text, "prompt": text}
 
 
 def test_response_format_json_schema_is_followed_by_every_seeded_answer(smollm2):

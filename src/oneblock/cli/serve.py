@@ -58,6 +58,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="'minilm' (all-MiniLM-L6-v2, when its package is installed), a sentence-transformers directory, or "
         "'none' (default: minilm)",
     )
+    parser.add_argument(
+        "--cors-origin", action="append", default=[], metavar="ORIGIN",
+        help="let web pages from ORIGIN (e.g. http://localhost:3000, or '*' for any) call the server; repeatable "
+        "(default: none; a CORS preflight from any other origin is refused with 403)",
+    )  # fmt: skip
     limits = parser.add_argument_group("limits")
     limits.add_argument(
         "--max-batch", type=int, default=DEFAULT_BATCH, metavar="B",
@@ -127,6 +132,13 @@ def run(args: argparse.Namespace) -> int:
     for flag, number in seconds:
         if not number > 0:
             raise InputError(f"{flag} must be a positive number of seconds; got {number}")
+    from oneblock.web.cors import check_origin
+
+    for origin in args.cors_origin:
+        try:
+            check_origin(origin)
+        except InputError as error:
+            raise InputError(f"--cors-origin: {error}") from None
     try:  # fail before the model loads for seconds
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -165,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     serve(
         engine, model_name=name, host=args.host, port=args.port, embedder=embedder, api_key=api_key,
         limits=limits, grace=args.grace, max_connections=args.max_connections, header_seconds=args.header_timeout,
+        cors_origins=args.cors_origin,
     )  # fmt: skip
     return 0
 

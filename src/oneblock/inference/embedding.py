@@ -137,6 +137,15 @@ class SentenceEncoder:
         self.tokenizer.enable_truncation(max_length=limit)
         return [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts))]
 
+    def lengths(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text before truncation, special tokens included (a text longer than ``max_length`` is cut
+        by ``tokenize`` and ``encode``; a server refuses it instead)."""
+        self.tokenizer.no_truncation()
+        try:
+            return [len(encoding.ids) for encoding in self.tokenizer.encode_batch(list(texts))]
+        finally:
+            self.tokenizer.enable_truncation(max_length=self.max_length)
+
     def encode(
         self,
         texts: str | Sequence[str],

@@ -3,11 +3,12 @@
 * ``POST /v1/chat/completions`` and ``POST /v1/completions``: whole answers, or server-sent events
   (``data: {chunk}`` ... ``data: [DONE]``) with ``"stream": true``;
 * ``POST /v1/embeddings``: sentence embeddings from the embedding model, when one is loaded;
-* ``POST /tokenize`` and ``POST /detokenize``: llama.cpp's shapes, ``{"content": text}`` <-> ``{"tokens": [ids]}``;
+* ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``: llama.cpp's and vLLM's shapes (``tokens``);
 * ``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no key needed).
 
 Before any route, the guards of ``oneblock.web`` (the ``Host`` header, against DNS rebinding, on a loopback
-server; JSON bodies only) and the API key answer in OpenAI's error shape. The routes are ``handlers.Service``'s
+server; CORS preflights, answered for the ``cors_origins`` and refused for the rest; JSON bodies only) and the
+API key answer in OpenAI's error shape. The routes are ``handlers.Service``'s
 methods. Nothing here computes on the event loop, so ``/health`` answers while the model works.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -26,6 +28,7 @@ from oneblock.inference.embedding import SentenceEncoder
 from oneblock.serve.engine import Engine
 from oneblock.serve.handlers import Limits, Service
 from oneblock.serve.protocol import ApiError
+from oneblock.web.cors import CORS
 from oneblock.web.guards import HostCheck, HostPolicy, JSONOnly, refuse
 
 __all__ = ["LOOPBACK", "KeyCheck", "Limits", "create_app", "openai_error"]
@@ -39,7 +42,7 @@ def openai_error(status: int, message: str) -> bytes:
 
 
 class KeyCheck:
-    """Refuse (401) a request under ``/v1/`` (or to ``/tokenize``, ``/detokenize``) without
+    """Refuse (401) a request under ``/v1/`` (or to ``/tokenize``, ``/detokenize``, ``/tokenizer_info``) without
     ``Authorization: Bearer KEY`` when a key is set."""
 
     def __init__(self, app: ASGIApp, *, api_key: str | None) -> None:
@@ -57,7 +60,7 @@ class KeyCheck:
 
 def _keyed(path: str) -> bool:
     """Whether a path needs the key: the API under ``/v1/`` and llama.cpp's ``/tokenize`` and ``/detokenize``."""
-    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/tokenizer_info")
 
 
 def create_app(
@@ -69,6 +72,7 @@ def create_app(
     api_key: str | None = None,
     hosts: HostPolicy | None = LOOPBACK,
     limits: Limits | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> Starlette:
     """The server's ASGI application.
 
@@ -81,6 +85,8 @@ def create_app(
         hosts: the ``Host`` headers answered (``None``: any, for a server bound off loopback); ``serve`` passes
             the bound port.
         limits: body size and time, default tokens, time per request.
+        cors_origins: origins whose pages may call the server (``scheme://host[:port]``, or ``*`` for any); a
+            CORS preflight from any other is refused with 403. None by default.
     """
     service = Service(
         engine, model_name=model_name, embedder=embedder, embedding_name=embedding_name, limits=limits or Limits()
@@ -93,9 +99,14 @@ def create_app(
         Route("/v1/models/{name:path}", service.model, methods=["GET"]),
         Route("/tokenize", service.tokenize, methods=["POST"]),
         Route("/detokenize", service.detokenize, methods=["POST"]),
+        Route("/tokenizer_info", service.tokenizer_info, methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
     ]
-    guards = [Middleware(KeyCheck, api_key=api_key), Middleware(JSONOnly, shape=openai_error)]
+    guards = [
+        Middleware(CORS, origins=cors_origins, shape=openai_error),  # preflights carry no key: answered first
+        Middleware(KeyCheck, api_key=api_key),
+        Middleware(JSONOnly, shape=openai_error),
+    ]
     if hosts is not None:
         guards.insert(0, Middleware(HostCheck, policy=hosts, shape=openai_error))  # the host first
     handlers = {HTTPException: service.http_error, Exception: service.internal_error}

@@ -2,8 +2,8 @@
 ``Sampling``.
 
 A field is honoured (it changes the answer as OpenAI documents), accepted because its value asks for nothing
-(``user``, ``best_of`` equal to ``n``, ``suffix: ""``, ``response_format: {"type": "text"}``, ``tool_choice:
-"none"`` without tools, ``cache_prompt: false``), or refused with a 400 that names it: never silently ignored.
+(``user``, ``best_of`` equal to ``n``, ``suffix: ""``, ``response_format: {"type": "text"}``, ``cache_prompt:
+false``), or refused with a 400 that names it: never silently ignored.
 docs/serving.md has the whole table.
 """
 
@@ -26,16 +26,15 @@ COMMON = frozenset({
     "top_k", "min_p", "repetition_penalty", "cache_prompt",
 })  # fmt: skip
 KNOWN = {
-    "chat": COMMON | {"messages", "top_logprobs", "tools", "tool_choice"},
-    "text": COMMON | {"prompt", "echo", "best_of", "suffix"},
+    "chat": COMMON | {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"},
+    "text": COMMON | {"prompt", "echo", "best_of", "suffix", "grammar"},
 }
 # Fields other servers know, refused here with the reason (anything else gets the generic message).
 REFUSED = {
-    "functions": "the deprecated function calling is not implemented",
-    "function_call": "the deprecated function calling is not implemented",
-    "parallel_tool_calls": "tool calling is not implemented",
-    "grammar": "a grammar field is not read (its dialect, GBNF or Lark, is ambiguous); send OpenAI's "
-    "'response_format' with a JSON schema",
+    "functions": "the deprecated function calling is not implemented; send 'tools'",
+    "function_call": "the deprecated function calling is not implemented; send 'tool_choice'",
+    "grammar": "a Lark grammar is read on /v1/completions only; on a chat send OpenAI's 'response_format' with "
+    "a JSON schema",
     "json_schema": "llama.cpp's json_schema field is not read; send OpenAI's 'response_format': {'type': "
     "'json_schema', 'json_schema': {'schema': ...}}",
     "n_probs": "llama.cpp's n_probs is not read; send OpenAI's 'logprobs' (and 'top_logprobs' on a chat)",

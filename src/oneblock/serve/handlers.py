@@ -26,15 +26,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.embedding import SentenceEncoder
 from oneblock.serve.engine import CacheFull, Done, Engine, Event, Failed, Job, QueueFull, Stopping
-from oneblock.serve.protocol import (
-    ApiError,
-    Request,
-    parse_completion,
-    parse_detokenize,
-    parse_embeddings,
-    parse_tokenize,
-)
+from oneblock.serve.protocol import ApiError, Request, check_window, parse_completion, parse_embeddings
 from oneblock.serve.responses import Answer, embeddings_body, model_entry
+from oneblock.serve.tokens import parse_detokenize, parse_tokenize, tokenizer_info
 from oneblock.web.body import BODY_SECONDS, BadField, BodyTooLarge, BodyTooSlow, parse_json, read_body
 from oneblock.web.gate import Busy, Gate, Gone
 
@@ -204,7 +198,7 @@ class Service:
                 raise ApiError(404, "this server has no embedding model; start it with --embedding-model minilm",
                                code="model_not_found")  # fmt: skip
             raw = await read_body(request, self.limits.max_body, seconds=self.limits.body_seconds)
-            name, texts, encoding = await run_in_threadpool(lambda: parse_embeddings(parse_json(raw)))
+            name, texts, encoding = await run_in_threadpool(lambda: parse_embeddings(parse_json(raw), embedder.dim))
             if len(texts) > self.limits.max_inputs:
                 raise ApiError(
                     400, f"'input' holds {len(texts)} texts; the limit is {self.limits.max_inputs}", param="input"
@@ -225,16 +219,18 @@ class Service:
         return JSONResponse(body)
 
     async def tokenize(self, request: HTTPRequest) -> Response:
-        """llama.cpp's ``POST /tokenize``: ``{"content": text}`` to ``{"tokens": [ids]}`` (no chat template)."""
-        tokenizer = self.engine.tokenizer
-        return await self._tokens(request, lambda body: {"tokens": parse_tokenize(body, tokenizer)})
+        """``POST /tokenize``: llama.cpp's ``{"content": text}`` or vLLM's ``{"prompt": text}`` to the ids."""
+        engine = self.engine
+        return await self._tokens(request, lambda body: parse_tokenize(body, engine.tokenizer, engine.context))
 
     async def detokenize(self, request: HTTPRequest) -> Response:
-        """llama.cpp's ``POST /detokenize``: ``{"tokens": [ids]}`` to ``{"content": text}``."""
+        """``POST /detokenize``: ``{"tokens": [ids]}`` to ``{"content": text, "prompt": text}``."""
         engine = self.engine
-        return await self._tokens(
-            request, lambda body: {"content": parse_detokenize(body, engine.tokenizer, engine.vocab)}
-        )
+        return await self._tokens(request, lambda body: parse_detokenize(body, engine.tokenizer, engine.vocab))
+
+    async def tokenizer_info(self, request: HTTPRequest) -> Response:
+        """vLLM's ``GET /tokenizer_info``: the special tokens, the chat template, the context."""
+        return JSONResponse(tokenizer_info(self.engine.tokenizer, self.engine.context))
 
     async def _tokens(self, request: HTTPRequest, work: Callable[[Any], dict[str, Any]]) -> Response:
         try:
@@ -322,13 +318,14 @@ async def stream(answer: Answer, jobs: list[Job], events: Events) -> AsyncIterat
                 yield sse(_failure(event).body())
                 break
             if isinstance(event, Done):
-                yield sse(answer.finish(index, event))
+                for chunk in answer.finish(index, event):
+                    yield sse(chunk)
                 if answer.finished:
                     if answer.request.include_usage:
                         yield sse(answer.usage_chunk())
                     break
-            else:
-                yield sse(answer.add(index, event))
+            elif (piece := answer.add(index, event)) is not None:
+                yield sse(piece)
         yield sse("[DONE]")
     finally:
         for job in jobs:
@@ -341,6 +338,10 @@ def _failure(event: Failed) -> ApiError:
 
 
 def _embed(embedder: SentenceEncoder, name: str, texts: list[str], encoding: str) -> Any:
-    tokens = sum(len(ids) for ids in embedder.tokenize(texts))
+    """Under the embedding gate (the tokenizer's truncation setting is shared): refuse a text longer than the
+    model's window, then embed."""
+    lengths = embedder.lengths(texts)
+    check_window(texts, lengths, embedder.max_length)
+    tokens = sum(lengths)
     vectors = embedder.encode(texts)  # (N, C), L2-normalized: what ob.embed returns
     return embeddings_body(name, vectors, encoding, tokens)

@@ -9,6 +9,7 @@ from typing import Any
 
 from oneblock.errors import InputError
 from oneblock.serve.checks import bad, shown, text
+from oneblock.serve.tools import Tools, call_ids, written_calls, written_result
 from oneblock.text.chat_template import render_chat
 from oneblock.text.tokenizer import Tokenizer
 
@@ -17,7 +18,7 @@ CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_PROMPTS = 64  # prompts in one completions request
 
 
@@ -29,19 +30,37 @@ class Prompt:
     text: str
 
 
-def chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer) -> Prompt:
+def chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, tools: Tools | None = None) -> Prompt:
     """The conversation rendered with the model's chat template (ChatML without one), ending in the assistant's
-    header."""
+    header; with active ``tools``, their description and the answer's format begin the system message, and
+    earlier tool calls and results are written in that format (``oneblock.serve.tools``)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "'messages' must be a non-empty list of {'role', 'content'} objects")
+    names = call_ids(messages)
     conversation = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise bad(f"messages[{i}]", f"message {i} needs a 'role' among {list(ROLES)}; got {shown(message)}")
         role = "system" if message["role"] == "developer" else message["role"]
-        content = text("messages", _content(message.get("content"), i), f"messages[{i}].content")
+        if role == "assistant" and message.get("tool_calls"):
+            said = message.get("content")  # text sent beside the calls comes first, on its own line
+            said = "" if said is None else text("messages", _content(said, i), f"messages[{i}].content")
+            content = (said + "\n" if said else "") + written_calls(message["tool_calls"], i)
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise bad(f"messages[{i}].tool_call_id", f"message {i} (a tool result) needs a 'tool_call_id' string")
+            result = text("messages", _content(message.get("content"), i), f"messages[{i}].content")
+            role, content = "user", written_result(result, call_id, names.get(call_id))
+        else:
+            content = text("messages", _content(message.get("content"), i), f"messages[{i}].content")
         conversation.append({"role": role, "content": content})
+    if tools is not None and tools.active:
+        if conversation[0]["role"] == "system":
+            conversation[0] = {"role": "system", "content": tools.instructions() + "\n\n" + conversation[0]["content"]}
+        else:
+            conversation.insert(0, {"role": "system", "content": tools.instructions()})
     try:
         if getattr(tokenizer, "chat_template", None):
             ids = [

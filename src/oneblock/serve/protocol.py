@@ -1,5 +1,5 @@
-"""OpenAI's API as the server speaks it: a completion request checked into a ``Request``, an embeddings request,
-and llama.cpp's ``/tokenize`` and ``/detokenize``.
+"""OpenAI's API as the server speaks it: a completion request checked into a ``Request``, and an embeddings
+request (``/tokenize`` and ``/detokenize`` are ``tokens``'s).
 
 Every field is honoured, accepted because its value asks for nothing, or refused by name (``fields``); every
 refusal is an ``ApiError`` in OpenAI's shape (``checks``).
@@ -17,12 +17,14 @@ from oneblock.inference.sampling import Sampling
 from oneblock.serve.checks import ApiError, bad, flag, integer, shown, text
 from oneblock.serve.fields import check_known, sampling, top_logprobs
 from oneblock.serve.prompts import CHATML, Prompt, chat_prompt, text_prompts
+from oneblock.serve.tools import Tools, parse_tools
 from oneblock.text.tokenizer import Tokenizer
 
 __all__ = ["CHATML", "ApiError", "Prompt", "Request", "bad", "parse_completion", "parse_embeddings"]
 MAX_STOP = 4  # OpenAI's limit on stop strings
 MAX_N = 16  # choices per prompt
 MAX_MODEL_CHARS = 256  # the name is echoed in every chunk of a stream; OpenAI's own ids are under 64
+EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,10 @@ class Request:
         sampling, stop, stream: as sent; ``include_usage`` from ``stream_options``.
         logprobs: alternatives to report per token (``None``: no log-probabilities).
         echo: the prompt's text (and, with ``logprobs``, its log-probabilities) starts each choice.
-        constraint: the grammar of ``response_format`` (``json_object``, ``json_schema``), or ``None``.
+        constraint: the grammar of ``response_format`` (``json_object``, ``json_schema``) or of ``grammar`` (Lark),
+            or ``None``.
+        tools: the tools an answer may call (``tool_choice`` other than ``none``): each answer is a call or a
+            reply, read by ``tools.read_answer``.
     """
 
     kind: Literal["chat", "text"]
@@ -54,6 +59,7 @@ class Request:
     logprobs: int | None = None
     echo: bool = False
     constraint: Constraint | None = None
+    tools: Tools | None = None
 
     @property
     def prompt(self) -> list[int]:
@@ -94,7 +100,10 @@ def parse_completion(
     include_usage = _stream_options(body, stream)
     logprobs = top_logprobs(body, kind)
     echo = flag(body, "echo")
-    prompts = [chat_prompt(body, tokenizer)] if kind == "chat" else text_prompts(body, tokenizer, vocab)
+    tools = parse_tools(body) if kind == "chat" else None
+    if tools is not None and tools.active and logprobs is not None:
+        raise bad("logprobs", "'logprobs' with tools is not implemented (a tool call is read whole); leave it out")
+    prompts = [chat_prompt(body, tokenizer, tools)] if kind == "chat" else text_prompts(body, tokenizer, vocab)
     requested = _max_tokens(body, echo)
     max_new = []
     for prompt in prompts:
@@ -109,8 +118,17 @@ def parse_completion(
         max_new.append(min(default_max if requested is None else requested, room))
     stop = _stop(body)
     constraint = _response_format(body.get("response_format"), tokenizer)
+    if body.get("grammar") is not None:
+        if constraint is not None:
+            raise bad("grammar", "'grammar' and a JSON 'response_format' each constrain the answer; send one of them")
+        constraint = _grammar(body["grammar"], tokenizer)
+    if tools is not None and tools.active:
+        if constraint is not None:
+            raise bad("response_format", "a JSON 'response_format' cannot be combined with tools; send one of them")
+        constraint = _tool_grammar(tools, tokenizer)
     return Request(
-        kind, model, prompts, n, max_new, settings, stop, stream, include_usage, logprobs, echo, constraint
+        kind, model, prompts, n, max_new, settings, stop, stream, include_usage, logprobs, echo, constraint,
+        tools if tools is not None and tools.active else None,
     )  # fmt: skip
 
 
@@ -150,6 +168,39 @@ def _response_format(value: Any, tokenizer: Tokenizer) -> Constraint | None:
         raise bad("response_format", f"'response_format' cannot be served: {error}") from None
 
 
+def _tool_grammar(tools: Tools, tokenizer: Tokenizer) -> Constraint:
+    """The answer's grammar with tools: a JSON call of the allowed tools, or a reply (``tools.Tools.schema``)."""
+    eos = getattr(tokenizer, "eos_id", None)
+    if not isinstance(eos, int):
+        name = getattr(tokenizer, "name", type(tokenizer).__name__)
+        raise bad("tools", f"'tools' cannot be served: a call ends with the model's end-of-text token, and this "
+                  f"model's tokenizer ({name!r}) has none")  # fmt: skip
+    try:
+        return Constraint.json_schema(tokenizer, tools.schema(), eos_ids=[eos])
+    except InputError as error:
+        raise bad("tools", f"'tools' cannot be served (a function's parameters): {error}") from None
+
+
+def _grammar(value: Any, tokenizer: Tokenizer) -> Constraint:
+    """The ``grammar`` extension: a Lark grammar in llguidance's dialect (``start`` is the start rule; terminals
+    may be ``/regex/``), compiled against the vocabulary; the answer ends with the end-of-text token."""
+    if not isinstance(value, str) or not value.strip():
+        raise bad(
+            "grammar", f"'grammar' must be a Lark grammar (a non-empty string with a 'start' rule); got {shown(value)}"
+        )
+    eos = getattr(tokenizer, "eos_id", None)
+    if not isinstance(eos, int):
+        name = getattr(tokenizer, "name", type(tokenizer).__name__)
+        raise bad(
+            "grammar", f"'grammar' cannot be served: a constrained answer ends with the model's end-of-text token, "
+            f"and this model's tokenizer ({name!r}) has none",
+        )  # fmt: skip
+    try:
+        return Constraint.lark(tokenizer, text("grammar", value), eos_ids=[eos])
+    except InputError as error:
+        raise bad("grammar", f"'grammar' cannot be served: {error}") from None
+
+
 def _model(body: Mapping[str, Any], answered: str) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -161,10 +212,6 @@ def _model(body: Mapping[str, Any], answered: str) -> str:
 
 def _check_no_ops(body: Mapping[str, Any], n: int) -> None:
     """Fields read but not implemented: accepted only with a value that asks for nothing."""
-    if body.get("tools") not in (None, []):
-        raise bad("tools", "'tools' is not supported by this server: tool calling is not implemented; leave it out")
-    if body.get("tool_choice") not in (None, "none"):
-        raise bad("tool_choice", "'tool_choice' is not supported by this server (only \"none\"); leave it out")
     best_of = body.get("best_of")
     if best_of is not None and (isinstance(best_of, bool) or best_of != n):
         raise bad("best_of", f"'best_of' is not supported by this server (only best_of = n = {n}); leave it out")
@@ -219,57 +266,58 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(text("stop", s) for s in stops)
 
 
-def parse_embeddings(body: Any) -> tuple[str, list[str], str]:
+def parse_embeddings(body: Any, dim: int | None = None) -> tuple[str, list[str], str]:
     """``(model, texts, encoding_format)`` of an embeddings request.
 
+    Args:
+        body: the decoded JSON.
+        dim: the embedding model's width C; ``dimensions`` is accepted only equal to it.
+
     Raises:
-        ApiError: 400 for a missing model, an input that is not a string or a list of strings, or an unknown
-            encoding format.
+        ApiError: 400 for a missing model, an input that is not a string or a list of non-empty strings, an
+            unknown encoding format, a ``dimensions`` other than the model's width, or any other field.
     """
     if not isinstance(body, dict):
         raise bad("body", f"the request body must be a JSON object; got {type(body).__name__}")
     model = _model(body, "this server embeds with its embedding model")
+    for name in body:
+        if name not in EMBEDDING_FIELDS:
+            raise bad(name, f"'{name}' is not supported by this server's /v1/embeddings; leave it out")
     texts = body.get("input")
     texts = [texts] if isinstance(texts, str) else texts
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise bad("input", "'input' must be a string or a non-empty list of strings (token ids are not accepted)")
     texts = [text("input", t, f"input[{i}]") for i, t in enumerate(texts)]
+    empty = [i for i, t in enumerate(texts) if not t]
+    if empty:
+        where = "input" if isinstance(body["input"], str) else f"input[{empty[0]}]"
+        raise bad("input", f"'{where}' is an empty string; every input needs text to embed")
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
         raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64'; got {shown(encoding)}")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad("user", f"'user' must be a string; got {shown(user)}")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (isinstance(dimensions, bool) or dimensions != dim):
+        raise bad(
+            "dimensions", f"'dimensions' must equal the embedding model's width ({dim}) or be left out; got "
+            f"{shown(dimensions)}: the model was not trained for shortened vectors (Matryoshka), so cutting them "
+            "would lose accuracy silently",
+        )  # fmt: skip
     return model, texts, encoding
 
 
-def parse_tokenize(body: Any, tokenizer: Tokenizer) -> list[int]:
-    """llama.cpp's ``/tokenize``: ``{"content": text}`` to the ids the server would read (no chat template).
+def check_window(texts: list[str], lengths: list[int], window: int) -> None:
+    """Refuse a text longer than the embedding model's window, which would otherwise be cut silently.
 
     Raises:
-        ApiError: 400 for a body without a string ``content`` or with any other field.
+        ApiError: 400 naming the first such input, its length and the window.
     """
-    if not isinstance(body, dict) or not isinstance(body.get("content"), str):
-        raise bad("content", f'the body must be {{"content": text}}; got {shown(body)}')
-    for name in body:
-        if name != "content":
-            raise bad(name, f"'{name}' is not supported by this server's /tokenize (only 'content'); leave it out")
-    try:
-        return tokenizer.encode(text("content", body["content"]))
-    except InputError as error:
-        raise bad("content", str(error)) from None
-
-
-def parse_detokenize(body: Any, tokenizer: Tokenizer, vocab: int) -> str:
-    """llama.cpp's ``/detokenize``: ``{"tokens": [ids]}`` to their text.
-
-    Raises:
-        ApiError: 400 for a body without a list of ids in ``[0, vocab)`` or with any other field.
-    """
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    if not isinstance(tokens, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in tokens):
-        raise bad("tokens", f'the body must be {{"tokens": [token ids]}}; got {shown(body)}')
-    for name in body:
-        if name != "tokens":
-            raise bad(name, f"'{name}' is not supported by this server's /detokenize (only 'tokens'); leave it out")
-    outside = [i for i in tokens if not 0 <= i < vocab]
-    if outside:
-        raise bad("tokens", f"'tokens' holds id {shown(outside[0])}, outside the vocabulary [0, {vocab})")
-    return tokenizer.decode(tokens)
+    for i, length in enumerate(lengths):
+        if length > window:
+            where = "input" if len(texts) == 1 else f"input[{i}]"
+            raise bad(
+                "input", f"'{where}' is {length} tokens; the embedding model reads at most {window} (special tokens "
+                "included); shorten it or split it", code="context_length_exceeded",
+            )  # fmt: skip

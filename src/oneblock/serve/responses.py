@@ -18,6 +18,7 @@ from torch import Tensor
 from oneblock.serve.jobs import Delta, Done, Echoed, Scored
 from oneblock.serve.logprob_bodies import LegacyLogprobs, Renderer, chat_logprobs, joined
 from oneblock.serve.protocol import Prompt, Request
+from oneblock.serve.tools import read_answer
 from oneblock.text.tokenizer import Tokenizer
 
 
@@ -32,6 +33,8 @@ class Choice:
     legacy: LegacyLogprobs | None = None
     parts: list[dict[str, Any]] = field(default_factory=list)  # a completion's legacy logprobs, piece by piece
     done: Done | None = None
+    message: dict[str, Any] | None = None  # with tools: the answer read whole (its content or its tool_calls)
+    finish_reason: str = ""
 
 
 class Answer:
@@ -62,9 +65,12 @@ class Answer:
         prefix = "chatcmpl-" if self.chat else "cmpl-"
         return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.request.model}
 
-    def add(self, index: int, event: Delta | Echoed) -> dict[str, Any]:
-        """Record a choice's event; return its stream chunk."""
+    def add(self, index: int, event: Delta | Echoed) -> dict[str, Any] | None:
+        """Record a choice's event; return its stream chunk (``None`` with tools: the answer is read whole)."""
         choice = self.choices[index]
+        if self.request.tools is not None and isinstance(event, Delta):
+            choice.pieces.append(event.text)
+            return None
         if isinstance(event, Echoed):
             text, flush = choice.prompt.text, True
         else:
@@ -84,12 +90,25 @@ class Answer:
             )
         return self._chunk({"index": index, "text": text, "finish_reason": None, "logprobs": logprobs})
 
-    def finish(self, index: int, done: Done) -> dict[str, Any]:
-        """Record a choice's end; return its last chunk (the finish reason)."""
-        self.choices[index].done = done
-        if self.chat:
-            return self._chunk({"index": index, "delta": {}, "finish_reason": done.finish_reason, "logprobs": None})
-        return self._chunk({"index": index, "text": "", "finish_reason": done.finish_reason, "logprobs": None})
+    def finish(self, index: int, done: Done) -> list[dict[str, Any]]:
+        """Record a choice's end; return its last chunks (with tools, the reply or the calls; the finish reason)."""
+        choice = self.choices[index]
+        choice.done, choice.finish_reason = done, done.finish_reason
+        if not self.chat:
+            return [self._chunk({"index": index, "text": "", "finish_reason": done.finish_reason, "logprobs": None})]
+        chunks = []
+        if self.request.tools is not None:
+            content, calls = read_answer("".join(choice.pieces))
+            choice.message = {"role": "assistant", "content": content}
+            if calls is not None:
+                choice.message["tool_calls"] = calls
+                choice.finish_reason = "tool_calls" if done.finish_reason == "stop" else done.finish_reason
+                delta: dict[str, Any] = {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}
+            else:
+                delta = {"content": content}
+            chunks.append(self._chunk({"index": index, "delta": delta, "finish_reason": None, "logprobs": None}))
+        end = {"index": index, "delta": {}, "finish_reason": choice.finish_reason, "logprobs": None}
+        return [*chunks, self._chunk(end)]
 
     @property
     def finished(self) -> bool:
@@ -121,8 +140,9 @@ class Answer:
             if self.request.logprobs is not None:
                 logprobs = chat_logprobs(c.tokens, self.render) if self.chat else joined(c.parts)
             body: dict[str, Any] = {"index": c.index}
-            body.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
-            body.update(finish_reason=c.done.finish_reason, logprobs=logprobs)
+            message = c.message or {"role": "assistant", "content": text}
+            body.update({"message": message} if self.chat else {"text": text})
+            body.update(finish_reason=c.finish_reason, logprobs=logprobs)
             choices.append(body)
         return {**self._head(False), "choices": choices, "usage": self.usage()}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -77,6 +77,7 @@ def serve(
     grace: float = 10.0,
     max_connections: int | None = None,
     header_seconds: float = HEADER_SECONDS,
+    cors_origins: Sequence[str] = (),
 ) -> None:
     """Serve until Ctrl-C or SIGTERM; prints the URL first, and a warning when ``host`` is not loopback.
 
@@ -91,7 +92,8 @@ def serve(
     sock = bind(host, port)
     hosts = HostPolicy(host, sock.getsockname()[1]) if loopback else None
     app = create_app(
-        engine, model_name=model_name, embedder=embedder, api_key=api_key, hosts=hosts, limits=limits
+        engine, model_name=model_name, embedder=embedder, api_key=api_key, hosts=hosts, limits=limits,
+        cors_origins=cors_origins,
     )  # fmt: skip
     print(f"oneblock serve: {model_name} at {url_of(sock)}v1 (Ctrl-C stops)", flush=True)
     server = make_server(app, engine, grace=grace, max_connections=max_connections, header_seconds=header_seconds)
