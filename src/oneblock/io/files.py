@@ -152,10 +152,7 @@ def read_bytes(
     Args:
         limit: refuse a file of more bytes than this, having read at most one byte more.
     """
-    if not path.exists():
-        raise error(f"no {what} at {str(path)!r}: the file does not exist")
-    if not path.is_file():
-        raise error(f"{str(path)!r} is not a file (a directory or a device); a {what} is one regular file")
+    _check_regular(path, what, error)
     try:
         with path.open("rb") as f:
             data = f.read() if limit is None else f.read(limit + 1)
@@ -175,10 +172,7 @@ def map_file(path: Path, what: str, error: type[OneBlockError] = CheckpointError
     Raises:
         ``error``: a missing path, a directory or device, or a file that cannot be opened or mapped.
     """
-    if not path.exists():
-        raise error(f"no {what} at {str(path)!r}: the file does not exist")
-    if not path.is_file():
-        raise error(f"{str(path)!r} is not a file (a directory or a device); a {what} is one regular file")
+    _check_regular(path, what, error)
     try:
         with path.open("rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
@@ -237,3 +231,11 @@ def _write_all(fd: int, data: memoryview) -> None:
 def _unlink_quietly(path: Path) -> None:
     with contextlib.suppress(OSError):
         path.unlink(missing_ok=True)
+
+
+def _check_regular(path: Path, what: str, error: type[OneBlockError]) -> None:
+    """Refuse a missing ``path``, or one that is a directory or a device, naming ``what`` it should be."""
+    if not path.exists():
+        raise error(f"no {what} at {str(path)!r}: the file does not exist")
+    if not path.is_file():
+        raise error(f"{str(path)!r} is not a file (a directory or a device); a {what} is one regular file")
