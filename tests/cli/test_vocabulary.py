@@ -144,6 +144,7 @@ OTHER_PROGRAMS = {
     ("inference/smollm2.py", "--no-deps"),
     ("train/loop.py", "--resume"),  # RunLock(command="oneblock train --resume"): what holds the lock
     ("serve/handlers.py", "--embedding-model"),
+    ("serve/handlers.py", "--max-queue"),
     ("serve/server.py", "--api-key"),
 }
 

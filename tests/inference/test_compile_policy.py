@@ -10,7 +10,8 @@ from oneblock.errors import ConfigError
 from oneblock.inference import compile_policy
 from oneblock.inference.compile_policy import ENV_COMPILE, REASON, compile_backend
 from oneblock.inference.decode import LeanDecode
-from oneblock.inference.generation import _prepare, generate
+from oneblock.inference.generation import generate
+from oneblock.inference.request import prepare
 
 CPU, GPU = torch.device("cpu"), torch.device("meta")  # any device but the CPU stands for an accelerator
 
@@ -63,7 +64,7 @@ def test_generate_with_compile_true_on_the_cpu_equals_eager(capsys):
     cfg = ob.ModelConfig(vocab_size=53, d_model=32, n_heads=4, d_ff=37, max_seq_len=24, n_layers=2)
     model = ob.build_model(cfg).eval()
     prompt = torch.tensor([[3, 5, 7]])
-    run = _prepare(model, prompt.tolist(), 4, False, None, None, None, None)
+    run = prepare(model, prompt.tolist(), 4, False, None, None, None, None)
     lean = LeanDecode(run, compile=True)
     assert not lean._compiled and lean.compile_seconds is None  # the eager step (native where it applies)
     stats: dict[str, float] = {}

@@ -58,8 +58,9 @@ def test_generated_logprobs_are_the_raw_distribution_before_temperature_and_pena
     assert torch.equal(chosen, raw.gather(-1, out[4:, None])[:, 0])
     with torch.no_grad():
         plain = torch.log_softmax(model(out[None, :-1])[0, 3:], dim=-1)  # (10, V): one forward, no cache
-    torch.testing.assert_close(chosen, plain.gather(-1, out[4:, None])[:, 0], atol=1e-6, rtol=0)
-    torch.testing.assert_close(result.top_values.reshape(10, 3), plain.topk(3, dim=-1).values, atol=1e-6, rtol=0)
+    # a forward over all 14 positions sums in another order than the 10 growing ones: float32's rounding, ~1e-6
+    torch.testing.assert_close(chosen, plain.gather(-1, out[4:, None])[:, 0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(result.top_values.reshape(10, 3), plain.topk(3, dim=-1).values, atol=1e-5, rtol=0)
 
 
 def test_a_trace_records_each_step_as_it_is_yielded():

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from oneblock import jsontext
 from oneblock.serve.checks import bad, shown
 
 MAX_TOOLS = 128  # OpenAI's limit
@@ -175,7 +176,7 @@ def written_calls(calls: Any, i: int) -> str:
                 f"\"function\", \"function\": {{\"name\", \"arguments\": JSON text}}}}; got {shown(calls)}",
             )  # fmt: skip
         try:
-            arguments: Any = json.loads(function["arguments"])
+            arguments: Any = jsontext.loads(function["arguments"], what="a tool call's arguments")
         except ValueError:
             arguments = function["arguments"]  # written as the client sent it
         out.append({"name": function["name"], "arguments": arguments})
@@ -192,7 +193,7 @@ def read_answer(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
     """An answer's ``(content, tool_calls)``: the calls in OpenAI's shape (ids made here, arguments as JSON
     text), or the reply's text; an answer cut short (not one JSON object) is its text as it stands."""
     try:
-        answer = json.loads(text)
+        answer = jsontext.loads(text, what="the model's answer")
     except ValueError:
         return text, None
     if isinstance(answer, dict) and isinstance(answer.get("response"), str):

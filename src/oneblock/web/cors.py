@@ -75,7 +75,7 @@ class CORS:
             allowed = ", ".join(sorted(self.origins)) or "none"
             message = (
                 f"cross-origin requests from {origin[:100]!r} are not allowed (allowed origins: {allowed}); start "
-                f"the server with --cors-origin {origin[:100]} to allow them"
+                f"the server with {origin[:100]} among its allowed origins to allow them"
             )
             await refuse(send, 403, message, {"Vary": "Origin"}, shape=self.shape)
             return
