@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         except InputError as error:
             raise InputError(f"--cors-origin: {error}") from None
     try:  # fail before the model loads for seconds
+        import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:

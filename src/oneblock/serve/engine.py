@@ -38,7 +38,19 @@ from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.logprobs import TopLogprobs, token_logprobs
 from oneblock.inference.sampler_state import SamplerState
-from oneblock.serve.jobs import CacheFull, Delta, Done, Echoed, Event, Failed, Job, QueueFull, Scored, Stopping
+from oneblock.serve.jobs import (
+    CacheFull,
+    Delta,
+    Done,
+    Echoed,
+    Event,
+    Failed,
+    Job,
+    Observer,
+    QueueFull,
+    Scored,
+    Stopping,
+)
 from oneblock.serve.memory import check_fits, is_out_of_memory, position_bytes
 from oneblock.serve.text import StopText
 from oneblock.text.tokenizer import Tokenizer
@@ -91,6 +103,7 @@ class Engine:
         self.cutoff: float | None = None  # when stopping: the moment requests still in flight are ended
         self.running = True  # False ends the thread
         self.steps = 0  # decoding steps run (each serves every active request)
+        self.observer = Observer()  # told what happens, on this thread (the server's metrics replace it)
         self.wake = threading.Condition()  # re-entrant: a request may leave while the thread holds it
         self.thread = threading.Thread(target=self._loop, name="oneblock-serve-engine", daemon=True)
         self.thread.start()
@@ -137,6 +150,11 @@ class Engine:
         """(active, waiting) requests now."""
         with self.wake:
             return len(self.active), len(self.waiting)
+
+    def cache_use(self) -> tuple[int, int]:
+        """(positions the running requests' caches hold, positions reserved by those running and waiting)."""
+        with self.wake:
+            return sum(j.slot.capacity for j in self.active if j.slot is not None), self.reserved
 
     def refuse(self) -> None:
         """Accept no more requests (``submit`` raises ``Stopping``); the running ones go on."""
@@ -252,6 +270,7 @@ class Engine:
         """Score the prompt when asked (``echo``), prefill the request alone and sample its first token."""
         if job.cancelled.is_set():
             self._release(job)
+            self.observer.ended(job, None)
             return
         grammar = job.constraint.start() if job.constraint is not None else None
         job.sampler = SamplerState(
@@ -262,9 +281,11 @@ class Engine:
         if job.echo:  # the prompt's text starts the choice; with logprobs, its scores
             job.emit(Echoed(tuple(self._prompt_scores(job.prompt, job.top)) if job.top is not None else ()))
         if job.max_new == 0:  # the prompt scored, nothing generated
+            self.observer.prefilled(job)
             self._end(job, Done("length", len(job.prompt), 0))
             return
         job.slot, logits = self.decoder.prefill(job.prompt, job.max_new)
+        self.observer.prefilled(job)
         with self.wake:
             self.active.append(job)
         self._take(job, logits[None])
@@ -290,6 +311,7 @@ class Engine:
         row = logits[:, : self.vocab]  # (1, V)
         token = sampler.choose(row)
         sampler.update(token)
+        self.observer.sampled(job, token not in job.eos_ids)
         if token in job.eos_ids:
             self._end(job, self._done(job, "stop"))
             return
@@ -317,6 +339,7 @@ class Engine:
     def _end(self, job: Job, event: Event) -> None:
         """The request's last event; its cache and its reservation are given back."""
         self._release(job)
+        self.observer.ended(job, event)
         try:
             job.emit(event)
         except Exception:  # the client's side is gone in some unexpected way: nothing more to tell it
@@ -332,8 +355,9 @@ class Engine:
         """Drop ended and cancelled requests from the batch, giving back their reservations."""
         with self.wake:
             for job in self.active:
-                if job.cancelled.is_set():
+                if job.cancelled.is_set() and job.slot is not None:
                     self._release(job)
+                    self.observer.ended(job, None)
             self.active = [j for j in self.active if j.slot is not None]
 
 
