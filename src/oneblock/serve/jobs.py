@@ -109,6 +109,7 @@ class Job:
         top: alternatives per token to report with each token's log-probability; ``None`` reports none.
         echo: start with the prompt's text (an ``Echoed`` event), scored when ``top`` is set.
         constraint: a grammar the reply must follow; each job gets its own state, applied to its row's logits.
+        adapter: the LoRA adapter its row runs with: 0 the base, k the engine's k-th adapter.
     """
 
     prompt: list[int]
@@ -122,6 +123,7 @@ class Job:
     top: int | None = None
     echo: bool = False
     constraint: Constraint | None = None
+    adapter: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
     # Filled in by the engine:
     slot: Slot | None = None
