@@ -121,6 +121,47 @@ def test_serve_runs_the_adapted_model(checkpoint_and_adapter, monkeypatch):
         assert torch.allclose(model(ids), reference(ids), atol=1e-5, rtol=0)
 
 
+def test_serve_named_adapters_are_served_per_request(checkpoint_and_adapter, monkeypatch):
+    from oneblock.adapters.multi import MultiLoraLinear
+    from oneblock.serve import server
+
+    ckpt, adapter, reference = checkpoint_and_adapter
+    served = {}
+    monkeypatch.setattr(server, "serve", lambda engine, **options: served.update(engine=engine, **options))
+    argv = ["serve", "--model", str(ckpt), "--adapter", f"one={adapter}", "--adapter", f"two={adapter}",
+            "--embedding-model", "none", "--port", "0"]  # fmt: skip
+    assert main(argv) == 0
+    engine = served["engine"]
+    assert engine.adapters.names == ("one", "two") and served["model_name"] == "model"
+    model = engine.decoder.model
+    assert not lora_modules(model) and any(isinstance(m, MultiLoraLinear) for m in model.modules())
+    ids = torch.tensor([[5, 17, 3, 99, 42]])
+    engine.adapters.rows.select([2])
+    with torch.no_grad():
+        assert torch.allclose(model(ids), reference(ids), atol=1e-5, rtol=0)  # adapter two is the adapter
+    engine.close(grace=1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--adapter", "{a}", "--adapter", "x={a}"], "give one DIR (the model runs with it), or NAME=DIR for each"),
+        (["--adapter", "{a}", "--adapter", "{a}"], "give one DIR"),
+        (["--adapter", "x={a}", "--adapter", "x={a}"], "each NAME once"),
+        (["--adapter", "x={a}", "--merge"], "--merge folds one adapter into the weights"),
+        (["--adapter", "model={a}"], "'model' is the base model's name"),
+        (["--adapter", " x={a}"], "a name without spaces around it"),
+    ],
+)
+def test_serve_adapter_flags_refused_in_one_line(checkpoint_and_adapter, monkeypatch, capsys, flags, message):
+    from oneblock.serve import server
+
+    ckpt, adapter, _ = checkpoint_and_adapter
+    monkeypatch.setattr(server, "serve", lambda engine, **options: pytest.fail("served"))
+    argv = ["serve", "--model", str(ckpt), *(f.format(a=adapter) for f in flags), "--embedding-model", "none"]
+    assert message in one_line_error(capsys, main(argv))
+
+
 def test_convert_merges_the_adapter_into_a_directory_transformers_loads(checkpoint_and_adapter, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     path, adapter, model = checkpoint_and_adapter

@@ -26,13 +26,27 @@ TINY = {
 }  # fmt: skip
 
 
-def tiny_model() -> torch.nn.Module:
+def tiny_model(*, int8: bool = True) -> torch.nn.Module:
+    """The tiny model, its products int8 (rows independent of the batch) or float32 (``int8=False``)."""
     torch.manual_seed(0)
     model = ob.build_model(ob.ModelConfig(**TINY))
     with torch.no_grad():  # away from the tiny initial values, so sampling is far from uniform
         for p in model.parameters():
             p.add_(0.5 * torch.randn_like(p))
-    return quantize_int8(model)
+    return quantize_int8(model) if int8 else model.eval()
+
+
+def save_tiny_adapter(directory: Any, cfg: Any, seed: int) -> str:
+    """A peft LoRA adapter of the tiny model, ``cfg`` a ``LoraConfig``, trained-looking (random B); its path."""
+    from oneblock.adapters.apply import apply_lora, lora_modules
+    from oneblock.adapters.peft import save_adapter
+
+    model = apply_lora(tiny_model(int8=False), cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in lora_modules(model).values():
+            module.lora_B.weight.copy_(0.2 * torch.randn(module.lora_B.weight.shape, generator=gen))
+    return str(save_adapter(model, directory, cfg=cfg))
 
 
 class Running:

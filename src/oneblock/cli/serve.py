@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from oneblock.cli import spelling
-from oneblock.cli.options import add_adapter_options, add_threads_option, check_adapter_options, set_threads
+from oneblock.cli.options import add_threads_option, set_threads
 from oneblock.cli.spelling import Spelled, add_alias
 
 DEFAULT_PORT = 8080
@@ -43,7 +43,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SOURCE",
         help="a GGUF file, Hugging Face directory, oneblock checkpoint or preset (default: SmolLM2-135M-Instruct)",
     )
-    add_adapter_options(parser)
+    parser.add_argument(
+        "--adapter", action="append", metavar="[NAME=]DIR",
+        help="a peft LoRA adapter directory. One DIR: the model runs with it. NAME=DIR, repeatable: each adapter is "
+        "served beside the base, a request's 'model' choosing NAME or the base's name, rows of different adapters "
+        "decoded in the same batch",
+    )  # fmt: skip
+    parser.add_argument(
+        "--merge", action="store_true",
+        help="fold the one adapter DIR into the weights (as fast as the base model; needs float weights)",
+    )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks one)")
     parser.add_argument(
@@ -113,7 +122,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
 
-    check_adapter_options(args)
+    single, named = adapter_flags(args.adapter, args.merge)
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must lie in [0, 65535]; got {args.port}")
     new_tokens = spelling.flag(args, "default_max_new_tokens")
@@ -140,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         except InputError as error:
             raise InputError(f"--cors-origin: {error}") from None
     try:  # fail before the model loads for seconds
+        import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
@@ -159,12 +169,20 @@ def run(args: argparse.Namespace) -> int:
         source = smollm2_gguf_path()
     if sys.stderr.isatty():  # a person waits seconds for SmolLM2; logs and errors stay clean
         print(f"loading {source} ...", file=sys.stderr, flush=True)
-    loaded = load_model(source, adapter=args.adapter, merge=args.merge)
+    loaded = load_model(source, adapter=single, merge=args.merge)
+    name = Path(str(source)).stem if loaded.kind != "preset" else str(source)
+    served = None
+    if named:
+        from oneblock.adapters.multi import load_adapters
+
+        if name in dict(named):
+            raise InputError(f"--adapter {name}=...: {name!r} is the base model's name; give the adapter another")
+        served = load_adapters(loaded.model, named)
     embedder = _embedder(args.embedding_model)
     try:
         engine = Engine(
             loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue,
-            max_context=args.max_context,
+            max_context=args.max_context, adapters=served,
         )  # fmt: skip
     except InputError as error:  # the library names its parameters; here they are flags
         raise InputError(
@@ -173,13 +191,45 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(
         default_max_tokens=args.default_max_new_tokens, request_seconds=args.timeout, body_seconds=args.body_timeout
     )
-    name = Path(str(source)).stem if loaded.kind != "preset" else str(source)
     serve(
         engine, model_name=name, host=args.host, port=args.port, embedder=embedder, api_key=api_key,
         limits=limits, grace=args.grace, max_connections=args.max_connections, header_seconds=args.header_timeout,
         cors_origins=args.cors_origin,
     )  # fmt: skip
     return 0
+
+
+def adapter_flags(values: list[str] | None, merge: bool) -> tuple[str | None, list[tuple[str, str]]]:
+    """``--adapter``'s values as (the one adapter the model runs with, or ``None``; the named adapters served per
+    request). ``NAME=DIR`` when the text before the first ``=`` holds no path separator (``./a=b`` is a directory).
+
+    Raises:
+        InputError: several plain directories, plain and named mixed, a name twice or empty, ``--merge``
+            without one plain directory.
+    """
+    from oneblock.errors import InputError
+
+    plain: list[str] = []
+    named: list[tuple[str, str]] = []
+    for value in values or []:
+        name, sep, directory = value.partition("=")
+        if sep and "/" not in name and os.sep not in name:
+            if not name.strip() or not directory or name != name.strip():
+                raise InputError(f"--adapter {value!r}: give NAME=DIR, a name without spaces around it and a directory")
+            named.append((name, directory))
+        else:
+            plain.append(value)
+    if plain and (named or len(plain) > 1):
+        raise InputError(
+            f"--adapter: give one DIR (the model runs with it), or NAME=DIR for each of several adapters chosen per "
+            f"request by 'model'; got {values}"
+        )
+    names = [name for name, _ in named]
+    if len(set(names)) != len(names):
+        raise InputError(f"--adapter: each NAME once; got {names}")
+    if merge and not plain:
+        raise InputError("--merge folds one adapter into the weights; give --adapter DIR (not NAME=DIR) with it")
+    return (plain[0] if plain else None), named
 
 
 def _embedder(choice: str) -> Any:

@@ -4,7 +4,8 @@
   (``data: {chunk}`` ... ``data: [DONE]``) with ``"stream": true``;
 * ``POST /v1/embeddings``: sentence embeddings from the embedding model, when one is loaded;
 * ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``: llama.cpp's and vLLM's shapes (``tokens``);
-* ``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no key needed).
+* ``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no key needed);
+* ``GET /metrics``: Prometheus' text format (``oneblock.serve.metrics``), behind the key when one is set.
 
 Before any route, the guards of ``oneblock.web`` (the ``Host`` header, against DNS rebinding, on a loopback
 server; CORS preflights, answered for the ``cors_origins`` and refused for the rest; JSON bodies only) and the
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from oneblock.inference.embedding import SentenceEncoder
 from oneblock.serve.engine import Engine
 from oneblock.serve.handlers import Limits, Service
+from oneblock.serve.metrics import CountResponses, Metrics
 from oneblock.serve.protocol import ApiError
 from oneblock.web.cors import CORS
 from oneblock.web.guards import HostCheck, HostPolicy, JSONOnly, refuse
@@ -42,8 +44,8 @@ def openai_error(status: int, message: str) -> bytes:
 
 
 class KeyCheck:
-    """Refuse (401) a request under ``/v1/`` (or to ``/tokenize``, ``/detokenize``, ``/tokenizer_info``) without
-    ``Authorization: Bearer KEY`` when a key is set."""
+    """Refuse (401) a request under ``/v1/`` (or to ``/tokenize``, ``/detokenize``, ``/tokenizer_info``,
+    ``/metrics``) without ``Authorization: Bearer KEY`` when a key is set."""
 
     def __init__(self, app: ASGIApp, *, api_key: str | None) -> None:
         self.app, self.api_key = app, api_key
@@ -59,8 +61,9 @@ class KeyCheck:
 
 
 def _keyed(path: str) -> bool:
-    """Whether a path needs the key: the API under ``/v1/`` and llama.cpp's ``/tokenize`` and ``/detokenize``."""
-    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/tokenizer_info")
+    """Whether a path needs the key: the API under ``/v1/``, llama.cpp's ``/tokenize`` and ``/detokenize``, and
+    ``/metrics`` (as llama-server keys it; vLLM leaves it open: the traffic it shows is the operator's)."""
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/tokenizer_info", "/metrics")
 
 
 def create_app(
@@ -81,7 +84,8 @@ def create_app(
         model_name: the served model's id in ``/v1/models``.
         embedder: the embedding model, or ``None`` (then ``/v1/embeddings`` answers 404).
         embedding_name: its id in ``/v1/models``.
-        api_key: required as ``Authorization: Bearer KEY`` on ``/v1/`` paths; ``None`` requires nothing.
+        api_key: required as ``Authorization: Bearer KEY`` on ``/v1/`` paths and ``/metrics``; ``None`` requires
+            nothing.
         hosts: the ``Host`` headers answered (``None``: any, for a server bound off loopback); ``serve`` passes
             the bound port.
         limits: body size and time, default tokens, time per request.
@@ -102,6 +106,8 @@ def create_app(
         Route("/tokenizer_info", service.tokenizer_info, methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
     ]
+    metrics = Metrics(engine)
+    routes.append(Route("/metrics", metrics.route, methods=["GET"]))
     guards = [
         Middleware(CORS, origins=cors_origins, shape=openai_error),  # preflights carry no key: answered first
         Middleware(KeyCheck, api_key=api_key),
@@ -109,7 +115,10 @@ def create_app(
     ]
     if hosts is not None:
         guards.insert(0, Middleware(HostCheck, policy=hosts, shape=openai_error))  # the host first
+    counted = [route.path for route in routes if route.path != "/v1/models/{name:path}"] + ["/v1/models/{id}"]
+    guards.insert(0, Middleware(CountResponses, metrics=metrics, endpoints=counted))  # every answer, refusals too
     handlers = {HTTPException: service.http_error, Exception: service.internal_error}
     app = Starlette(routes=routes, middleware=guards, exception_handlers=handlers)
     app.state.hosts = hosts
+    app.state.metrics = metrics
     return app

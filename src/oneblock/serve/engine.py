@@ -12,6 +12,10 @@ client went away. What a request produces reaches its client through ``Job.emit`
 Because every row is computed independently of the others (see ``oneblock.inference.batch``) and each request
 draws from its own generator, a seeded request produces the same tokens alone or in any batch.
 
+With LoRA adapters (``oneblock.adapters.multi.load_adapters``), each job names its row's adapter (0: the base);
+before each forward the engine tells the model's ``AdapterRows`` the adapter of every row, so rows of different
+adapters share one step: the base products once, each adapter's update on its own rows.
+
 One request's failure is that request's alone: an exception while prefilling it, sampling it or decoding its
 text ends it with ``Failed`` (507 for memory, else 500) and the others go on. When a batched step fails, its rows
 are run again one at a time, so only the row that fails again is ended (a step that raised advanced no row:
@@ -34,11 +38,24 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from oneblock.adapters.multi import ServedAdapters
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.logprobs import TopLogprobs, token_logprobs
 from oneblock.inference.sampler_state import SamplerState
-from oneblock.serve.jobs import CacheFull, Delta, Done, Echoed, Event, Failed, Job, QueueFull, Scored, Stopping
+from oneblock.serve.jobs import (
+    CacheFull,
+    Delta,
+    Done,
+    Echoed,
+    Event,
+    Failed,
+    Job,
+    Observer,
+    QueueFull,
+    Scored,
+    Stopping,
+)
 from oneblock.serve.memory import check_fits, is_out_of_memory, position_bytes
 from oneblock.serve.text import StopText
 from oneblock.text.tokenizer import Tokenizer
@@ -63,6 +80,8 @@ class Engine:
             model's ``max_seq_len``.
         cache_positions: cache positions the requests running and waiting may reserve together (default
             ``max_batch * max_context``); ``submit`` raises ``CacheFull`` beyond.
+        adapters: the LoRA adapters ``load_adapters`` put on ``model``; a job's ``adapter`` picks its row's (0:
+            the base), and rows of different adapters share each step.
 
     Raises:
         InputError: a bound that is not a positive integer, a budget smaller than one request of ``max_context``,
@@ -71,9 +90,10 @@ class Engine:
 
     def __init__(
         self, model: nn.Module, tokenizer: Tokenizer, *, max_batch: int = 8, max_queue: int = 32,
-        max_context: int | None = None, cache_positions: int | None = None,
+        max_context: int | None = None, cache_positions: int | None = None, adapters: ServedAdapters | None = None,
     ) -> None:  # fmt: skip
         self.decoder = BatchDecoder(model)
+        self.adapters = adapters
         self.tokenizer = tokenizer
         # A head wider than the vocabulary (padded for speed) must not pick ids the tokenizer cannot decode.
         self.vocab = min(tokenizer.vocab_size, self.decoder.model.config.vocab_size)
@@ -91,6 +111,7 @@ class Engine:
         self.cutoff: float | None = None  # when stopping: the moment requests still in flight are ended
         self.running = True  # False ends the thread
         self.steps = 0  # decoding steps run (each serves every active request)
+        self.observer = Observer()  # told what happens, on this thread (the server's metrics replace it)
         self.wake = threading.Condition()  # re-entrant: a request may leave while the thread holds it
         self.thread = threading.Thread(target=self._loop, name="oneblock-serve-engine", daemon=True)
         self.thread.start()
@@ -113,7 +134,10 @@ class Engine:
 
     def submit_all(self, jobs: Sequence[Job]) -> None:
         """``submit`` for the choices of one request: all are queued, or none (the same exceptions)."""
+        count = len(self.adapters.names) if self.adapters is not None else 0
         for job in jobs:
+            if not 0 <= job.adapter <= count:
+                raise InputError(f"adapter {job.adapter} is not one of this engine's (0 to {count})")
             if len(job.prompt) + job.max_new > self.context:
                 raise InputError(
                     f"the prompt ({len(job.prompt)} tokens) plus {job.max_new} new tokens is more than the context "
@@ -137,6 +161,11 @@ class Engine:
         """(active, waiting) requests now."""
         with self.wake:
             return len(self.active), len(self.waiting)
+
+    def cache_use(self) -> tuple[int, int]:
+        """(positions the running requests' caches hold, positions reserved by those running and waiting)."""
+        with self.wake:
+            return sum(j.slot.capacity for j in self.active if j.slot is not None), self.reserved
 
     def refuse(self) -> None:
         """Accept no more requests (``submit`` raises ``Stopping``); the running ones go on."""
@@ -211,6 +240,7 @@ class Engine:
         """One token for every active request; a failed batched step is retried row by row."""
         try:
             slots = [j.slot for j in jobs if j.slot is not None]  # every one: _retire dropped the others
+            self._use(jobs)
             logits = self.decoder.step(slots, [j.last for j in jobs])  # (B, V)
         except Exception as error:
             if len(jobs) == 1:
@@ -227,7 +257,13 @@ class Engine:
 
     def _step_alone(self, job: Job) -> None:
         if job.slot is not None:  # ended by an earlier row's failure in some other way: nothing to step
+            self._use([job])
             self._take(job, self.decoder.step([job.slot], [job.last]))
+
+    def _use(self, jobs: Sequence[Job]) -> None:
+        """Each row of the next forward runs with its job's adapter."""
+        if self.adapters is not None:
+            self.adapters.rows.select([job.adapter for job in jobs], self.decoder.device)
 
     def _guarded(self, job: Job, work: Callable[..., None], *args: Any) -> None:
         """``work(job, *args)``; an exception ends this request alone."""
@@ -252,6 +288,7 @@ class Engine:
         """Score the prompt when asked (``echo``), prefill the request alone and sample its first token."""
         if job.cancelled.is_set():
             self._release(job)
+            self.observer.ended(job, None)
             return
         grammar = job.constraint.start() if job.constraint is not None else None
         job.sampler = SamplerState(
@@ -259,12 +296,15 @@ class Engine:
         )  # fmt: skip
         job.text = StopText(self.tokenizer, job.stop)
         job.deadline = time.monotonic() + job.seconds
+        self._use([job])  # the prompt is scored and read with the request's adapter
         if job.echo:  # the prompt's text starts the choice; with logprobs, its scores
             job.emit(Echoed(tuple(self._prompt_scores(job.prompt, job.top)) if job.top is not None else ()))
         if job.max_new == 0:  # the prompt scored, nothing generated
+            self.observer.prefilled(job)
             self._end(job, Done("length", len(job.prompt), 0))
             return
         job.slot, logits = self.decoder.prefill(job.prompt, job.max_new)
+        self.observer.prefilled(job)
         with self.wake:
             self.active.append(job)
         self._take(job, logits[None])
@@ -290,6 +330,7 @@ class Engine:
         row = logits[:, : self.vocab]  # (1, V)
         token = sampler.choose(row)
         sampler.update(token)
+        self.observer.sampled(job, token not in job.eos_ids)
         if token in job.eos_ids:
             self._end(job, self._done(job, "stop"))
             return
@@ -317,6 +358,7 @@ class Engine:
     def _end(self, job: Job, event: Event) -> None:
         """The request's last event; its cache and its reservation are given back."""
         self._release(job)
+        self.observer.ended(job, event)
         try:
             job.emit(event)
         except Exception:  # the client's side is gone in some unexpected way: nothing more to tell it
@@ -332,8 +374,9 @@ class Engine:
         """Drop ended and cancelled requests from the batch, giving back their reservations."""
         with self.wake:
             for job in self.active:
-                if job.cancelled.is_set():
+                if job.cancelled.is_set() and job.slot is not None:
                     self._release(job)
+                    self.observer.ended(job, None)
             self.active = [j for j in self.active if j.slot is not None]
 
 

@@ -102,6 +102,10 @@ class Service:
         embedder: the embedding model, or ``None`` (then ``/v1/embeddings`` answers 404).
         embedding_name: its id in ``/v1/models``.
         limits: body size and time, default tokens, time per request.
+
+    When the engine serves LoRA adapters, a completion's ``model`` names the base (``model_name``) or one of them
+    (vLLM's convention), and any other name is a 404 ``model_not_found``; without adapters any name is answered by
+    the one model, as llama-server does.
     """
 
     def __init__(
@@ -109,7 +113,15 @@ class Service:
         limits: Limits,
     ) -> None:  # fmt: skip
         self.engine, self.embedder, self.limits = engine, embedder, limits
-        self.names = [model_name] + ([embedding_name] if embedder is not None else [])
+        adapters = engine.adapters.names if engine.adapters is not None else ()
+        self.generators = {model_name: 0} | {name: k for k, name in enumerate(adapters, start=1)}
+        self.names = [*self.generators] + ([embedding_name] if embedder is not None else [])
+        self.base_name = model_name
+        every = [model_name, *adapters] + ([embedding_name] if embedder is not None else [])
+        if len(set(every)) != len(every):
+            raise InputError(
+                f"the served names must differ: the model, its adapters and the embedding model are {every}"
+            )
         self.created = int(time.time())
         # One embedding batch at a time, waiting on the event loop: memory stays one forward pass, and no worker
         # thread is spent waiting (the prompts of completions are tokenized in those threads).
@@ -130,6 +142,7 @@ class Service:
         try:
             raw = await read_body(request, self.limits.max_body, seconds=self.limits.body_seconds)
             parsed = await run_in_threadpool(self._parse_completion, raw, kind)
+            adapter = self._adapter(parsed.model)
         except ApiError as error:
             return error_response(error)
         except InputError as error:
@@ -141,7 +154,7 @@ class Service:
             Job(
                 parsed.prompts[i // parsed.n].ids, parsed.max_new[i // parsed.n], parsed.sampling, events.emitter(i),
                 stop=parsed.stop, eos_ids=self.eos_ids, seconds=self.limits.request_seconds, row=i % parsed.n,
-                top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint,
+                top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint, adapter=adapter,
             )
             for i in range(parsed.choices)
         ]  # fmt: skip
@@ -169,6 +182,21 @@ class Service:
                 f"this server queues at most {engine.max_queue} (--max-queue)", param=param,
             )  # fmt: skip
         return parsed
+
+    def _adapter(self, model: str) -> int:
+        """The adapter a completion's ``model`` names (0: the base; any name when no adapter is served).
+
+        Raises:
+            ApiError: 404 ``model_not_found``, a name the server does not generate with.
+        """
+        if len(self.generators) == 1:
+            return 0
+        if model not in self.generators:
+            raise ApiError(
+                404, f"the model {model[:300]!r} does not exist here; this server generates with {[*self.generators]}",
+                param="model", code="model_not_found",
+            )  # fmt: skip
+        return self.generators[model]
 
     def _submit(self, jobs: list[Job]) -> ApiError | None:
         engine = self.engine
@@ -244,7 +272,10 @@ class Service:
             return Response(status_code=499)
 
     def models(self) -> list[dict[str, Any]]:
-        return [model_entry(name, self.created) for name in self.names]
+        return [
+            model_entry(name, self.created, parent=self.base_name if self.generators.get(name, 0) else None)
+            for name in self.names
+        ]
 
     async def model_list(self, request: HTTPRequest) -> Response:
         return JSONResponse({"object": "list", "data": self.models()})

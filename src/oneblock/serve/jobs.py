@@ -6,6 +6,7 @@ Shape notation: N alternatives reported per token.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -108,6 +109,7 @@ class Job:
         top: alternatives per token to report with each token's log-probability; ``None`` reports none.
         echo: start with the prompt's text (an ``Echoed`` event), scored when ``top`` is set.
         constraint: a grammar the reply must follow; each job gets its own state, applied to its row's logits.
+        adapter: the LoRA adapter its row runs with: 0 the base, k the engine's k-th adapter.
     """
 
     prompt: list[int]
@@ -121,6 +123,7 @@ class Job:
     top: int | None = None
     echo: bool = False
     constraint: Constraint | None = None
+    adapter: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
     # Filled in by the engine:
     slot: Slot | None = None
@@ -131,6 +134,8 @@ class Job:
     produced: int = 0  # completion tokens so far
     deadline: float = 0.0
     held: int = 0  # cache positions reserved for it, given back when it leaves
+    queued: float = field(default_factory=time.monotonic)  # when it was made, just before it is submitted
+    sampled_at: float | None = None  # when its last token was sampled (its first: the time to first token)
 
     @property
     def positions(self) -> int:
@@ -140,3 +145,23 @@ class Job:
     def cancel(self) -> None:
         """Ask the engine to drop this request at its next step (a client that disconnected)."""
         self.cancelled.set()
+
+
+class Observer:
+    """What the engine tells as it works, on its thread (the server's metrics listen); this one records nothing.
+
+    Each method must be quick and must not raise: it runs between decoding steps.
+    """
+
+    def prefilled(self, job: Job) -> None:
+        """The job's prompt has been read (prefilled, or scored alone when it asks for no new token)."""
+
+    def sampled(self, job: Job, counted: bool) -> None:
+        """The job sampled a token; ``counted`` is False for an end-of-turn id (not part of the reply)."""
+
+    def ended(self, job: Job, event: Event | None) -> None:
+        """The job's last event (``Done`` or ``Failed``), or ``None`` for a job whose client went away."""
+
+    def prefix_cache(self, queried: int, hit: int, held_bytes: int) -> None:
+        """A prompt looked up in a prefix cache: ``queried`` prompt tokens, ``hit`` of them found already
+        computed; the cache now holds ``held_bytes``."""

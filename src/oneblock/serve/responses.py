@@ -158,8 +158,12 @@ class Answer:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def model_entry(name: str, created: int) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": created, "owned_by": "oneblock"}
+def model_entry(name: str, created: int, *, parent: str | None = None) -> dict[str, Any]:
+    """One model of ``/v1/models``; an adapter names its base in ``parent``, as vLLM's entries do."""
+    entry: dict[str, Any] = {"id": name, "object": "model", "created": created, "owned_by": "oneblock"}
+    if parent is not None:
+        entry["parent"] = parent
+    return entry
 
 
 def embeddings_body(model: str, vectors: Tensor, encoding: str, tokens: int) -> dict[str, Any]:
