@@ -305,7 +305,7 @@ U32 = gguf.GGUFValueType.UINT32
         ({"llama.vocab_size": (999, U32)}, r"vocab_size \(999\) disagrees with token_embd.weight \(203 rows\)"),
         ({"llama.attention.head_count": (None, U32)}, "lacks 'llama.attention.head_count'"),
         ({"tokenizer.ggml.padding_token_id": (5000, U32)}, r"impossible model: pad_token_id \(5000\) must lie in"),
-        ({"llama.block_count": (3, U32)}, r"do not match a 3-block model: missing \['blocks.2"),
+        ({"llama.block_count": (3, U32)}, r"cannot fill a 3-block model from the GGUF tensors: missing \['blocks.2"),
     ],
 )
 def test_unsupported_or_inconsistent_metadata(tmp_path, kv, match):

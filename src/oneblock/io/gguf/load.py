@@ -31,6 +31,7 @@ from oneblock.io.gguf.dequant import check_supported, dequantize
 from oneblock.io.gguf.layout import GGUFLayout, TensorRecord, read_layout
 from oneblock.io.gguf.quantized import block_modules
 from oneblock.io.limits import check_model_size
+from oneblock.io.matching import check_tensors_fill
 from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.models.build import build_skeleton
 from oneblock.models.decoder import Decoder
@@ -334,20 +335,11 @@ def _put(model: Decoder, name: str, module: nn.Module) -> None:
 
 
 def _check_names_and_shapes(cfg: ModelConfig, expected: dict[str, Tensor], state: dict[str, TensorRecord]) -> None:
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ConversionError(
-            f"the GGUF tensors do not match a {cfg.n_layers}-block model: missing {missing[:6]}, "
-            f"unexpected {unexpected[:6]}"
-        )
-    wrong = [
-        f"{name}: file {state[name].shape}, config {tuple(expected[name].shape)}"
-        for name in expected
-        if tuple(state[name].shape) != tuple(expected[name].shape)
-    ]
-    if wrong:
-        raise ConversionError(f"tensor shapes disagree with the file's metadata: {'; '.join(wrong[:4])}")
+    check_tensors_fill(
+        {k: t.shape for k, t in expected.items()},
+        {k: r.shape for k, r in state.items()},
+        f"a {cfg.n_layers}-block model from the GGUF tensors",
+    )
 
 
 def _uninitialized(cfg: ModelConfig) -> Decoder:

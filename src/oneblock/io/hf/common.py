@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConversionError
+from oneblock.io.matching import check_tensors_fill
 
 # Hugging Face activation names (transformers.activations.ACT2FN) -> oneblock's. "gelu_new" is GPT-2's tanh
 # approximation, the same function as torch's gelu(approximate="tanh").
@@ -220,19 +221,7 @@ def load_exact(module: nn.Module, tensors: Mapping[str, Tensor], what: str) -> N
             given = [k for k in groups[key] if k in tensors]
             if given:
                 full[key] = tensors[given[0]]
-    missing = sorted(set(target) - set(full))
-    unknown = sorted(set(full) - set(target))
-    if missing or unknown:
-        raise ConversionError(
-            f"cannot fill {what}: missing {missing[:8]}, unexpected {unknown[:8]}; "
-            f"the converter and the model disagree on names"
-        )
-    for key, tensor in full.items():
-        if tuple(tensor.shape) != tuple(target[key].shape):
-            raise ConversionError(
-                f"cannot fill {what}: {key!r} has shape {tuple(tensor.shape)} in the source but "
-                f"{tuple(target[key].shape)} in the model built from the config"
-            )
+    check_tensors_fill({k: t.shape for k, t in target.items()}, {k: t.shape for k, t in full.items()}, what, shown=8)
     with torch.no_grad():
         module.load_state_dict(full, strict=True)
 
