@@ -141,7 +141,7 @@ class Service:
             Job(
                 parsed.prompts[i // parsed.n].ids, parsed.max_new[i // parsed.n], parsed.sampling, events.emitter(i),
                 stop=parsed.stop, eos_ids=self.eos_ids, seconds=self.limits.request_seconds, row=i % parsed.n,
-                top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint,
+                top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint, cache_prompt=parsed.cache_prompt,
             )
             for i in range(parsed.choices)
         ]  # fmt: skip
