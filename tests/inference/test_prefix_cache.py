@@ -112,7 +112,7 @@ def test_a_wholly_cached_prompt_recomputes_its_last_block(float_model):
 def test_a_cached_row_inside_a_batch_is_bit_equal_to_it_without_the_cache(which, request):
     model = request.getfixturevalue("float_model" if which == "float32" else "smollm2")
     shared, first, second = prompts(model.config.vocab_size)
-    others = [shared[:50] + [1, 2, 3], list(reversed(first))]
+    others = [[*shared[:50], 1, 2, 3], list(reversed(first))]
 
     def batch(decoder: BatchDecoder) -> tuple[torch.Tensor, int]:
         """Two other rows decoding, then ``second`` joins; every row's logits of every step after that."""
@@ -134,7 +134,7 @@ def test_a_cached_row_inside_a_batch_is_bit_equal_to_it_without_the_cache(which,
 def test_generate_reads_a_prompt_in_the_batched_decoders_chunks(float_model):
     _, first, _ = prompts(256)
     _, logits = generate(float_model, first, STEPS, greedy=True, return_logits=True)
-    slot, prefill_logits = BatchDecoder(float_model).prefill(first, STEPS)
+    _slot, prefill_logits = BatchDecoder(float_model).prefill(first, STEPS)
     assert torch.equal(prefill_logits, logits[0])  # a 237-token prompt: eight chunks on both sides
 
 

@@ -53,13 +53,18 @@ class Slot:
         cache: its keys and values, (1, Hkv, capacity, Dh) per layer.
         length: positions filled (the prompt, then every token fed back).
         capacity: positions the cache holds; ``step`` refuses a slot that is full.
-        cached: prompt positions copied from the prefix cache rather than computed.
+        reading: the read of its prompt, which filled the cache.
     """
 
     cache: Cache
     length: int
     capacity: int
-    cached: int = 0
+    reading: Prefill | None = None
+
+    @property
+    def cached(self) -> int:
+        """Prompt positions copied from the prefix cache rather than computed."""
+        return self.reading.cached if self.reading is not None else 0
 
 
 class BatchDecoder:
@@ -119,7 +124,8 @@ class BatchDecoder:
     ) -> tuple[Slot, Prefill]:
         """Start reading a prompt: its slot (``length`` T, valid once the read is done) and the read, whose
         ``advance`` computes one chunk and returns the logits (V,) float32 of the first new token after the last.
-        The prompt's leading blocks found in the prefix cache are copied in first (``slot.cached`` positions).
+        The prompt's leading blocks found in the prefix cache are copied in at the first ``advance``
+        (``slot.cached`` positions).
 
         Args:
             ids, max_new: as for ``prefill``.
@@ -146,7 +152,7 @@ class BatchDecoder:
         capacity = t + max_new - 1
         cache = self.model.new_cache(1, max_len=capacity, chunk=capacity)  # allocated whole, once, as the lean step
         reading = Prefill(self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse)
-        return Slot(cache, t, capacity, reading.cached), reading
+        return Slot(cache, t, capacity, reading), reading
 
     @torch.inference_mode()
     def step(self, slots: Sequence[Slot], fed: Sequence[int] | Tensor) -> Tensor:

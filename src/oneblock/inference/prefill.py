@@ -11,10 +11,11 @@ keys it read itself only when the tail's chunks are the chunks a whole-prompt re
 one read costs (a chunk at a time, so a server can interleave a long prompt with other rows' decoding steps) and
 keep every chunk's products of a GGUF model on one kernel path (below or at 32 rows).
 
-``Prefill`` reads one prompt of one row (``LeanDecode`` reads a batch through :func:`spans` alone): it copies the
-cached blocks that begin the prompt, then computes the rest a chunk per ``advance``, storing each whole block it
-computes for later prompts. The last position is always computed (a prompt wholly cached recomputes its last
-block), since its logits are the first new token's.
+``Prefill`` reads one prompt of one row (``LeanDecode`` reads a batch through :func:`spans` alone): at its first
+``advance`` it copies the cached blocks that begin the prompt (then, not when the read is made: a server that reads
+prompts one after another finds what the prompt before stored, even when both arrived together), then computes
+the rest a chunk per ``advance``, storing each whole block it computes for later prompts. The last position is
+always computed (a prompt wholly cached recomputes its last block), since its logits are the first new token's.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Prefill:
         reuse: read and keep cached blocks (``False``: compute everything, keep nothing).
 
     Attributes:
-        cached: positions copied from the prefix cache (a multiple of ``CHUNK``, below T).
+        cached: positions copied from the prefix cache (a multiple of ``CHUNK``, below T), once ``advance`` ran.
         position: positions in the cache so far.
     """
 
@@ -65,21 +66,31 @@ class Prefill:
         use = prefix is not None and prefix.enabled and reuse
         self.prefix = prefix if use else None
         self.names = chain(self.ids, CHUNK, namespace) if use else []
-        found = self.prefix.lookup(self.names[: (len(self.ids) - 1) // CHUNK], self.ids) if self.prefix else []
+        self.cached = self.position = 0
+        self.chunks: list[tuple[int, int]] | None = None  # cut at the first advance, after the cached blocks
+
+    @property
+    def done(self) -> bool:
+        return self.chunks == []
+
+    def _copy_cached(self) -> None:
+        """Copy the cached blocks that begin the prompt (all but its last position) into its cache."""
+        usable = self.names[: (len(self.ids) - 1) // CHUNK]
+        found = self.prefix.lookup(usable, self.ids) if self.prefix is not None else []
         for block in found:
             start = block.index * CHUNK
-            for layer, kv in zip(cache.layers, block.kv, strict=True):  # kv (2, Hkv, N, Dh)
+            for layer, kv in zip(self.cache.layers, block.kv, strict=True):  # kv (2, Hkv, N, Dh)
                 layer.write(start, kv[0][None].to(layer.k.dtype), kv[1][None].to(layer.v.dtype))
         self.cached = self.position = len(found) * CHUNK
         self.chunks = spans(self.position, len(self.ids))
 
-    @property
-    def done(self) -> bool:
-        return not self.chunks
-
     @torch.inference_mode()
     def advance(self) -> Tensor | None:
-        """Read the next chunk; after the last one, return the logits (V,) float32 of the first new token."""
+        """Read the next chunk (the first call copies the cached blocks first); after the last one, return the
+        logits (V,) float32 of the first new token."""
+        if self.chunks is None:
+            self._copy_cached()
+        assert self.chunks is not None
         start, end = self.chunks.pop(0)
         tokens = torch.tensor([self.ids[start:end]], dtype=torch.long, device=self.device)  # (1, n)
         hidden = self.model.run(tokens, cache=self.cache)  # (1, n, C)

@@ -57,7 +57,7 @@ __all__ = [
 ]  # fmt: skip
 SCORE_ROWS = 256  # prompt positions whose logits an echo computes at once: (256, V) float32 at most
 PREFIX_BYTES = 512 * 2**20
-"""The prefix cache's default budget: 512 MiB (SmolLM2-135M's keys and values of about 11,000 positions)."""
+"""The prefix cache's default budget: 512 MiB (SmolLM2-135M's keys and values of about 11,600 positions)."""
 
 log = logging.getLogger("oneblock.serve")
 

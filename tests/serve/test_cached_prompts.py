@@ -6,6 +6,7 @@ log-probabilities, greedy and seeded, alone and inside a batch; on the tiny mode
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 
@@ -117,6 +118,29 @@ def test_cached_requests_inside_a_batch_answer_as_alone_without_the_cache(server
     assert reused[4] == 0 and reused[5] == 32
 
 
+def test_requests_arriving_together_compute_their_shared_prefix_once(servers):
+    cached, plain = servers
+    shared = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(11)).tolist()  # new to the cache
+    prompts = [shared + TAILS[0], shared + TAILS[1]]
+    got: list = [None, None]
+    barrier = threading.Barrier(2)
+
+    def ask(i: int) -> None:
+        barrier.wait()
+        got[i] = complete(cached, prompts[i])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    # Whichever was read second found the first's blocks: prompts are read one after another, and a read looks
+    # the cache up at its first chunk.
+    assert sorted(a.usage.prompt_tokens_details.cached_tokens for a in got) == [0, 192]
+    for answer, prompt in zip(got, prompts, strict=True):
+        assert same_answer(answer, complete(plain, prompt))
+
+
 @pytest.fixture(scope="module")
 def smollm2() -> Iterator[tuple[Running, Running]]:
     pytest.importorskip("gguf")
@@ -219,7 +243,7 @@ def test_a_long_prompt_is_read_one_chunk_per_step_beside_a_decoding_row(engine_c
     thread.join(120)
     mine = [steps for n, steps in reads if n == 400]
     assert len(mine) == 13
-    assert all(b == a + 1 for a, b in zip(mine, mine[1:], strict=False))  # one decoding step between two chunks
+    assert all(b == a + 1 for a, b in itertools.pairwise(mine))  # one decoding step between two chunks
     alone = Running(Engine(running.engine.decoder.model, ByteTokenizer(), prefix_bytes=0), api_key=KEY)
     try:
         assert same_answer(answer, complete(alone, prompt, max_tokens=4))
