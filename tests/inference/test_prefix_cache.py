@@ -188,6 +188,19 @@ def test_a_name_whose_ids_differ_is_not_a_hit():
     assert cache.lookup(names, [1, 2, 3, 4]) == [] and cache.misses == 1
 
 
+def test_a_read_keeps_each_block_more_recent_than_the_blocks_after_it(float_model):
+    prompt = prompts(256)[1]  # 237 tokens: seven whole blocks
+    decoder = BatchDecoder(float_model, prefix=PrefixCache(GIB, CHUNK))
+    slot, reading = decoder.begin(prompt, 2)
+    names = chain(prompt, CHUNK)
+    for read in range(1, 8):
+        assert reading.advance() is None
+        assert list(decoder.prefix.entries) == list(reversed(names[:read]))  # oldest use first: the last block
+    assert reading.advance() is not None and reading.done and slot.cached == 0
+    with pytest.raises(InputError, match="the prompt's 237 positions are read already"):
+        reading.advance()
+
+
 def test_bad_budgets_are_refused():
     with pytest.raises(InputError, match="budget must be an int >= 0"):
         PrefixCache(-1, 32)

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from oneblock.errors import InputError
 from oneblock.inference.prefix_cache import PrefixCache, chain
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.decoder import Decoder
@@ -90,7 +91,8 @@ class Prefill:
         logits (V,) float32 of the first new token."""
         if self.chunks is None:
             self._copy_cached()
-        assert self.chunks is not None
+        if not self.chunks:
+            raise InputError(f"the prompt's {len(self.ids)} positions are read already; start a new read")
         start, end = self.chunks.pop(0)
         tokens = torch.tensor([self.ids[start:end]], dtype=torch.long, device=self.device)  # (1, n)
         hidden = self.model.run(tokens, cache=self.cache)  # (1, n, C)
@@ -100,6 +102,7 @@ class Prefill:
             kv = torch.stack([torch.stack([layer.k[0, :, start:end], layer.v[0, :, start:end]])
                               for layer in self.cache.layers])  # (L, 2, Hkv, N, Dh), a copy  # fmt: skip
             self.prefix.store(self.names[index], index, self.ids[start:end], kv)
+            self.prefix.touch(self.names[: index + 1])  # a block stays more recent than those extending it
         if self.chunks:
             return None
         if self.prefix is not None:
