@@ -24,7 +24,7 @@ def test_help_lists_the_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--model", "--host", "--port", "--api-key", "--embedding-model", "--max-batch", "--max-queue",
                  "--max-tokens", "--timeout", "--grace", "--max-context", "--max-connections", "--header-timeout",
-                 "--body-timeout", "--cors-origin"):  # fmt: skip
+                 "--body-timeout", "--cors-origin", "--cache-budget"):  # fmt: skip
         assert flag in out
 
 
@@ -36,12 +36,17 @@ def test_help_lists_the_flags(capsys):
         (["--timeout", "0"], "--timeout must be a positive number of seconds; got 0"),
         (["--max-context", "1"], "--max-context must be at least 2; got 1"),
         (["--max-connections", "0"], "--max-connections must be at least 1; got 0"),
+        (["--cache-budget", "-1"], r"--cache-budget must be a number of MiB >= 0; got -1.0"),
+        (
+            ["--model", "lesson", "--embedding-model", "none", "--cache-budget", "1e11"],
+            r"and a prefix cache of .* GiB needs .*; lower --max-context, --max-batch or --cache-budget",
+        ),
         (["--header-timeout", "0"], "--header-timeout must be a positive number of seconds; got 0"),
         (["--body-timeout", "-1"], "--body-timeout must be a positive number of seconds; got -1"),
         (["--cors-origin", "localhost:3000"], "--cors-origin: a CORS origin must look like 'http://localhost:3000'"),
         (
             ["--model", "lesson", "--embedding-model", "none", "--max-batch", "100000000"],
-            r"more than this machine's memory .*; lower --max-context or --max-batch",
+            r"more than this machine's memory .*; lower --max-context, --max-batch or --cache-budget",
         ),
         (["--model", "no-such-model", "--embedding-model", "none"], "'no-such-model' is neither a file"),
         (["--model", "t5-small", "--embedding-model", "none"], "batched decoding needs a pre-LN decoder-only model"),

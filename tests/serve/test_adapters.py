@@ -83,7 +83,9 @@ def test_each_row_of_a_mixed_batch_equals_its_adapter_served_alone(directories):
     engine = multi_engine(directories, max_batch=8)
     try:
         got = run_jobs(engine, PROMPTS, CHOSEN)
-        assert engine.steps == NEW - 1  # all four rows admitted together: every step served all of them
+        # the four prompts (one 32-token chunk each) are read one per step, so the rows join one step apart and
+        # then share every step: 3 steps more than one row's NEW - 1
+        assert engine.steps == NEW - 1 + len(PROMPTS) - 1
     finally:
         engine.close(grace=5)
     references = {k: single_engine(directories[k - 1] if k else None, max_batch=1) for k in set(CHOSEN)}
@@ -99,6 +101,24 @@ def test_each_row_of_a_mixed_batch_equals_its_adapter_served_alone(directories):
             reference.close(grace=5)
     base, adapted = run_jobs(single_engine(None), [PROMPTS[0]], [0])[0], got[0]
     assert base != adapted  # the adapter changes the answer
+
+
+def test_one_prompt_under_two_adapters_shares_no_cached_blocks(directories):
+    """The prefix cache names a prompt's blocks by its adapter too: the same 70-byte prompt read first with an
+    adapter, then with the base, gives the base's own answer (its two whole blocks are not the adapter's)."""
+    prompt = "A long shared prefix that fills more than two blocks of thirty-two bytes."
+    engine = multi_engine(directories, max_batch=1)
+    try:
+        adapted, base = run_jobs(engine, [prompt], [1])[0], run_jobs(engine, [prompt], [0])[0]
+        assert engine.prefix.hits == 0  # nothing of the adapter's was found for the base
+    finally:
+        engine.close(grace=5)
+    alone = single_engine(None, max_batch=1)
+    try:
+        (want,) = run_jobs(alone, [prompt], [0])
+    finally:
+        alone.close(grace=5)
+    assert [t for t, _ in base] == [t for t, _ in want] and base != adapted
 
 
 @pytest.fixture(scope="module")

@@ -80,14 +80,14 @@ def slow(monkeypatch):
     ],
 )
 def test_a_prefill_that_fails_fails_its_request_alone_while_another_streams(slow, monkeypatch, error, status, match):
-    prefill = slow.engine.decoder.prefill
+    begin = slow.engine.decoder.begin
 
-    def failing_prefill(ids, max_new):
+    def failing_begin(ids, max_new, **options):
         if ids == TOKENIZER.encode(POISON):
             raise error
-        return prefill(ids, max_new)
+        return begin(ids, max_new, **options)
 
-    monkeypatch.setattr(slow.engine.decoder, "prefill", failing_prefill)
+    monkeypatch.setattr(slow.engine.decoder, "begin", failing_begin)
     streaming = Streaming(slow)
     assert streaming.started.wait(30)
     with pytest.raises(openai.APIStatusError) as caught:
@@ -99,21 +99,21 @@ def test_a_prefill_that_fails_fails_its_request_alone_while_another_streams(slow
 
 
 def test_a_row_that_fails_in_a_batched_step_fails_its_request_alone(slow, monkeypatch):
-    prefill, step = slow.engine.decoder.prefill, slow.engine.decoder.step
+    begin, step = slow.engine.decoder.begin, slow.engine.decoder.step
     poisoned = []
 
-    def remembering_prefill(ids, max_new):
-        slot, logits = prefill(ids, max_new)
+    def remembering_begin(ids, max_new, **options):
+        slot, reading = begin(ids, max_new, **options)
         if ids == TOKENIZER.encode(POISON):
             poisoned.append(slot)
-        return slot, logits
+        return slot, reading
 
     def failing_step(slots, fed):
         if any(slot is p for slot in slots for p in poisoned):
             raise RuntimeError("a product failed for this row")
         return step(slots, fed)
 
-    monkeypatch.setattr(slow.engine.decoder, "prefill", remembering_prefill)
+    monkeypatch.setattr(slow.engine.decoder, "begin", remembering_begin)
     monkeypatch.setattr(slow.engine.decoder, "step", failing_step)
     streaming = Streaming(slow)
     assert streaming.started.wait(30)

@@ -108,17 +108,17 @@ def test_unknown_model_path_method_and_host(tiny):
 
 @pytest.fixture
 def gated(monkeypatch):
-    """A server of one row and a queue of one whose prefill waits for ``open``: requests pile up on demand."""
+    """A server of one row and a queue of one whose prompt reads wait for ``open``: requests pile up on demand."""
     engine = Engine(tiny_model(), ByteTokenizer(), max_batch=1, max_queue=1)
     entered, opened = threading.Event(), threading.Event()
-    prefill = engine.decoder.prefill
+    begin = engine.decoder.begin
 
-    def gated_prefill(ids, max_new):
+    def gated_begin(ids, max_new, **options):
         entered.set()
         opened.wait(30)
-        return prefill(ids, max_new)
+        return begin(ids, max_new, **options)
 
-    monkeypatch.setattr(engine.decoder, "prefill", gated_prefill)
+    monkeypatch.setattr(engine.decoder, "begin", gated_begin)
     running = Running(engine, api_key=KEY)
     yield running, entered, opened
     opened.set()

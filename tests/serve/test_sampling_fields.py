@@ -165,7 +165,7 @@ def test_new_fields_under_batching_change_no_seeded_result(served):
         ({"grammar": 5}, "grammar", "'grammar' must be a Lark grammar"),
         ({"grammar": "  "}, "grammar", "'grammar' must be a Lark grammar"),
         ({"json_schema": {"type": "object"}}, "json_schema", "'json_schema' is not supported"),
-        ({"cache_prompt": True}, "cache_prompt", "no prompt is cached"),
+        ({"cache_prompt": "yes"}, "cache_prompt", "'cache_prompt' must be true or false"),
         ({"n_probs": 3}, "n_probs", "send OpenAI's 'logprobs'"),
         ({"min_tokens": 4}, "min_tokens", "'min_tokens' is not supported"),
         ({"repeat_penalty": 1.1}, "repeat_penalty", "send 'repetition_penalty'"),

@@ -24,6 +24,7 @@ DEFAULT_TIMEOUT = 300.0
 DEFAULT_GRACE = 10.0
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
+DEFAULT_CACHE_BUDGET = 512  # MiB of prompt blocks kept for later prompts
 KEY_VARIABLE = "ONEBLOCK_API_KEY"
 
 
@@ -103,6 +104,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "max-batch x N positions (default: the model's context)",
     )  # fmt: skip
     limits.add_argument(
+        "--cache-budget", type=float, default=DEFAULT_CACHE_BUDGET, metavar="MB",
+        help="MiB of prompts' keys and values kept for later prompts that begin the same way (prefix caching, in "
+        f"blocks of 32 tokens, least recently used dropped first; 0 turns it off; default: {DEFAULT_CACHE_BUDGET})",
+    )  # fmt: skip
+    limits.add_argument(
         "--max-connections", type=int, metavar="N",
         help="open connections at once; more are closed on arrival (default: 4 x (max-batch + max-queue))",
     )  # fmt: skip
@@ -141,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, number in seconds:
         if not number > 0:
             raise InputError(f"{flag} must be a positive number of seconds; got {number}")
+    if not 0 <= args.cache_budget < 2**40:  # also refuses nan
+        raise InputError(f"--cache-budget must be a number of MiB >= 0; got {args.cache_budget}")
     from oneblock.web.cors import check_origin
 
     for origin in args.cors_origin:
@@ -182,12 +190,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine = Engine(
             loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue,
-            max_context=args.max_context, adapters=served,
+            max_context=args.max_context, adapters=served, prefix_bytes=int(args.cache_budget * 2**20),
         )  # fmt: skip
     except InputError as error:  # the library names its parameters; here they are flags
-        raise InputError(
-            spelling.reword(str(error), {"max_context": "--max-context", "max_batch": "--max-batch"})
-        ) from None
+        flags = {"max_context": "--max-context", "max_batch": "--max-batch", "prefix_bytes": "--cache-budget"}
+        raise InputError(spelling.reword(str(error), flags)) from None
     limits = Limits(
         default_max_tokens=args.default_max_new_tokens, request_seconds=args.timeout, body_seconds=args.body_timeout
     )

@@ -4,9 +4,11 @@ Shape notation: B active rows, T prompt length, L cached positions of one row, C
 Hkv key/value heads, Dh head width, V vocabulary.
 
 Each request owns a ``Slot``: its own key/value cache, allocated to the exact length it needs (prompt plus new
-tokens), and its own length. A new request is prefilled alone (``BatchDecoder.prefill``, the model's ``run`` on a
-batch of one); after that, ``BatchDecoder.step`` advances every active slot by one token in a single pass. Rows
-join and leave between steps, at any position.
+tokens), and its own length. A new request is prefilled alone, in fixed chunks of 32 positions
+(:mod:`oneblock.inference.prefill`: ``BatchDecoder.prefill`` reads it whole, ``begin`` and ``Prefill.advance`` a
+chunk at a time, so a server can interleave a long prompt with the others' steps), after the blocks of it that the
+prefix cache holds (:mod:`oneblock.inference.prefix_cache`); after that, ``BatchDecoder.step`` advances every
+active slot by one token in a single pass. Rows join and leave between steps, at any position.
 
 Exactness under batching: every per-row computation depends only on that row. Norms, rotary tables (looked up
 at each row's own position), the residual adds and the attention (run per row over that row's own cache, so no
@@ -36,6 +38,8 @@ from torch import Tensor, nn
 from oneblock.errors import InputError
 from oneblock.inference.native_step import NativeStep
 from oneblock.inference.plan import DecodePlan, heads_of_one_token, lean_supported
+from oneblock.inference.prefill import Prefill
+from oneblock.inference.prefix_cache import PrefixCache
 from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.decoder import Decoder
@@ -49,11 +53,18 @@ class Slot:
         cache: its keys and values, (1, Hkv, capacity, Dh) per layer.
         length: positions filled (the prompt, then every token fed back).
         capacity: positions the cache holds; ``step`` refuses a slot that is full.
+        reading: the read of its prompt, which filled the cache.
     """
 
     cache: Cache
     length: int
     capacity: int
+    reading: Prefill | None = None
+
+    @property
+    def cached(self) -> int:
+        """Prompt positions copied from the prefix cache rather than computed."""
+        return self.reading.cached if self.reading is not None else 0
 
 
 class BatchDecoder:
@@ -63,12 +74,13 @@ class BatchDecoder:
         model: a pre-LN decoder-only ``Decoder`` (``lean_supported``), in eval mode.
         native: step with the native step where it applies (``None``, the default: unless
             ``ONEBLOCK_NATIVE_STEP=0``); ``False`` always runs the Python step. ``native`` tells which one runs.
+        prefix: the prefix cache prompts read their leading blocks from and keep theirs in (``None``: none).
 
     Raises:
         InputError: a model the lean step cannot run (encoder-decoder, post-LN, relative position bias).
     """
 
-    def __init__(self, model: nn.Module, *, native: bool | None = None) -> None:
+    def __init__(self, model: nn.Module, *, native: bool | None = None, prefix: PrefixCache | None = None) -> None:
         if not isinstance(model, Decoder) or not lean_supported(model):
             raise InputError(
                 f"batched decoding needs a pre-LN decoder-only model without relative position bias; got "
@@ -80,23 +92,49 @@ class BatchDecoder:
         self.heads, self.kv_heads, self.d_head = plan.heads, plan.kv_heads, plan.d_head
         self.device = model.embed.device
         self.native = NativeStep.of(model) if native is not False else None
+        self.prefix = prefix
 
     @property
     def context(self) -> int:
         """The model's ``max_seq_len``: prompt plus new tokens of one slot."""
         return int(self.model.config.max_seq_len)
 
-    @torch.inference_mode()
-    def prefill(self, ids: Sequence[int], max_new: int) -> tuple[Slot, Tensor]:
+    def prefill(
+        self, ids: Sequence[int], max_new: int, *, namespace: str = "", reuse: bool = True
+    ) -> tuple[Slot, Tensor]:
         """Read a prompt alone; return its slot and the logits (V,) float32 of its first new token.
 
         Args:
             ids: the T prompt ids.
             max_new: new tokens the slot will produce (the last is never fed back, so the cache holds
                 ``T + max_new - 1`` positions).
+            namespace, reuse: see ``begin``.
 
         Raises:
             InputError: an empty prompt, ids out of range, or ``T + max_new`` over the context.
+        """
+        slot, reading = self.begin(ids, max_new, namespace=namespace, reuse=reuse)
+        logits = None
+        while logits is None:
+            logits = reading.advance()
+        return slot, logits
+
+    def begin(
+        self, ids: Sequence[int], max_new: int, *, namespace: str = "", reuse: bool = True
+    ) -> tuple[Slot, Prefill]:
+        """Start reading a prompt: its slot (``length`` T, valid once the read is done) and the read, whose
+        ``advance`` computes one chunk and returns the logits (V,) float32 of the first new token after the last.
+        The prompt's leading blocks found in the prefix cache are copied in at the first ``advance``
+        (``slot.cached`` positions).
+
+        Args:
+            ids, max_new: as for ``prefill``.
+            namespace: what the keys and values depend on beside the ids and this model (an adapter's name).
+            reuse: read and keep blocks of the prefix cache (``False``: this prompt is computed whole and kept
+                nowhere).
+
+        Raises:
+            InputError: as ``prefill``.
         """
         t = len(ids)
         vocab = self.model.config.vocab_size
@@ -113,10 +151,8 @@ class BatchDecoder:
             raise InputError(f"prompt ids must be ints in [0, {vocab}); got {list(ids)[:8]!r}...")
         capacity = t + max_new - 1
         cache = self.model.new_cache(1, max_len=capacity, chunk=capacity)  # allocated whole, once, as the lean step
-        prompt = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
-        hidden = self.model.run(prompt, cache=cache)  # (1, T, C)
-        logits = self.model.logits(hidden[:, -1])[0]  # (V,)
-        return Slot(cache, t, capacity), logits.to(torch.promote_types(logits.dtype, torch.float32))
+        reading = Prefill(self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse)
+        return Slot(cache, t, capacity, reading), reading
 
     @torch.inference_mode()
     def step(self, slots: Sequence[Slot], fed: Sequence[int] | Tensor) -> Tensor:

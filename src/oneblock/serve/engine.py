@@ -3,11 +3,18 @@
 Shape notation: B active requests, V vocabulary.
 
 Requests wait in a bounded queue. Between two decoding steps the thread admits waiting requests (up to
-``max_batch`` active), prefilling each alone, then runs one ``BatchDecoder.step`` for every active request and
+``max_batch`` active), reads one chunk of 32 prompt positions of the oldest request still reading its prompt
+(each request alone; every chunk of it while no row decodes, so a long prompt delays the decoding rows by one chunk
+a step, never by its whole length), then runs one ``BatchDecoder.step`` for every active request and
 samples each row with its own ``SamplerState`` (the request's ``logit_bias``, grammar mask, penalties over that
 row's tokens, filters, and its own ``torch.Generator``). A request leaves the batch when
 it ends (its end-of-turn id, a stop string, its token budget, its time limit), or at the next step after its
 client went away. What a request produces reaches its client through ``Job.emit``, called on this thread.
+
+The prefix cache (:mod:`oneblock.inference.prefix_cache`, ``prefix_bytes``) keeps the keys and values of whole
+32-position blocks of the prompts read, so a prompt that begins as an earlier one did (a system prompt, the turns
+of a conversation so far) copies those blocks and computes only the rest, with the logits it would have without
+the cache, bit for bit; ``Done.cached_tokens`` says how many positions it copied.
 
 Because every row is computed independently of the others (see ``oneblock.inference.batch``) and each request
 draws from its own generator, a seeded request produces the same tokens alone or in any batch.
@@ -42,6 +49,8 @@ from oneblock.adapters.multi import ServedAdapters
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.logprobs import TopLogprobs, token_logprobs
+from oneblock.inference.prefill import CHUNK
+from oneblock.inference.prefix_cache import PrefixCache
 from oneblock.inference.sampler_state import SamplerState
 from oneblock.serve.jobs import (
     CacheFull,
@@ -64,6 +73,8 @@ __all__ = [
     "CacheFull", "Delta", "Done", "Echoed", "Engine", "Event", "Failed", "Job", "QueueFull", "Scored", "Stopping",
 ]  # fmt: skip
 SCORE_ROWS = 256  # prompt positions whose logits an echo computes at once: (256, V) float32 at most
+PREFIX_BYTES = 512 * 2**20
+"""The prefix cache's default budget: 512 MiB (SmolLM2-135M's keys and values of about 11,600 positions)."""
 
 log = logging.getLogger("oneblock.serve")
 
@@ -82,6 +93,8 @@ class Engine:
             ``max_batch * max_context``); ``submit`` raises ``CacheFull`` beyond.
         adapters: the LoRA adapters ``load_adapters`` put on ``model``; a job's ``adapter`` picks its row's (0:
             the base), and rows of different adapters share each step.
+        prefix_bytes: bytes of prompt blocks the prefix cache keeps for later prompts (default ``PREFIX_BYTES``;
+            0 keeps none).
 
     Raises:
         InputError: a bound that is not a positive integer, a budget smaller than one request of ``max_context``,
@@ -91,8 +104,10 @@ class Engine:
     def __init__(
         self, model: nn.Module, tokenizer: Tokenizer, *, max_batch: int = 8, max_queue: int = 32,
         max_context: int | None = None, cache_positions: int | None = None, adapters: ServedAdapters | None = None,
+        prefix_bytes: int = PREFIX_BYTES,
     ) -> None:  # fmt: skip
-        self.decoder = BatchDecoder(model)
+        self.prefix = PrefixCache(_positive("prefix_bytes", prefix_bytes, 0), CHUNK)
+        self.decoder = BatchDecoder(model, prefix=self.prefix)
         self.adapters = adapters
         self.tokenizer = tokenizer
         # A head wider than the vocabulary (padded for speed) must not pick ids the tokenizer cannot decode.
@@ -103,10 +118,11 @@ class Engine:
         budget = self.max_batch * self.max_context if cache_positions is None else cache_positions
         self.cache_positions = _positive("cache_positions", budget, self.max_context)
         self.position_bytes = position_bytes(self.decoder.model)
-        check_fits(self.cache_positions, self.position_bytes, self.max_context)
+        check_fits(self.cache_positions, self.position_bytes, self.max_context, prefix_bytes)
         self.reserved = 0  # cache positions held by the requests running and waiting
         self.waiting: collections.deque[Job] = collections.deque()
-        self.active: list[Job] = []
+        self.active: list[Job] = []  # decoding
+        self.reading: list[Job] = []  # reading their prompts, the oldest first
         self.accepting = True
         self.cutoff: float | None = None  # when stopping: the moment requests still in flight are ended
         self.running = True  # False ends the thread
@@ -158,9 +174,9 @@ class Engine:
             self.wake.notify()
 
     def load(self) -> tuple[int, int]:
-        """(active, waiting) requests now."""
+        """(active, waiting) requests now; a request reading its prompt is active."""
         with self.wake:
-            return len(self.active), len(self.waiting)
+            return len(self.active) + len(self.reading), len(self.waiting)
 
     def cache_use(self) -> tuple[int, int]:
         """(positions the running requests' caches hold, positions reserved by those running and waiting)."""
@@ -200,14 +216,14 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self.wake:
-                while self.running and not self.waiting and not self.active:
+                while self.running and not self.waiting and not self.active and not self.reading:
                     self.wake.wait()
                 if not self.running:
                     break
                 if self.cutoff is not None and time.monotonic() >= self.cutoff:
                     self._end_all("the server is shutting down and this request ran past its grace period; retry it")
                     continue
-                room = self.max_batch - len(self.active)
+                room = self.max_batch - len(self.active) - len(self.reading)
                 admitted = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
             try:
                 self._run(admitted)
@@ -215,16 +231,17 @@ class Engine:
                 log.exception("serve: the engine failed")
                 failed = Failed(f"internal error ({type(error).__name__}); the server's log has details")
                 with self.wake:
-                    for job in [*admitted, *self.active]:
+                    for job in [*admitted, *self.reading, *self.active]:
                         if job.held:  # not ended yet
                             self._end(job, failed)
-                    self.active = []
+                    self.active, self.reading = [], []
         with self.wake:
             self._end_all("the server is shutting down; retry the request")
 
     def _end_all(self, message: str) -> None:
         """End every request running or waiting with a 503 (the caller holds ``wake``)."""
-        leftover, self.waiting, self.active = [*self.active, *self.waiting], collections.deque(), []
+        leftover = [*self.reading, *self.active, *self.waiting]
+        self.waiting, self.active, self.reading = collections.deque(), [], []
         for job in leftover:
             self._end(job, Failed(message, status=503))
 
@@ -232,9 +249,37 @@ class Engine:
         for job in admitted:
             self._guarded(job, self._start)
         self._retire()
+        self._read()
+        self._retire()
         if self.active:
             self._step(list(self.active))
             self._retire()
+
+    def _read(self) -> None:
+        """One chunk of the oldest prompt being read, or every chunk of the prompts while no row decodes; a prompt
+        read to its end samples its first token and joins the decoding rows."""
+        while self.reading:
+            job = self.reading[0]
+            self._guarded(job, self._advance)
+            if job.reading is None or job.slot is None:  # read, or ended
+                with self.wake:
+                    self.reading.remove(job)
+            if self.active:
+                return
+
+    def _advance(self, job: Job) -> None:
+        assert job.reading is not None and job.slot is not None  # set by _start
+        self._use([job])  # each chunk is read with the request's adapter
+        logits = job.reading.advance()
+        if logits is None:
+            return
+        job.reading = None
+        self.observer.prefilled(job)
+        if job.cache_prompt:
+            self.observer.prefix_cache(len(job.prompt), job.slot.cached, self.prefix.bytes)
+        with self.wake:
+            self.active.append(job)
+        self._take(job, logits[None])
 
     def _step(self, jobs: list[Job]) -> None:
         """One token for every active request; a failed batched step is retried row by row."""
@@ -285,7 +330,7 @@ class Engine:
             self._end(job, Failed(f"internal error ({type(error).__name__}); the server's log has details"))
 
     def _start(self, job: Job) -> None:
-        """Score the prompt when asked (``echo``), prefill the request alone and sample its first token."""
+        """Score the prompt when asked (``echo``) and start reading the request's prompt (``_read`` goes on)."""
         if job.cancelled.is_set():
             self._release(job)
             self.observer.ended(job, None)
@@ -303,11 +348,12 @@ class Engine:
             self.observer.prefilled(job)
             self._end(job, Done("length", len(job.prompt), 0))
             return
-        job.slot, logits = self.decoder.prefill(job.prompt, job.max_new)
-        self.observer.prefilled(job)
+        namespace = self.adapters.names[job.adapter - 1] if self.adapters is not None and job.adapter else ""
+        job.slot, job.reading = self.decoder.begin(
+            job.prompt, job.max_new, namespace=namespace, reuse=job.cache_prompt
+        )  # the keys and values of an adapter's prompt are its own: its name is part of their blocks' names
         with self.wake:
-            self.active.append(job)
-        self._take(job, logits[None])
+            self.reading.append(job)
 
     @torch.inference_mode()
     def _prompt_scores(self, prompt: list[int], top: int) -> list[Scored]:
@@ -353,7 +399,7 @@ class Engine:
         if rest or job.pending:
             job.emit(Delta(rest, tuple(job.pending)))
             job.pending = []
-        return Done(reason, len(job.prompt), job.produced)
+        return Done(reason, len(job.prompt), job.produced, job.slot.cached if job.slot is not None else 0)
 
     def _end(self, job: Job, event: Event) -> None:
         """The request's last event; its cache and its reservation are given back."""
@@ -365,7 +411,7 @@ class Engine:
             log.exception("serve: a request's last event could not be delivered")
 
     def _release(self, job: Job) -> None:
-        job.slot = None  # frees the cache
+        job.slot, job.reading = None, None  # frees the cache
         with self.wake:
             self.reserved -= job.held
             job.held = 0
@@ -373,11 +419,12 @@ class Engine:
     def _retire(self) -> None:
         """Drop ended and cancelled requests from the batch, giving back their reservations."""
         with self.wake:
-            for job in self.active:
+            for job in [*self.reading, *self.active]:
                 if job.cancelled.is_set() and job.slot is not None:
                     self._release(job)
                     self.observer.ended(job, None)
             self.active = [j for j in self.active if j.slot is not None]
+            self.reading = [j for j in self.reading if j.slot is not None]
 
 
 def _one_row(scores: TopLogprobs) -> TopLogprobs:

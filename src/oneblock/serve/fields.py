@@ -2,8 +2,8 @@
 ``Sampling``.
 
 A field is honoured (it changes the answer as OpenAI documents), accepted because its value asks for nothing
-(``user``, ``best_of`` equal to ``n``, ``suffix: ""``, ``response_format: {"type": "text"}``, ``cache_prompt:
-false``), or refused with a 400 that names it: never silently ignored.
+(``user``, ``best_of`` equal to ``n``, ``suffix: ""``, ``response_format: {"type": "text"}``), or refused with a
+400 that names it: never silently ignored.
 docs/serving.md has the whole table.
 """
 

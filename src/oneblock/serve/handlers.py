@@ -155,6 +155,7 @@ class Service:
                 parsed.prompts[i // parsed.n].ids, parsed.max_new[i // parsed.n], parsed.sampling, events.emitter(i),
                 stop=parsed.stop, eos_ids=self.eos_ids, seconds=self.limits.request_seconds, row=i % parsed.n,
                 top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint, adapter=adapter,
+                cache_prompt=parsed.cache_prompt,
             )
             for i in range(parsed.choices)
         ]  # fmt: skip

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from oneblock.inference.batch import Slot
 from oneblock.inference.constraints import Constraint
 from oneblock.inference.logprobs import TopLogprobs
+from oneblock.inference.prefill import Prefill
 from oneblock.inference.sampler_state import SamplerState
 from oneblock.inference.sampling import Sampling
 from oneblock.serve.text import StopText
@@ -57,11 +58,13 @@ class Echoed:
 @dataclass(frozen=True)
 class Done:
     """A request's end: ``finish_reason`` is ``"stop"`` (end-of-turn id or stop string) or ``"length"`` (token
-    budget or time limit); the counts are exact."""
+    budget or time limit); the counts are exact (``cached_tokens``: the prompt's positions whose keys and values
+    came from the prefix cache)."""
 
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt positions read from the prefix cache, not computed
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ class Job:
         echo: start with the prompt's text (an ``Echoed`` event), scored when ``top`` is set.
         constraint: a grammar the reply must follow; each job gets its own state, applied to its row's logits.
         adapter: the LoRA adapter its row runs with: 0 the base, k the engine's k-th adapter.
+        cache_prompt: read the prompt's leading blocks from the prefix cache and keep its own there (``False``:
+            computed whole, kept nowhere).
     """
 
     prompt: list[int]
@@ -124,9 +129,11 @@ class Job:
     echo: bool = False
     constraint: Constraint | None = None
     adapter: int = 0
+    cache_prompt: bool = True
     cancelled: threading.Event = field(default_factory=threading.Event)
     # Filled in by the engine:
     slot: Slot | None = None
+    reading: Prefill | None = None  # the prompt's read, chunk by chunk, until its first token's logits
     sampler: SamplerState | None = None
     text: StopText = field(init=False)
     pending: list[Scored] = field(default_factory=list)  # tokens whose text has not been handed out yet

@@ -27,19 +27,21 @@ def physical_memory() -> int:
         return 64 * 2**30
 
 
-def check_fits(positions: int, per_position: int, max_context: int) -> None:
-    """Refuse a cache budget larger than this machine's memory, before any request allocates any of it.
+def check_fits(positions: int, per_position: int, max_context: int, prefix_bytes: int = 0) -> None:
+    """Refuse a cache budget larger than this machine's memory, before any request allocates any of it: the rows'
+    ``positions`` of ``per_position`` bytes, and ``prefix_bytes`` of prefix cache.
 
     Raises:
         InputError: naming the budget, what it needs and the machine's memory.
     """
-    needed, memory = positions * per_position, physical_memory()
+    needed, memory = positions * per_position + prefix_bytes, physical_memory()
     if needed > memory:
         gib = 2**30
+        prefix = f" and a prefix cache of {prefix_bytes / gib:.1f} GiB" if prefix_bytes else ""
         raise InputError(
             f"the key/value cache for {positions:,} positions ({math.ceil(positions / max_context)} requests of "
-            f"max_context {max_context:,}) needs {needed / gib:.1f} GiB, more than this machine's memory "
-            f"({memory / gib:.1f} GiB); lower max_context or max_batch"
+            f"max_context {max_context:,}){prefix} needs {needed / gib:.1f} GiB, more than this machine's memory "
+            f"({memory / gib:.1f} GiB); lower max_context, max_batch or prefix_bytes"
         )
 
 

@@ -45,6 +45,8 @@ class Request:
             or ``None``.
         tools: the tools an answer may call (``tool_choice`` other than ``none``): each answer is a call or a
             reply, read by ``tools.read_answer``.
+        cache_prompt: llama.cpp's field: read the prompts' leading blocks from the prefix cache and keep theirs
+            (default); ``False`` computes them whole and keeps nothing.
     """
 
     kind: Literal["chat", "text"]
@@ -60,6 +62,7 @@ class Request:
     echo: bool = False
     constraint: Constraint | None = None
     tools: Tools | None = None
+    cache_prompt: bool = True
 
     @property
     def prompt(self) -> list[int]:
@@ -126,9 +129,10 @@ def parse_completion(
         if constraint is not None:
             raise bad("response_format", "a JSON 'response_format' cannot be combined with tools; send one of them")
         constraint = _tool_grammar(tools, tokenizer)
+    cache_prompt = flag(body, "cache_prompt") if body.get("cache_prompt") is not None else True
     return Request(
         kind, model, prompts, n, max_new, settings, stop, stream, include_usage, logprobs, echo, constraint,
-        tools if tools is not None and tools.active else None,
+        tools if tools is not None and tools.active else None, cache_prompt,
     )  # fmt: skip
 
 
@@ -217,11 +221,6 @@ def _check_no_ops(body: Mapping[str, Any], n: int) -> None:
         raise bad("best_of", f"'best_of' is not supported by this server (only best_of = n = {n}); leave it out")
     if body.get("suffix") not in (None, ""):
         raise bad("suffix", "'suffix' is not supported by this server (insertion is not implemented); leave it out")
-    if body.get("cache_prompt") not in (None, False):
-        raise bad(
-            "cache_prompt", "'cache_prompt' is not supported by this server: no prompt is cached between requests; "
-            "send false or leave it out",
-        )  # fmt: skip
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad("user", f"'user' must be a string; got {shown(user)}")

@@ -150,12 +150,18 @@ class Answer:
         """The last event with ``stream_options.include_usage``: no choices, the usage."""
         return {**self._head(True), "choices": [], "usage": self.usage()}
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         """Exact counts: each prompt's ids once (not once per choice), and every choice's generated ids that make
-        its text (an end-of-turn id not counted)."""
+        its text (an end-of-turn id not counted); ``prompt_tokens_details.cached_tokens``, OpenAI's field, the
+        prompt positions read from the prefix cache (a prompt's first choice's, as its ids are counted once)."""
         prompt = sum(len(p.ids) for p in self.request.prompts)
         completion = sum(c.done.completion_tokens for c in self.choices if c.done is not None)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        firsts = self.choices[:: self.request.n]  # choice 0 of each prompt
+        cached = sum(c.done.cached_tokens for c in firsts if c.done is not None)
+        return {
+            "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }  # fmt: skip
 
 
 def model_entry(name: str, created: int, *, parent: str | None = None) -> dict[str, Any]:
