@@ -7,13 +7,14 @@ Two implementations compute the same logits:
 
 * ``FullDecode`` calls the model's own ``run`` for every step: any model (encoder-decoder, post-LN, the uncached
   path), with every check and mask the layers apply.
-* ``LeanDecode``, for pre-LN decoder-only models with a cache, runs the prompt through the model's ``run`` (in
-  the fixed chunks of 32 positions the batched decoder reads a prompt in, :mod:`oneblock.inference.prefill`, so
-  that ``generate`` and the server compute the same logits) and then each new token through ``step``: the same
-  modules (norms, feed-forward, output projection) called directly, with everything that does not change between
-  tokens made once, before the first: the key/value buffers of the
-  exact length the generation needs, the rotary tables and padding masks of every position, and one fused
-  query/key/value matrix per layer (the file's block matrix for a GGUF model). A step then validates nothing and
+* ``LeanDecode``, for pre-LN decoder-only models with a cache, runs the prompt through the model's ``run`` in
+  one pass (the fastest: one dequantized tile per block matrix for the whole prompt; the server reads prompts in
+  fixed chunks instead, :mod:`oneblock.inference.prefill`, for its prefix cache, which equals this pass for a
+  prompt of one chunk and differs from it by float32 rounding for longer ones) and then each new token through
+  ``step``: the same modules (norms, feed-forward, output projection) called directly, with everything that does
+  not change between tokens made once, before the first: the key/value buffers of the exact length the
+  generation needs, the rotary tables and padding masks of every position, and one fused query/key/value matrix
+  per layer (the file's block matrix for a GGUF model). A step then validates nothing and
   builds no mask: a single new query attends to every cached key, so causality needs no mask, and padding is a
   view of the precomputed one. ``torch.compile`` can compile ``step`` (``compile=True``; off on the CPU, where it
 measured slower). Where the C++ library is built and the model qualifies, each token instead goes through the
@@ -34,7 +35,6 @@ from torch import Tensor
 from oneblock.inference.compile_policy import compile_backend
 from oneblock.inference.native_step import NativeStep
 from oneblock.inference.plan import DecodePlan, heads_of_one_token
-from oneblock.inference.prefill import spans
 from oneblock.inference.request import DecodeRequest
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.encoder_decoder import EncoderDecoder
@@ -173,13 +173,12 @@ class LeanDecode:
         narrow = cache.layers[0].k.dtype != self.compute_dtype
         if narrow:  # the model's layers attend in their own dtype: fill a full-width cache, then narrow it
             cache = model.new_cache(run.seen.shape[0], max_len=t, chunk=t)
-        for start, end in spans(0, t):  # the server's chunks (inference/prefill.py): the same logits as it computes
-            hidden = model.run(
-                run.seen[:, start:end],
-                padding_mask=run.mask[:, :end] if run.mask is not None else None,
-                positions=self.positions[:, start:end] if self.positions is not None else None,
-                cache=cache,
-            )  # (B, n, C)
+        hidden = model.run(
+            run.seen,
+            padding_mask=run.mask[:, :t] if run.mask is not None else None,
+            positions=self.positions[:, :t] if self.positions is not None else None,
+            cache=cache,
+        )  # (B, T, C)
         if narrow:
             for wide, layer in zip(cache.layers, self.cache.layers, strict=True):
                 layer.k[:, :, :t], layer.v[:, :, :t] = wide.k[:, :, :t], wide.v[:, :, :t]

@@ -1,21 +1,22 @@
 """Reading a prompt into its key/value cache: in fixed chunks, after whatever blocks a prefix cache holds.
 
-Shape notation: T prompt length, N chunk length (:data:`CHUNK`), C model width, V vocabulary, L layers,
-Hkv key/value heads, Dh head width.
+Shape notation: T prompt length, N chunk length (:data:`CHUNK`), C model width, V vocabulary, L layers, Hkv
+key/value heads, Dh head width.
 
-A prompt is always read in the same chunks: positions ``[0, N)``, ``[N, 2N)``, ... and the rest, each chunk one
-call of the model's ``run`` over the cache filled so far. Fixed chunks are what makes prefix caching exact: a
-float32 product (MKL's GEMM) blocks its summation by the number of rows, and the attention of a chunk by the number
-of its queries and keys, so a prompt's tail read after copied keys computes bit for bit what it computes after
-keys it read itself only when the tail's chunks are the chunks a whole-prompt read would run. They also bound what
-one read costs (a chunk at a time, so a server can interleave a long prompt with other rows' decoding steps) and
-keep every chunk's products of a GGUF model on one kernel path (below or at 32 rows).
+A prompt is always read in the same chunks: positions ``[0, N)``, ``[N, 2N)``, ..., the last whole chunk taking the
+rest with it (:func:`spans`), each chunk one call of the model's ``run`` over the cache filled so far. Fixed chunks
+are what makes prefix caching exact: a float32 product (MKL's GEMM) blocks its summation by the number of rows, and
+the attention of a chunk by the number of its queries and keys, so a prompt's tail read after copied keys computes
+bit for bit what it computes after keys it read itself only when the tail's chunks are the chunks a whole-prompt
+read would run. They also bound what one read costs (a chunk at a time, so a server can interleave a long prompt
+with other rows' decoding steps) and keep a prompt's products of a GGUF model on the path a whole-prompt read takes:
+float tiles from 32 rows, the integer kernels below (a prompt shorter than a chunk is one chunk).
 
-``Prefill`` reads one prompt of one row (``LeanDecode`` reads a batch through :func:`spans` alone): at its first
+``Prefill`` reads one prompt of one row (``generate`` reads a prompt in one pass instead, its fastest): at its first
 ``advance`` it copies the cached blocks that begin the prompt (then, not when the read is made: a server that reads
-prompts one after another finds what the prompt before stored, even when both arrived together), then computes
-the rest a chunk per ``advance``, storing each whole block it computes for later prompts. The last position is
-always computed (a prompt wholly cached recomputes its last block), since its logits are the first new token's.
+prompts one after another finds what the prompt before stored, even when both arrived together), then computes the
+rest a chunk per ``advance``, storing each whole block it computes for later prompts. The last position is always
+computed (a prompt wholly cached recomputes its last block), since its logits are the first new token's.
 """
 
 from __future__ import annotations
@@ -36,9 +37,15 @@ CHUNK = 32
 
 
 def spans(start: int, end: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
-    """``[start, end)`` cut at the multiples of ``chunk``: the chunks a prompt read from ``start`` runs."""
-    cuts = [start, *range((start // chunk + 1) * chunk, end, chunk), end]
-    return [(a, b) for a, b in itertools.pairwise(cuts) if a < b]
+    """The chunks a read of ``[0, end)`` runs from ``start`` on (``start`` one of its cuts): cut at the multiples of
+    ``chunk``, the remainder joining the last whole chunk, so that a prompt of ``chunk`` positions or more is read
+    in chunks of ``chunk`` to ``2 * chunk - 1`` rows and every product of a GGUF model takes the float path a
+    whole-prompt read takes (from 32 rows, ``oneblock.kernels.GEMM_ROWS``)."""
+    cuts = list(range(chunk, end, chunk))
+    if end % chunk and cuts:
+        cuts.pop()  # [.., last whole chunk + remainder)
+    bounds = [start, *(c for c in cuts if c > start), end]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if a < b]
 
 
 class Prefill:
@@ -54,7 +61,8 @@ class Prefill:
         reuse: read and keep cached blocks (``False``: compute everything, keep nothing).
 
     Attributes:
-        cached: positions copied from the prefix cache (a multiple of ``CHUNK``, below T), once ``advance`` ran.
+        cached: positions copied from the prefix cache (a multiple of ``CHUNK``, before the last chunk), once
+            ``advance`` ran.
         position: positions in the cache so far.
     """
 
@@ -76,7 +84,7 @@ class Prefill:
 
     def _copy_cached(self) -> None:
         """Copy the cached blocks that begin the prompt (all but its last position) into its cache."""
-        usable = self.names[: (len(self.ids) - 1) // CHUNK]
+        usable = self.names[: max(len(self.ids) // CHUNK - 1, 0)]  # blocks before the last chunk's start
         found = self.prefix.lookup(usable, self.ids) if self.prefix is not None else []
         for block in found:
             start = block.index * CHUNK

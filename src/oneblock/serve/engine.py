@@ -174,9 +174,11 @@ class Engine:
             self.wake.notify()
 
     def load(self) -> tuple[int, int]:
-        """(active, waiting) requests now; a request reading its prompt is active."""
+        """(active, waiting) requests now; a request reading its prompt is active, one that has ended is not (its
+        slot is given back before its last event is sent, while the loop drops it from its lists after)."""
         with self.wake:
-            return len(self.active) + len(self.reading), len(self.waiting)
+            running = sum(j.slot is not None for j in [*self.active, *self.reading])
+            return running, len(self.waiting)
 
     def cache_use(self) -> tuple[int, int]:
         """(positions the running requests' caches hold, positions reserved by those running and waiting)."""
