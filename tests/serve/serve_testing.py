@@ -26,10 +26,11 @@ TINY = {
 }  # fmt: skip
 
 
-def tiny_model(*, int8: bool = True) -> torch.nn.Module:
-    """The tiny model, its products int8 (rows independent of the batch) or float32 (``int8=False``)."""
+def tiny_model(*, int8: bool = True, vocab_size: int = 256, max_seq_len: int = 512) -> torch.nn.Module:
+    """The tiny model, its products int8 (rows independent of the batch) or float32 (``int8=False``); a
+    ``vocab_size`` (a multiple of 16) above 256 for a tokenizer with more ids than bytes."""
     torch.manual_seed(0)
-    model = ob.build_model(ob.ModelConfig(**TINY))
+    model = ob.build_model(ob.ModelConfig(**{**TINY, "vocab_size": vocab_size, "max_seq_len": max_seq_len}))
     with torch.no_grad():  # away from the tiny initial values, so sampling is far from uniform
         for p in model.parameters():
             p.add_(0.5 * torch.randn_like(p))

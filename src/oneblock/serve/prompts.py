@@ -9,6 +9,7 @@ from typing import Any
 
 from oneblock.errors import InputError
 from oneblock.serve.checks import bad, shown, text
+from oneblock.serve.tool_template import HERMES, template_calls, tool_format
 from oneblock.serve.tools import Tools, call_ids, written_calls, written_result
 from oneblock.text.chat_template import render_chat
 from oneblock.text.tokenizer import Tokenizer
@@ -33,29 +34,39 @@ class Prompt:
 def chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, tools: Tools | None = None) -> Prompt:
     """The conversation rendered with the model's chat template (ChatML without one), ending in the assistant's
     header; with active ``tools``, their description and the answer's format begin the system message, and
-    earlier tool calls and results are written in that format (``oneblock.serve.tools``)."""
+    earlier tool calls and results are written in that format (``oneblock.serve.tools``). A template with its own
+    tool format (``oneblock.serve.tool_template``) renders the tools and the earlier calls and results itself."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "'messages' must be a non-empty list of {'role', 'content'} objects")
     names = call_ids(messages)
-    conversation = []
+    own = tool_format(getattr(tokenizer, "chat_template", None)) == HERMES  # the template writes tool turns
+    conversation: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise bad(f"messages[{i}]", f"message {i} needs a 'role' among {list(ROLES)}; got {shown(message)}")
         role = "system" if message["role"] == "developer" else message["role"]
+        turn: dict[str, Any] = {}
         if role == "assistant" and message.get("tool_calls"):
             said = message.get("content")  # text sent beside the calls comes first, on its own line
             said = "" if said is None else text("messages", _content(said, i), f"messages[{i}].content")
-            content = (said + "\n" if said else "") + written_calls(message["tool_calls"], i)
+            content = (said + "\n" if said else "") + written_calls(message["tool_calls"], i)  # checks the calls
+            if own:
+                content, turn = said, {"tool_calls": template_calls(message["tool_calls"])}
         elif role == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str):
                 raise bad(f"messages[{i}].tool_call_id", f"message {i} (a tool result) needs a 'tool_call_id' string")
             result = text("messages", _content(message.get("content"), i), f"messages[{i}].content")
-            role, content = "user", written_result(result, call_id, names.get(call_id))
+            if own:
+                content, turn = result, {"tool_call_id": call_id, "name": names.get(call_id)}
+            else:
+                role, content = "user", written_result(result, call_id, names.get(call_id))
         else:
             content = text("messages", _content(message.get("content"), i), f"messages[{i}].content")
-        conversation.append({"role": role, "content": content})
+        conversation.append({"role": role, "content": content, **turn})
+    if own:
+        return _rendered(conversation, tokenizer, tools)
     if tools is not None and tools.active:
         if conversation[0]["role"] == "system":
             conversation[0] = {"role": "system", "content": tools.instructions() + "\n\n" + conversation[0]["content"]}
@@ -71,6 +82,17 @@ def chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, tools: Tools | No
     except InputError as error:
         raise bad("messages", str(error)) from None
     return Prompt(ids, "")
+
+
+def _rendered(conversation: list[dict[str, Any]], tokenizer: Tokenizer, tools: Tools | None) -> Prompt:
+    """The conversation rendered by a template with its own tool format, the tools as its ``tools`` variable."""
+    listed = None if tools is None or not tools.active else [{"type": "function", "function": dict(f)}
+                                                             for f in tools.functions]  # fmt: skip
+    try:
+        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, tools=listed)
+    except InputError as error:
+        raise bad("messages", str(error)) from None
+    return Prompt([int(i) for i in ids], "")
 
 
 def _content(content: Any, i: int) -> str:

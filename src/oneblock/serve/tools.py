@@ -1,4 +1,5 @@
-"""Tool calling in one generic format, for every chat template (SmolLM2's has no tool format of its own).
+"""Tool calling in one generic format, for chat templates without a tool format of their own (SmolLM2's); a
+template with one is served in its own format (``oneblock.serve.tool_template``).
 
 The approach of llama.cpp's generic tool handler: the tools and the answer's format are described in the system
 message, and the answer is constrained by llguidance to one JSON object, either a call of the tools or a reply:
@@ -37,25 +38,27 @@ class Tools:
         functions: each tool's ``function`` object (``name``, ``description``, ``parameters``), in order.
         choice: ``"none"``, ``"auto"``, ``"required"``, or the one function's name that must be called.
         parallel: whether an answer may call several tools (``parallel_tool_calls``, default true).
+        format: ``"generic"`` (this module's format) or ``"hermes"``, the chat template's own
+            ``<tool_call>`` blocks (``oneblock.serve.tool_template``).
     """
 
     functions: tuple[Mapping[str, Any], ...]
     choice: str
     parallel: bool = True
+    format: str = "generic"
 
     @property
     def active(self) -> bool:
         """Whether the answer is constrained to a call or a reply (tools were given)."""
         return bool(self.functions)
 
-    def schema(self) -> dict[str, Any]:
-        """The JSON schema of an answer: a call of the allowed tools, a reply (``none``), or either (``auto``)."""
-        reply = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
-                 "additionalProperties": False}  # fmt: skip
+    def call_schemas(self) -> list[dict[str, Any]]:
+        """The JSON schema of one call, ``{"name": ..., "arguments": {...}}``, of each tool ``choice`` allows
+        (none for ``none``), its arguments valid against the function's ``parameters``."""
         if self.choice == "none":
-            return reply
+            return []
         allowed = [f for f in self.functions if self.choice in ("auto", "required", f["name"])]
-        calls = [
+        return [
             {
                 "type": "object",
                 "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}},
@@ -64,6 +67,14 @@ class Tools:
             }
             for f in allowed
         ]
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema of an answer: a call of the allowed tools, a reply (``none``), or either (``auto``)."""
+        reply = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
+                 "additionalProperties": False}  # fmt: skip
+        if self.choice == "none":
+            return reply
+        calls = self.call_schemas()
         array: dict[str, Any] = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
         array.update(minItems=1, **({} if self.parallel else {"maxItems": 1}))
         call = {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"],

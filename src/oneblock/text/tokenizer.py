@@ -32,7 +32,8 @@ class Tokenizer(Protocol):
     ``oneblock.io.gguf.tokenizer.GGUFTokenizer`` all satisfy it.
 
     ``chat_template`` is ``None`` for a tokenizer that carries none; ``apply_chat_template`` then raises
-    ``InputError``.
+    ``InputError``. Its ``tools`` (OpenAI's and Hugging Face's ``[{"type": "function", "function": {...}}]``) go to
+    the template as its ``tools`` variable, as ``transformers``' ``apply_chat_template(..., tools=...)`` does.
     """
 
     name: str
@@ -47,7 +48,12 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tokenize: bool = False
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str | list[int]: ...
 
 
@@ -58,7 +64,12 @@ class _NoChatTemplate:
     name: str
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tokenize: bool = False
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str | list[int]:
         raise InputError(
             f"the tokenizer {self.name!r} has no chat template, so it cannot render a conversation; use a chat "

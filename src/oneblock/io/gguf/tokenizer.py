@@ -294,9 +294,15 @@ class GGUFTokenizer:
         return {name: token for name, i in names.items() if i is not None and (token := self.token(i)) is not None}
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tokenize: bool = False
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str | list[int]:
-        """Render ``messages`` with the file's chat template; with ``tokenize=True`` return the ids.
+        """Render ``messages`` with the file's chat template (``tools``, when given, as its ``tools`` variable);
+        with ``tokenize=True`` return the ids.
 
         Raises:
             ConversionError: if the file has no ``tokenizer.chat_template``.
@@ -308,5 +314,6 @@ class GGUFTokenizer:
             template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
             **self.special_tokens(),
+            **({} if tools is None else {"tools": [dict(tool) for tool in tools]}),
         )
         return self.encode(text, add_bos=False) if tokenize else text
