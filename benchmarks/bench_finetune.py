@@ -6,7 +6,9 @@ Every contender takes the same training step on the same batch (B=4 sequences of
 cross-entropy, AdamW), from the same weights (the GGUF file dequantized to float32), on 2 threads:
 
 * LoRA rank 8 on all seven Llama projections: oneblock ``apply_lora`` vs peft ``get_peft_model``;
-* full fine-tuning: oneblock vs transformers ``LlamaForCausalLM``.
+* full fine-tuning: oneblock vs transformers ``LlamaForCausalLM``;
+* ``lora4``: oneblock's LoRA over the 4-bit base (the file's block matrices, frozen) vs peft's float32 LoRA, with
+  each side's peak RSS measured in a fresh process of its own (``--rss SIDE``: load, two steps, ``VmHWM``).
 
 The contenders run interleaved, round after round, and a ratio is the median of the per-round ratios (see
 ``timing.py``). Tokens/s counts the B * T input tokens of a step.
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -51,8 +54,9 @@ def _adamw(model: torch.nn.Module) -> torch.optim.AdamW:
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0)
 
 
-def contenders(method: str, tokens: torch.Tensor) -> dict[str, Callable[[], None]]:
-    """``{"oneblock": step, "transformers": step}`` for ``method`` ``lora`` or ``full``."""
+def contenders(method: str, tokens: torch.Tensor, only: str | None = None) -> dict[str, Callable[[], None]]:
+    """``{"oneblock": step, "transformers": step}`` for ``method`` ``lora``, ``full`` or ``lora4`` (``only``: build
+    that side alone)."""
     import transformers
 
     from oneblock.adapters.apply import apply_lora
@@ -61,23 +65,45 @@ def contenders(method: str, tokens: torch.Tensor) -> dict[str, Callable[[], None
     from oneblock.inference.smollm2 import smollm2_gguf_path
 
     path = smollm2_gguf_path()
-    ours = load_model(path, dtype=torch.float32).model.train()
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).train()
-    if method == "lora":
-        import peft
+    steps: dict[str, Callable[[], None]] = {}
+    if only in (None, "oneblock"):
+        ours = load_model(path, dtype=None if method == "lora4" else torch.float32).model.train()
+        if method in ("lora", "lora4"):
+            apply_lora(ours, LoraConfig(rank=8, alpha=16))
+        else:
+            for p in ours.parameters():
+                p.requires_grad_(True)
+        steps["oneblock"] = _step(ours, _adamw(ours), tokens)
+    if only in (None, "transformers"):
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).train()
+        if method in ("lora", "lora4"):
+            import peft
 
-        apply_lora(ours, LoraConfig(rank=8, alpha=16))
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        theirs = peft.get_peft_model(theirs, peft.LoraConfig(r=8, lora_alpha=16, target_modules=targets))
-    else:
-        for p in ours.parameters():
-            p.requires_grad_(True)
-    return {
-        "oneblock": _step(ours, _adamw(ours), tokens),
-        "transformers": _step(lambda x: theirs(input_ids=x).logits, _adamw(theirs), tokens),
-    }
+            targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+            theirs = peft.get_peft_model(theirs, peft.LoraConfig(r=8, lora_alpha=16, target_modules=targets))
+        steps["transformers"] = _step(lambda x: theirs(input_ids=x).logits, _adamw(theirs), tokens)
+    return steps
+
+
+def peak_rss(method: str, side: str, batch: int, seq_len: int) -> int:
+    """Peak RSS in bytes of a fresh process that loads ``side``'s model for ``method`` and takes two steps."""
+    command = [sys.executable, __file__, "--rss", side, "--methods", method, "--batch", str(batch)]
+    command += ["--seq-len", str(seq_len)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return int(out.strip().splitlines()[-1])
+
+
+def _rss_child(method: str, side: str, batch: int, seq_len: int) -> None:
+    torch.set_num_threads(THREADS)
+    tokens = torch.randint(0, 49152, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    step = contenders(method, tokens, only=side)[side]
+    step()
+    step()
+    # VmHWM, this process image's own peak: ru_maxrss would carry the parent's peak across fork and exec
+    status = Path("/proc/self/status").read_text()
+    print(int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024)
 
 
 def interleaved_steps(steps: dict[str, Callable[[], None]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
@@ -93,7 +119,7 @@ def interleaved_steps(steps: dict[str, Callable[[], None]], rounds: int, warmup:
     return times
 
 
-def bench_finetune(*, quick: bool = False, batch: int = B, seq_len: int = T, methods=("lora", "full")) -> dict:
+def bench_finetune(*, quick: bool = False, batch: int = B, seq_len: int = T, methods=("lora", "full", "lora4")) -> dict:
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     tokens = torch.randint(0, 49152, (batch, seq_len + 1))
@@ -110,10 +136,18 @@ def bench_finetune(*, quick: bool = False, batch: int = B, seq_len: int = T, met
         del steps
         print(
             f"{method:5s}  oneblock {report[method]['oneblock']['tokens_per_s']:7.1f} tok/s   transformers"
-            f"{' + peft' if method == 'lora' else ''} {report[method]['transformers']['tokens_per_s']:7.1f} tok/s"
+            f"{' + peft' if method != 'full' else ''} {report[method]['transformers']['tokens_per_s']:7.1f} tok/s"
             f"   ratio {ratio:.2f}x",
             flush=True,
         )
+        if method == "lora4":
+            rss = {side: peak_rss(method, side, batch, seq_len) for side in ("oneblock", "transformers")}
+            report[method]["peak_rss_bytes"] = rss
+            print(
+                f"       peak RSS (fresh processes): oneblock {rss['oneblock'] / 2**20:.0f} MB, transformers + peft "
+                f"(float32) {rss['transformers'] / 2**20:.0f} MB, ratio {rss['oneblock'] / rss['transformers']:.2f}x",
+                flush=True,
+            )
     return report
 
 
@@ -123,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--batch", type=int, default=B, help=f"sequences per step ({B})")
     parser.add_argument("--seq-len", type=int, default=T, help=f"tokens per sequence ({T})")
-    parser.add_argument("--methods", nargs="+", default=["lora", "full"], choices=["lora", "full"])
+    parser.add_argument("--methods", nargs="+", default=["lora", "full", "lora4"], choices=["lora", "full", "lora4"])
+    parser.add_argument("--rss", choices=["oneblock", "transformers"], help=argparse.SUPPRESS)  # a child of lora4
     args = parser.parse_args(argv)
+    if args.rss:
+        _rss_child(args.methods[0], args.rss, args.batch, args.seq_len)
+        return 0
     report = bench_finetune(quick=args.quick, batch=args.batch, seq_len=args.seq_len, methods=tuple(args.methods))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
