@@ -20,7 +20,8 @@ from oneblock.adapters.lora import LoraConfig
 from oneblock.adapters.multi import load_adapters
 from oneblock.adapters.peft import load_adapter
 from oneblock.inference.sampling import Sampling
-from oneblock.serve.engine import Done, Engine, Event, Job
+from oneblock.serve.engine import Engine
+from oneblock.serve.jobs import Done, Event, Job
 from oneblock.text.tokenizer import ByteTokenizer
 
 CONFIGS = {

@@ -14,7 +14,8 @@ import pytest
 from serve_testing import KEY, Running, slow_engine, tiny_model
 
 from oneblock.serve.app import Limits
-from oneblock.serve.engine import Engine, Job, QueueFull, Stopping
+from oneblock.serve.engine import Engine
+from oneblock.serve.jobs import Job, QueueFull, Stopping
 from oneblock.text.tokenizer import ByteTokenizer
 
 HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}

@@ -9,10 +9,11 @@ and OpenAI report it, so that a score does not depend on how the text was sample
 A prompt's log-probabilities (``prompt_logprobs``, OpenAI's ``echo``) come from one forward pass over the whole
 prompt, position ``t`` predicting token ``t + 1``; the first token has none (OpenAI's ``null``). The sum over a
 continuation is the loglikelihood that evaluation harnesses read (``loglikelihood``). For a GGUF model on the
-default path, that pass runs every matrix through ``oneblock.kernels.block_mm`` with all T rows at once: from 32
-rows up (``GEMM_ROWS``) that is ``x @ dequantize(W).T`` in float32, the file's exact weights with float
-activations, so a long prompt's scores are the float32 model's up to summation order; below 32 rows (and in every
-decoding step) the activations are rounded to 8-bit blocks first, the kernels' stated bound.
+default path, that pass runs every matrix through ``oneblock.kernels.block_mm`` with all T rows at once (the head
+``SCORE_ROWS`` rows at a time, the remainder joining the last chunk, so no (T, V) tensor is made): from 32 rows up
+(``GEMM_ROWS``) that is ``x @ dequantize(W).T`` in float32, the file's exact weights with float activations, so a
+long prompt's scores are the float32 model's up to summation order; below 32 rows (and in every decoding step) the
+activations are rounded to 8-bit blocks first, the kernels' stated bound.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
+from oneblock.inference.prefill import spans
 from oneblock.models.decoder import Decoder
 from oneblock.models.inputs import check_tokens
+
+SCORE_ROWS = 256
+"""Prompt positions whose logits a prompt's scoring computes at once: (256, V) float32 at most."""
 
 
 @dataclass(frozen=True)
@@ -151,10 +156,18 @@ def prompt_logprobs(model: nn.Module, prompt_ids: Sequence[int] | Tensor, top: i
     was_training = decoder.training
     decoder.eval()
     try:
-        logits = decoder.logits(decoder.run(ids[None]))  # (1, T, V): the forward's own two steps
+        hidden = decoder.run(ids[None])[0]  # (T, C)
+        # the head SCORE_ROWS positions at a time (the remainder joining the last chunk): (SCORE_ROWS, V) at most
+        parts = [
+            token_logprobs(decoder.logits(hidden[a:b]), ids[a + 1 : b + 1], top)  # position t predicts t + 1
+            for a, b in spans(0, ids.numel() - 1, SCORE_ROWS)
+        ]
     finally:
         decoder.train(was_training)
-    return token_logprobs(logits[0, :-1], ids[1:], top)
+    if not parts:  # one token: nothing before it to predict it from
+        return token_logprobs(decoder.logits(hidden[:0]), ids[1:], top)
+    fields = zip(*((p.chosen, p.top_ids, p.top_values) for p in parts), strict=True)
+    return TopLogprobs(*(torch.cat(f) for f in fields))
 
 
 def loglikelihood(model: nn.Module, context: Sequence[int], continuation: Sequence[int]) -> tuple[float, bool]:

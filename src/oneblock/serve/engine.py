@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from oneblock.adapters.multi import ServedAdapters
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.batch import BatchDecoder
-from oneblock.inference.logprobs import TopLogprobs, token_logprobs
+from oneblock.inference.logprobs import TopLogprobs, prompt_logprobs, token_logprobs
 from oneblock.inference.prefill import CHUNK
 from oneblock.inference.prefix_cache import PrefixCache
 from oneblock.inference.sampler_state import SamplerState
@@ -69,10 +69,6 @@ from oneblock.serve.memory import check_fits, is_out_of_memory, position_bytes
 from oneblock.serve.text import StopText
 from oneblock.text.tokenizer import Tokenizer
 
-__all__ = [
-    "CacheFull", "Delta", "Done", "Echoed", "Engine", "Event", "Failed", "Job", "QueueFull", "Scored", "Stopping",
-]  # fmt: skip
-SCORE_ROWS = 256  # prompt positions whose logits an echo computes at once: (256, V) float32 at most
 PREFIX_BYTES = 512 * 2**20
 """The prefix cache's default budget: 512 MiB (SmolLM2-135M's keys and values of about 11,600 positions)."""
 
@@ -345,7 +341,11 @@ class Engine:
         job.deadline = time.monotonic() + job.seconds
         self._use([job])  # the prompt is scored and read with the request's adapter
         if job.echo:  # the prompt's text starts the choice; with logprobs, its scores
-            job.emit(Echoed(tuple(self._prompt_scores(job.prompt, job.top)) if job.top is not None else ()))
+            scores: tuple[Scored, ...] = ()
+            if job.top is not None:  # the first token has none; each other given those before it
+                rows = prompt_logprobs(self.decoder.model, job.prompt, job.top)
+                scores = (Scored(job.prompt[0], None), *Scored.rows(job.prompt[1:], rows))
+            job.emit(Echoed(scores))
         if job.max_new == 0:  # the prompt scored, nothing generated
             self.observer.prefilled(job)
             self._end(job, Done("length", len(job.prompt), 0))
@@ -356,20 +356,6 @@ class Engine:
         )  # the keys and values of an adapter's prompt are its own: its name is part of their blocks' names
         with self.wake:
             self.reading.append(job)
-
-    @torch.inference_mode()
-    def _prompt_scores(self, prompt: list[int], top: int) -> list[Scored]:
-        """Each prompt token's log-probability given those before it (the first has none), from one forward
-        without cache; logits are computed ``SCORE_ROWS`` positions at a time."""
-        model = self.decoder.model
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.decoder.device)  # (1, T)
-        hidden = model.run(ids)  # (1, T, C)
-        scored = [Scored(prompt[0], None)]
-        for start in range(0, len(prompt) - 1, SCORE_ROWS):
-            end = min(start + SCORE_ROWS, len(prompt) - 1)
-            logits = model.logits(hidden[0, start:end])  # (rows, V): position t predicts token t + 1
-            scored += Scored.rows(prompt[start + 1 : end + 1], token_logprobs(logits, ids[0, start + 1 : end + 1], top))
-        return scored
 
     def _take(self, job: Job, logits: Tensor) -> None:
         """Sample the request's next token from its (1, V) logits; hand out its text; end it when done."""

@@ -25,7 +25,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.embedding import SentenceEncoder
-from oneblock.serve.engine import CacheFull, Done, Engine, Event, Failed, Job, QueueFull, Stopping
+from oneblock.serve.engine import Engine
+from oneblock.serve.jobs import CacheFull, Done, Event, Failed, Job, QueueFull, Stopping
 from oneblock.serve.protocol import ApiError, Request, check_window, parse_completion, parse_embeddings
 from oneblock.serve.responses import Answer, embeddings_body, model_entry
 from oneblock.serve.tokens import parse_detokenize, parse_tokenize, tokenizer_info
