@@ -14,7 +14,7 @@ Sections (same weights and inputs for every contender; random weights, nothing i
 * kernels: ``benchmarks/bench_kernels.py``: SmolLM2's block products at M = 1, 4, 8, oneblock beside llama.cpp's
   ``test-backend-ops`` (built by ``make bench-llamacpp``; without it, oneblock's figures alone);
 * smollm2: ``benchmarks/bench_smollm2.py``: SmolLM2 GGUF in cold processes, oneblock vs llama.cpp vs transformers.
-* serve: ``benchmarks/bench_serve.py``: ``oneblock serve`` vs llama-cpp-python's server, 1 and 8 clients.
+* serve: ``benchmarks/bench_serve.py``: ``oneblock serve`` vs llama-server -np 8 and llama-cpp-python's server.
 * finetune: ``benchmarks/bench_finetune.py``: SmolLM2 training steps, LoRA vs peft and full vs transformers.
 
 Timings are medians of interleaved rounds (see ``timing.py``); ratios are what to read, absolute figures move
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if "serve" not in args.skip:
         import bench_serve
 
-        _heading("oneblock serve vs llama-cpp-python's server (benchmarks/bench_serve.py)")
+        _heading("oneblock serve vs llama-server and llama-cpp-python's server (benchmarks/bench_serve.py)")
         report["serve"] = bench_serve.bench_serve(quick=args.quick)
     if "finetune" not in args.skip:
         import bench_finetune
