@@ -5,8 +5,9 @@ Two peft adapters with different ranks, scales and layers (q, v, up; k, o, gate,
 steps. Each row's logits are compared with the same request decoded alone by a model carrying only its adapter
 (``load_adapter``'s ``LoraLinear``s) or none: the same greedy tokens, and logits within 1e-5 of the logits' scale
 (float32 products block by the number of rows, see ``oneblock.inference.batch``: a row's last bits depend on
-how many rows share the product). Over int8 layers too (the base products row-independent; q, k and v one opaque
-matrix there, its three adapters one stacked update).
+how many rows share the product). In float32 the batch runs the native step (``tests/inference/test_native_lora.py``
+checks it against the Python step); over int8 layers the Python step (the base products row-independent; q, k and
+v one opaque matrix there, its three adapters one stacked update).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from oneblock.adapters.lora import LoraConfig
 from oneblock.adapters.multi import MultiLoraLinear, load_adapters
 from oneblock.adapters.peft import load_adapter, save_adapter
 from oneblock.errors import ConfigError
+from oneblock.inference import native_step
 from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.quantize import quantize_int8
 
@@ -71,10 +73,11 @@ def alone(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], torch.T
     return stacked.argmax(dim=-1).tolist(), stacked
 
 
-def mixed(model: torch.nn.Module, served, tokens: list[list[int]]) -> list[torch.Tensor]:
+def mixed(model: torch.nn.Module, served, tokens: list[list[int]], *, int8: bool) -> list[torch.Tensor]:
     """Every prompt in one batch, each row with its adapter, fed its reference tokens; each row's logits."""
     decoder = BatchDecoder(model)
-    assert decoder.native is None  # the adapters' layers run in the Python step
+    # float32: the native step with the adapters' updates (where the C++ library is built); int8 layers: Python
+    assert (decoder.native is not None) == (not int8 and native_step.enabled())
     slots, got = [], []
     for prompt, k in zip(PROMPTS, CHOSEN, strict=True):
         served.rows.select([k])
@@ -98,7 +101,7 @@ def test_each_row_of_a_mixed_batch_equals_its_adapter_alone(directories, int8):
     model = base(int8=int8)
     served = load_adapters(model, list(zip(ADAPTERS, directories, strict=True)))
     assert served.names == tuple(ADAPTERS)
-    got = mixed(model, served, [tokens for tokens, _ in references])
+    got = mixed(model, served, [tokens for tokens, _ in references], int8=int8)
     for (tokens, want), rows in zip(references, got, strict=True):
         assert (rows - want).abs().max() <= 1e-5 * max(1.0, float(want.abs().max()))
         assert rows.argmax(dim=-1).tolist() == tokens

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
+from native_testing import FAMILIES, WIDE, WIDE_FAMILIES, build, decode_both, kl_to, relative
 
 import oneblock as ob
 from oneblock import kernels
@@ -23,47 +23,6 @@ from oneblock.inference.native_step import ENV, NativeStep
 from oneblock.inference.request import prepare
 
 pytestmark = pytest.mark.skipif(kernels.backend() == "torch", reason="the native step needs the C++ library")
-
-SMALL = {"vocab_size": 101, "d_model": 36, "n_heads": 3, "d_ff": 37, "max_seq_len": 40, "n_layers": 2}
-WIDE = {"vocab_size": 211, "d_model": 64, "n_heads": 4, "d_ff": 96, "max_seq_len": 64, "n_layers": 2}  # blocks of 32
-FAMILIES = {
-    "gpt2-style": {"activation": "gelu_tanh"},
-    "llama-style": {
-        "norm": "rmsnorm", "ffn": "swiglu", "position": "rope", "n_heads": 6, "n_kv_heads": 2, "bias": False,
-        "tie_embeddings": False,
-    },
-}  # fmt: skip
-WIDE_FAMILIES = {"gpt2-style": FAMILIES["gpt2-style"], "llama-style": {**FAMILIES["llama-style"], "n_heads": 4}}
-
-
-def build(family: str, seed: int = 0, sizes: dict | None = None) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    extra = (WIDE_FAMILIES if sizes is WIDE else FAMILIES)[family]
-    model = ob.build_model(ob.ModelConfig(**{**(sizes or SMALL), **extra}))
-    with torch.no_grad():  # away from the tiny initial values, so the logits are far from uniform
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model.eval()
-
-
-def decode_both(model, prompts, steps: int, feed: list[list[int]] | None = None):
-    """The (steps, B, V) logits of the native and the Python step, fed the Python step's greedy tokens (or
-    ``feed``, one list of B ids per step)."""
-    run = prepare(model, prompts, steps, False, None, None, None, None)
-    with torch.inference_mode():
-        native, python = LeanDecode(run), LeanDecode(run, native=False)
-        assert native.native is not None and python.native is None
-        got, want, fed = [], [], None
-        for i in range(steps):
-            a, b = native.next(fed), python.next(fed)
-            got.append(a)
-            want.append(b)
-            fed = b.argmax(-1) if feed is None else torch.tensor(feed[i])
-    return torch.stack(got), torch.stack(want)
-
-
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -143,12 +102,6 @@ def test_threads_and_instruction_sets_agree():
     assert relative(scalar, python) <= 1e-5
 
 
-def kl_to(reference: torch.Tensor, logits: torch.Tensor) -> float:
-    """Mean KL(reference || logits) over the rows of (N, V) logits."""
-    p, q = F.log_softmax(reference.double(), -1), F.log_softmax(logits.double(), -1)
-    return (p.exp() * (p - q)).sum(-1).mean().item()
-
-
 @pytest.mark.parametrize("family", WIDE_FAMILIES)
 def test_block_weights_native_step_is_as_faithful_as_the_python_step(family):
     exact = build(family, seed=5, sizes=WIDE)
@@ -178,7 +131,7 @@ def test_the_python_step_runs_where_the_native_one_would_differ(monkeypatch):
     assert NativeStep.of(model) is None and LeanDecode(run).native is None
     monkeypatch.delenv(ENV)
     apply_lora(model, LoraConfig(rank=2, alpha=4.0, targets=("all-linear",)))
-    assert NativeStep.of(model.eval()) is None  # adapters keep the Python step
+    assert NativeStep.of(model.eval()) is None  # one adapter's LoraLinear keeps the Python step
 
 
 def test_fake_implementation_gives_the_logits_shape():

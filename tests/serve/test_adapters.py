@@ -2,7 +2,8 @@
 each batched step, every row as its adapter served alone.
 
 The tiny model in float32 carries two peft adapters (``load_adapters``); the references are servers (or engines)
-of the same model carrying one adapter (``load_adapter``) or none, each request alone.
+of the same model carrying one adapter (``load_adapter``) or none, each request alone. The batched decoder of a
+server with adapters takes the native step (the adapters' updates in it) and answers as its Python step.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ import openai
 import pytest
 from serve_testing import KEY, Running, save_tiny_adapter, tiny_model
 
+from oneblock import kernels
 from oneblock.adapters.lora import LoraConfig
 from oneblock.adapters.multi import load_adapters
 from oneblock.adapters.peft import load_adapter
+from oneblock.cli.main import main
+from oneblock.inference.native_step import ENV
 from oneblock.inference.sampling import Sampling
+from oneblock.io.checkpoint import save
+from oneblock.serve import server as serve_server
 from oneblock.serve.engine import Engine
 from oneblock.serve.jobs import Done, Event, Job
 from oneblock.text.tokenizer import ByteTokenizer
@@ -171,6 +177,59 @@ def test_the_model_field_picks_the_adapter_and_equals_it_served_alone(servers):
         model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0
     )
     assert chat.choices[0].message.content == alone_chat.choices[0].message.content
+
+
+def ask_at_once(c: openai.OpenAI, names: list[str]) -> dict[str, Any]:
+    """PROMPTS[i] to ``names[i]``, all at once (their rows share steps), greedy with log-probabilities."""
+    answers: dict[str, Any] = {}
+
+    def ask(i: int) -> None:
+        answers[names[i]] = c.completions.create(
+            model=names[i], prompt=PROMPTS[i], max_tokens=NEW, temperature=0, logprobs=1
+        )
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(names))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return answers
+
+
+@pytest.mark.skipif(kernels.backend() == "torch", reason="the native step needs the C++ library")
+def test_serve_with_adapters_decodes_in_the_native_step_as_in_the_python_step(directories, tmp_path, monkeypatch):
+    """``oneblock serve --adapter NAME=DIR ...``: the batched decoder takes the native step with the adapters'
+    updates, and every model answers as from the same server decoding in the Python step
+    (``ONEBLOCK_NATIVE_STEP=0``), the requests of the base and both adapters at once."""
+    checkpoint = tmp_path / "tiny.safetensors"
+    save(tiny_model(int8=False), checkpoint)
+    made: list[tuple[Engine, dict[str, Any]]] = []
+    monkeypatch.setattr(serve_server, "serve", lambda engine, **options: made.append((engine, options)))
+    argv = ["serve", "--model", str(checkpoint), "--embedding-model", "none", "--max-batch", "8"]
+    for name, directory in zip(CONFIGS, directories, strict=True):
+        argv += ["--adapter", f"{name}={directory}"]
+    assert main(argv) == 0
+    monkeypatch.setenv(ENV, "0")
+    assert main(argv) == 0
+    (native, options), (python, _) = made
+    assert native.decoder.native is not None and native.decoder.native.adapted  # the native step, adapted
+    assert python.decoder.native is None
+    names = [options["model_name"], *CONFIGS]
+    assert names == ["tiny", "terse", "chatty"]
+    answers = []
+    for engine in (native, python):
+        running = Running(engine, api_key=KEY, model_name=options["model_name"])
+        try:
+            answers.append(ask_at_once(client(running), names))
+        finally:
+            running.close()
+    for name in names:
+        got, want = answers[0][name].choices[0], answers[1][name].choices[0]
+        assert got.text == want.text and answers[0][name].usage == answers[1][name].usage
+        # logits within 1e-5 of their scale (tests/inference/test_native_lora.py), log-probabilities within 1e-4
+        pairs = zip(got.logprobs.token_logprobs, want.logprobs.token_logprobs, strict=True)
+        assert max(abs(a - b) for a, b in pairs) <= 1e-4
+    assert len({answers[0][name].choices[0].text for name in names}) == 3  # three different models
 
 
 def test_an_unknown_model_is_404_model_not_found(servers):

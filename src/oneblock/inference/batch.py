@@ -22,8 +22,10 @@ alone, and equal to ``generate``'s lean step.
 
 Where the C++ library is built and the model qualifies, ``step`` runs as one call to the native step
 (:mod:`oneblock.inference.native_step`), each row over its own cache tensors; its block and float products compute
-each output by the same instructions whatever the batch, so there too a row never depends on the others. The
-Python step below stays the reference and the fallback (``ONEBLOCK_NATIVE_STEP=0``, no compiler, LoRA wrappers).
+each output by the same instructions whatever the batch, so there too a row never depends on the others. LoRA
+adapters served per row (``MultiLoraLinear``) go into the native step too, each row with its ``AdapterRows``
+index's updates. The Python step below stays the reference and the fallback (``ONEBLOCK_NATIVE_STEP=0``, no
+compiler, a single adapter's ``LoraLinear``, int8 layers).
 """
 
 from __future__ import annotations

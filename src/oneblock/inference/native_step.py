@@ -10,12 +10,19 @@ threads meeting between passes, each activation rounded to 8-bit blocks once per
 matrices (q, k, v; gate, up), the norms, rotary, cache write and residual adds done in the passes that touch
 the data.
 
+LoRA adapters served per row (``oneblock.adapters.multi``: every adapted layer a ``MultiLoraLinear`` over a plain
+layer) go in too: each adapted matrix's adapters' A (r, in) and B (out, r) and scales, and at every call the
+adapter of each row, read from the model's ``AdapterRows`` as the Python step's layers read it. The op adds
+``(x A^T) B^T * scale`` of a row's adapter after the base product, as ``MultiLoraLinear`` does; rows of the base
+(index 0) and a model without adapters compute nothing more.
+
 :class:`NativeStep` gathers the model's own tensors once per generation (no copies: block matrices as the file's
 bytes, float weights as they are) into the op's argument lists. ``NativeStep.of(model)`` returns ``None`` where
 the native step would not compute what the Python step computes, so the caller keeps the Python step: models with
-parts other than plain ``nn.Linear`` / ``BlockLinear`` layers (LoRA wrappers, int8 layers), embeddings with a
-scale, segments or a norm, a scaled tied head, weights that are not float32, a model off the CPU; and everywhere
-when the C++ library is not built (no compiler) or ``ONEBLOCK_NATIVE_STEP=0``.
+parts other than plain ``nn.Linear`` / ``BlockLinear`` layers, alone or under a ``MultiLoraLinear`` (a single
+adapter's ``LoraLinear``, int8 layers), embeddings with a scale, segments or a norm, a scaled tied head, weights
+that are not float32, a model off the CPU; and everywhere when the C++ library is not built (no compiler) or
+``ONEBLOCK_NATIVE_STEP=0``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from oneblock import kernels
+from oneblock.adapters.multi import AdapterRows, MultiLoraLinear
+from oneblock.errors import ConfigError
 from oneblock.kernels import decode_step
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.feedforward import FeedForward
@@ -42,6 +51,7 @@ _NORMS: dict[type[nn.Module], int] = {LayerNorm: 0, RMSNorm: 1}
 _ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "silu": 3}
 _POSITIONS = {"none": 0, "learned": 1, "rope": 2}
 _NONE = torch.empty(0)  # an argument the model does not have
+_NO_ROWS = torch.empty(0, dtype=torch.long)  # the rows' adapters, without adapters
 
 
 class _Unsupported(Exception):
@@ -72,6 +82,30 @@ def _matrix(module: nn.Module | None) -> tuple[Tensor, int, Tensor]:
     raise _Unsupported(f"a {type(module).__name__} layer")
 
 
+class _Adapters:
+    """The LoRA updates of a model's ``MultiLoraLinear`` layers, in the op's layout (``csrc/decode_step.h``)."""
+
+    def __init__(self) -> None:
+        self.rows: AdapterRows | None = None  # shared by every layer: ``load_adapters`` made one
+        self.tensors: list[Tensor] = []  # A (r, in), B (out, r) of each update in turn
+        self.sites: list[int] = []  # per update: the index of the matrix in ``weights``, the adapter (>= 1)
+        self.scales: list[float] = []
+
+    def matrix(self, module: nn.Module | None, at: int) -> tuple[Tensor, int, Tensor]:
+        """``_matrix`` of a layer, or of a ``MultiLoraLinear``'s base, whose updates are recorded for the
+        matrix at index ``at`` of the weights."""
+        if type(module) is not MultiLoraLinear:
+            return _matrix(module)
+        if self.rows is not None and module.rows is not self.rows:
+            raise _Unsupported("adapted layers that read different AdapterRows")
+        self.rows = module.rows
+        for k, scale in module.scales.items():
+            self.tensors += [_floats(getattr(module, f"lora_A_{k}")), _floats(getattr(module, f"lora_B_{k}"))]
+            self.sites += [at, k]
+            self.scales.append(scale)
+        return _matrix(module.base)
+
+
 def _norm(module: nn.Module | None, kind: int | None, eps: float | None) -> tuple[int, float, Tensor, Tensor]:
     """``(kind, eps, weight, bias)`` of a norm, the same kind and eps as the others of the model."""
     if not isinstance(module, (LayerNorm, RMSNorm)) or type(module) not in _NORMS:
@@ -89,9 +123,19 @@ class NativeStep:
     Build with :meth:`of`; call once per token.
     """
 
-    def __init__(self, weights: list[Tensor], formats: list[int], sizes: list[int], scalars: list[float]) -> None:
+    def __init__(
+        self,
+        weights: list[Tensor],
+        formats: list[int],
+        sizes: list[int],
+        scalars: list[float],
+        adapters: _Adapters | None = None,
+    ) -> None:
         self.weights, self.formats, self.sizes, self.scalars = weights, formats, sizes, scalars
         self.n_layers = sizes[0]
+        held = adapters if adapters is not None and adapters.scales else _Adapters()
+        self.adapter_rows = held.rows  # ``None``: no adapters, every row computes the base
+        self.lora, self.lora_sites, self.lora_scales = held.tensors, held.sites, held.scales
 
     @classmethod
     def of(cls, model: nn.Module) -> NativeStep | None:
@@ -126,6 +170,7 @@ class NativeStep:
         if model.final_norm is not None:
             kind, eps, final_w, final_b = _norm(model.final_norm, kind, eps)
         head_w, head_format, head_b = _matrix(model.lm_head)
+        adapters = _Adapters()
         weights = [table, pos, cos, sin, final_w, final_b, head_w, head_b]
         formats = [tok_format, 0, 0, 0, 0, 0, head_format, 0]
         attn = model.block(0).attn
@@ -140,12 +185,15 @@ class NativeStep:
             up: list[nn.Module | None] = (
                 [ffn.w13, None] if ffn.w13 is not None else [ffn.w1, None if ffn.kind == "mlp" else ffn.w3]
             )
-            layer: list[tuple[Tensor, int, Tensor]] = [(n1_w, 0, n1_b)]
-            layer += [_matrix(m) if m is not None else (_NONE, 0, _NONE) for m in qkv]
-            layer += [_matrix(a.o_proj), (n2_w, 0, n2_b)]
-            layer += [_matrix(m) if m is not None else (_NONE, 0, _NONE) for m in up]
-            layer += [_matrix(ffn.w2)]
-            for weight, fmt, bias in layer:
+            layer: list[nn.Module | tuple[Tensor, int, Tensor] | None] = [(n1_w, 0, n1_b), *qkv, a.o_proj]
+            layer += [(n2_w, 0, n2_b), *up, ffn.w2]
+            for part in layer:  # (weight, bias) pairs: norms as they are, matrices with their adapters' updates
+                if part is None:
+                    weight, fmt, bias = _NONE, 0, _NONE
+                elif isinstance(part, tuple):
+                    weight, fmt, bias = part
+                else:
+                    weight, fmt, bias = adapters.matrix(part, len(weights))
                 weights += [weight, bias]
                 formats += [fmt, 0]
         if kind is None or eps is None:
@@ -157,7 +205,30 @@ class NativeStep:
             int(model.final_norm is not None),
         ]  # fmt: skip
         scale = attn.scale if attn.scale is not None else 1.0 / math.sqrt(attn.d_head)
-        return cls(weights, formats, sizes, [eps, float(scale)])
+        return cls(weights, formats, sizes, [eps, float(scale)], adapters)
+
+    @property
+    def adapted(self) -> bool:
+        """Whether the plan holds LoRA updates (each row then runs its ``AdapterRows`` index's)."""
+        return bool(self.lora_scales)
+
+    def _rows(self, b: int) -> Tensor:
+        """The (B,) int64 adapter of each row, as the adapted layers read ``AdapterRows`` in the Python step.
+
+        Raises:
+            ConfigError: adapters selected for a number of rows other than B.
+        """
+        if self.adapter_rows is None:
+            return _NO_ROWS
+        index = self.adapter_rows.index
+        if not any(index):  # none selected, or every row the base
+            return torch.zeros(b, dtype=torch.long)
+        if len(index) != b:
+            raise ConfigError(
+                f"adapters were selected for {len(index)} rows and this step has {b}; call AdapterRows.select "
+                "with one index per row before the step"
+            )
+        return torch.tensor(index, dtype=torch.long)
 
     def __call__(
         self,
@@ -177,8 +248,13 @@ class NativeStep:
             starts: (B,) int64 first real column of each row (left padding before it is never attended).
             keys, values: per layer one (B, Hkv, capacity, Dh) float32 buffer, or per row and layer
                 (``keys[row * L + layer]``) one (1, Hkv, capacity_row, Dh) buffer.
+
+        Each row runs the LoRA adapter its model's ``AdapterRows`` selected (0 or none selected: the base).
+
+        Raises:
+            ConfigError: adapters selected for a number of rows other than B.
         """
         return torch.ops.oneblock.decode_step(
             tokens, positions, columns, starts, self.weights, self.formats, list(keys), list(values), self.sizes,
-            self.scalars,
+            self.scalars, self._rows(tokens.shape[0]), self.lora, self.lora_sites, self.lora_scales,
         )  # fmt: skip

@@ -3,12 +3,15 @@
 ::
 
     oneblock::decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights,
-                          int[] formats, Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars) -> Tensor
+                          int[] formats, Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars,
+                          Tensor adapters, Tensor[] lora, int[] lora_sites, float[] lora_scales) -> Tensor
 
 computes one new token's logits (B, V) float32 for B rows of a pre-LN decoder in one call (``csrc/decode_step.cpp``;
-the argument layout is written out in ``csrc/decode_step.h``). Only the C++ library defines it: without a compiler
-there is no native step, and :mod:`oneblock.inference.native_step` leaves decoding to the Python step. The fake
-implementation registered here lets ``torch.compile`` and ``FakeTensorMode`` trace a call to it.
+the argument layout is written out in ``csrc/decode_step.h``), each row with its own LoRA adapter's updates where
+``lora`` holds some (``csrc/decode_lora.cpp``; empty lists and an empty ``adapters`` for a model without them).
+Only the C++ library defines it: without a compiler there is no native step, and
+:mod:`oneblock.inference.native_step` leaves decoding to the Python step. The fake implementation registered here
+lets ``torch.compile`` and ``FakeTensorMode`` trace a call to it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ def _decode_step_fake(
     values: Sequence[Tensor],
     sizes: Sequence[int],
     scalars: Sequence[float],
+    adapters: Tensor,
+    lora: Sequence[Tensor],
+    lora_sites: Sequence[int],
+    lora_scales: Sequence[float],
 ) -> Tensor:
     return tokens.new_empty(tokens.shape[0], sizes[_VOCAB], dtype=torch.float32)  # (B, V)
 

@@ -1,7 +1,8 @@
 // oneblock::decode_step: one new token for B rows of a pre-LN decoder, in one call and one parallel region.
 //
 //   decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights, int[] formats,
-//               Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars) -> Tensor      logits (B, V) float32
+//               Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars, Tensor adapters, Tensor[] lora,
+//               int[] lora_sites, float[] lora_scales) -> Tensor                            logits (B, V) float32
 //
 // The passes mirror the Python step (oneblock.inference.decode.LeanDecode.step) one for one:
 //
@@ -17,6 +18,11 @@
 //                                                                                        per range of columns
 //     down                  x += h W_2^T + b                                             per range of columns
 //   final_norm, head        logits = norm(x) W_head^T                                    per row, per range
+//
+// With LoRA adapters (decode_lora.cpp), a product some adapter updates gets its update's two halves: x A^T for
+// each row's adapter in the pass that completes the product's input row (the norms; a pass of its own for the
+// output projection's and down's inputs), and (x A^T) B^T * scale added after the base product, in the
+// product's own pass, on the same columns. Without adapters neither is there.
 //
 // Threads: torch's OpenMP team runs one region per call. Each pass is cut into chunks that the threads claim
 // from an atomic counter; a thread that runs out of chunks waits until every chunk of the pass is done, then
@@ -80,6 +86,7 @@ class Walk {
 // Buffers reused from call to call (grown, never shrunk): a step allocates only its logits.
 struct Workspace {
   std::vector<float> x, xn, qkv, att, y, ff, h;
+  std::vector<float> lt;  // per row, the low-rank values x A^T of the product being computed (LoRA only)
   std::vector<int8_t> qx, qatt, qh;
   std::vector<float> dx, sx, datt, satt, dh, sh;
   std::vector<ActRow> ax, aatt, ah;
@@ -200,13 +207,14 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
   fit(ws.qx, rows * C), fit(ws.dx, rows * C / QK + 1), fit(ws.sx, rows * C / QK + 1);
   fit(ws.qatt, rows * hd), fit(ws.datt, rows * hd / QK + 1), fit(ws.satt, rows * hd / QK + 1);
   fit(ws.qh, rows * F), fit(ws.dh, rows * F / QK + 1), fit(ws.sh, rows * F / QK + 1);
-  fit(ws.ax, rows), fit(ws.aatt, rows), fit(ws.ah, rows);
+  fit(ws.ax, rows), fit(ws.aatt, rows), fit(ws.ah, rows), fit(ws.lt, rows * p.lora_width);
   for (int64_t r = 0; r < rows; ++r) {
     ws.ax[r] = {ws.qx.data() + r * C, ws.dx.data() + r * C / QK, ws.sx.data() + r * C / QK};
     ws.aatt[r] = {ws.qatt.data() + r * hd, ws.datt.data() + r * hd / QK, ws.satt.data() + r * hd / QK};
     ws.ah[r] = {ws.qh.data() + r * F, ws.dh.data() + r * F / QK, ws.sh.data() + r * F / QK};
   }
-  const int64_t passes = 3 + 8 * p.n_layers;  // at most: the quantizing pass of the heads is not always there
+  // At most: the passes before o and down are there only for quantizing the heads' output or for adapters.
+  const int64_t passes = 3 + (p.lora_width > 0 ? 9 : 8) * p.n_layers;
   if (ws.n_counters < passes) ws.counters.reset(new Counter[passes]), ws.n_counters = passes;
   for (int64_t i = 0; i < passes; ++i) ws.counters[i].claimed.store(0), ws.counters[i].done.store(0);
 
@@ -214,7 +222,8 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
   const Input ain{ws.att.data(), ws.aatt.data(), ws.qatt.data(), ws.datt.data(), ws.satt.data()};
   const Input hin{ws.h.data(), ws.ah.data(), ws.qh.data(), ws.dh.data(), ws.sh.data()};
   float *x = ws.x.data(), *xn = ws.xn.data(), *y = ws.y.data(), *qkv = ws.qkv.data(), *ff = ws.ff.data();
-  float *att = ws.att.data(), *h = ws.h.data();
+  float *att = ws.att.data(), *h = ws.h.data(), *lt = ws.lt.data();
+  const int64_t W = p.lora_width;
   const int64_t cols_c = chunk_columns(C, threads), cols_f = chunk_columns(F, threads);
   const int64_t cols_qkv = chunk_columns(nqkv, threads), cols_v = chunk_columns(p.vocab, threads);
   auto chunks = [](int64_t n, int64_t per) { return (n + per - 1) / per; };
@@ -246,9 +255,12 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       walk.pass(rows, [&](int64_t r) {
         normalize(p, x + r * C, layer.attn_norm_w, layer.attn_norm_b, xn + r * C);
         if (layer.qkv.block) quantize_range(xin, C, r, 0, C);
+        if (!layer.qkv.lora.empty()) lora_a(p, layer.qkv, r, xn + r * C, lt + r * W);
       });
       walk.pass(chunks(nqkv, cols_qkv), [&](int64_t i) {
-        multiply(p, layer.qkv, xin, i * cols_qkv, std::min(nqkv, (i + 1) * cols_qkv), qkv, nqkv);
+        const int64_t j0 = i * cols_qkv, j1 = std::min(nqkv, j0 + cols_qkv);
+        multiply(p, layer.qkv, xin, j0, j1, qkv, nqkv);
+        if (!layer.qkv.lora.empty()) lora_b(p, layer.qkv, lt, j0, j1, qkv, nqkv);
       });
       walk.pass(rows * p.kv_heads, [&](int64_t i) {
         thread_local std::vector<float> scratch;
@@ -256,12 +268,16 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         attention(p, l, r, g, qkv + r * nqkv, att + r * hd, scratch);
         if (layer.o.block && att_blocks_per_group) quantize_range(ain, hd, r, g * width, (g + 1) * width);
       });
-      if (layer.o.block && !att_blocks_per_group) {
-        walk.pass(rows, [&](int64_t r) { quantize_range(ain, hd, r, 0, hd); });
+      if ((layer.o.block && !att_blocks_per_group) || !layer.o.lora.empty()) {
+        walk.pass(rows, [&](int64_t r) {
+          if (layer.o.block && !att_blocks_per_group) quantize_range(ain, hd, r, 0, hd);
+          if (!layer.o.lora.empty()) lora_a(p, layer.o, r, att + r * hd, lt + r * W);
+        });
       }
       walk.pass(chunks(C, cols_c), [&](int64_t i) {  // x += attention output W_o^T + b
         const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
         multiply(p, layer.o, ain, j0, j1, y, C);
+        if (!layer.o.lora.empty()) lora_b(p, layer.o, lt, j0, j1, y, C);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t j = j0; j < j1; ++j) x[r * C + j] += y[r * C + j];
         }
@@ -269,11 +285,16 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       walk.pass(rows, [&](int64_t r) {
         normalize(p, x + r * C, layer.ffn_norm_w, layer.ffn_norm_b, xn + r * C);
         if (layer.up.block) quantize_range(xin, C, r, 0, C);
+        if (!layer.up.lora.empty()) lora_a(p, layer.up, r, xn + r * C, lt + r * W);
       });
       walk.pass(chunks(F, cols_f), [&](int64_t i) {  // h = act(gate) * up, or act(x W_1^T + b)
         const int64_t j0 = i * cols_f, j1 = std::min(F, j0 + cols_f);
         multiply(p, layer.up, xin, j0, j1, ff, nff);
         if (p.ffn == 1) multiply(p, layer.up, xin, F + j0, F + j1, ff, nff);
+        if (!layer.up.lora.empty()) {
+          lora_b(p, layer.up, lt, j0, j1, ff, nff);
+          if (p.ffn == 1) lora_b(p, layer.up, lt, F + j0, F + j1, ff, nff);
+        }
         for (int64_t r = 0; r < rows; ++r) {
           const float* in = ff + r * nff;
           for (int64_t j = j0; j < j1; ++j) {
@@ -282,9 +303,13 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
           if (layer.down.block) quantize_range(hin, F, r, j0, j1);
         }
       });
+      if (!layer.down.lora.empty()) {
+        walk.pass(rows, [&](int64_t r) { lora_a(p, layer.down, r, h + r * F, lt + r * W); });
+      }
       walk.pass(chunks(C, cols_c), [&](int64_t i) {  // x += h W_2^T + b
         const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
         multiply(p, layer.down, hin, j0, j1, y, C);
+        if (!layer.down.lora.empty()) lora_b(p, layer.down, lt, j0, j1, y, C);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t j = j0; j < j1; ++j) x[r * C + j] += y[r * C + j];
         }
@@ -313,8 +338,10 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
 at::Tensor decode_step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& columns,
                        const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats,
                        at::TensorList keys, at::TensorList values, at::IntArrayRef sizes,
-                       c10::ArrayRef<double> scalars) {
-  const Plan plan = make_plan(tokens, positions, columns, starts, weights, formats, keys, values, sizes, scalars);
+                       c10::ArrayRef<double> scalars, const at::Tensor& adapters, at::TensorList lora,
+                       at::IntArrayRef lora_sites, c10::ArrayRef<double> lora_scales) {
+  Plan plan = make_plan(tokens, positions, columns, starts, weights, formats, keys, values, sizes, scalars);
+  add_lora(plan, adapters, weights, lora, lora_sites, lora_scales);
   at::Tensor logits = at::empty({plan.rows, plan.vocab}, tokens.options().dtype(at::kFloat));
   thread_local Workspace ws;  // per calling thread: two decoders on two threads never share buffers
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
@@ -328,7 +355,8 @@ at::Tensor decode_step(const at::Tensor& tokens, const at::Tensor& positions, co
 TORCH_LIBRARY_FRAGMENT(oneblock, m) {
   m.def(
       "decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights, "
-      "int[] formats, Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars) -> Tensor");
+      "int[] formats, Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars, Tensor adapters, "
+      "Tensor[] lora, int[] lora_sites, float[] lora_scales) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(oneblock, CPU, m) { m.impl("decode_step", &oneblock::decode_step); }

@@ -15,6 +15,17 @@
 //             q_w may hold q, k and v stacked (k_w, v_w empty); gate_w gate and up stacked (up_w empty), or the
 //             MLP's first matrix
 //   formats = one per weight: 0 = float32 (N, K), else the GGUF type of (N, K / 32 * nbytes) uint8 blocks
+//
+// LoRA adapters, rows of different adapters in one step (oneblock/adapters/multi.py, MultiLoraLinear); all empty
+// for a model without them:
+//
+//   adapters    = (B,) int64: each row's adapter, 0 for the base (read only when lora is not empty)
+//   lora        = A (r, K) and B (N, r) float32 of each update, in turn
+//   lora_sites  = two per update: the index in `weights` of the layer matrix it updates (q_w ... down_w), and its
+//                 adapter (>= 1)
+//   lora_scales = one per update: its scale (alpha / r)
+//
+//   a row of adapter k:  out[:, matrix's columns] = (x W^T + b) + (x A_k^T) B_k^T * scale_k    as MultiLoraLinear
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,6 +52,18 @@ struct Matrix {
   DotFn dot = nullptr;          // block matrices only
 };
 
+// One adapter's low-rank update of one matrix of a product, for the rows of that adapter.
+struct LoraUpdate {
+  const float* a = nullptr;  // (rank, K)
+  const float* b = nullptr;  // (n, rank)
+  int64_t rank = 0;
+  int64_t adapter = 0;  // the rows whose adapter index is this one (>= 1)
+  float scale = 0.0f;
+  int64_t offset = 0;  // the matrix's first column among the product's outputs
+  int64_t n = 0;       // the matrix's rows
+  int64_t t = 0;       // where its (rank,) values x A^T sit in a row of the low-rank buffer
+};
+
 // Matrices reading the same input, their outputs side by side: [q | k | v], [gate | up], or one matrix.
 struct Product {
   Matrix parts[kMaxParts];
@@ -48,6 +71,7 @@ struct Product {
   int64_t n = 0;  // the sum of the parts' N
   int64_t k = 0;
   bool block = false;  // some part reads 8-bit activations: the input is quantized once for all of them
+  std::vector<LoraUpdate> lora;  // empty without adapters
 };
 
 struct Layer {
@@ -76,6 +100,10 @@ struct Plan {
   const int64_t* positions;
   const int64_t* columns;
   const int64_t* starts;
+  // Per row: its adapter (0: the base), or null without adapters; the width of a row of the low-rank buffer (the
+  // largest sum of ranks over one product's updates).
+  const int64_t* adapters = nullptr;
+  int64_t lora_width = 0;
   // The caches of row r, layer l: keys[r * n_layers + l] and values[...], each (Hkv, capacity[r], Dh) float32.
   std::vector<float*> keys, values;
   std::vector<int64_t> capacity;
@@ -86,5 +114,16 @@ struct Plan {
 Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& columns,
                const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats, at::TensorList keys,
                at::TensorList values, at::IntArrayRef sizes, c10::ArrayRef<double> scalars);
+
+// Reads and checks the adapters' arguments into the plan's products (decode_lora.cpp).
+void add_lora(Plan& p, const at::Tensor& adapters, at::TensorList weights, at::TensorList lora,
+              at::IntArrayRef sites, c10::ArrayRef<double> scales);
+
+// The updates of a product, in two halves around its pass (decode_lora.cpp):
+//   lora_a  before the pass, per row: t = x A^T for each update of row r's adapter      (rank,) values each
+//   lora_b  in the pass, after the base product of columns [j0, j1): out += (t B^T) * scale on every row's own
+//           adapter's columns
+void lora_a(const Plan& p, const Product& prod, int64_t r, const float* x, float* t);
+void lora_b(const Plan& p, const Product& prod, const float* t, int64_t j0, int64_t j1, float* out, int64_t stride);
 
 }  // namespace oneblock
