@@ -21,7 +21,7 @@ pydantic = pytest.importorskip("pydantic")
 pytest.importorskip("gguf")
 pytest.importorskip("jinja2")
 
-from oneblock.inference.constraints import Constraint  # noqa: E402
+from oneblock.inference.constraints import Constraint, lark_literal  # noqa: E402
 
 
 class Person(pydantic.BaseModel):
@@ -130,6 +130,19 @@ def test_the_mask_is_llguidances_own_and_greedy_follows_it(smollm2):
     chosen = sampler.choose(logits)
     allowed = constraint.start().allowed(v)
     assert chosen == int(logits.masked_fill(~allowed, float("-inf")).argmax())
+
+
+def test_a_special_token_is_spelled_by_its_id_in_a_lark_grammar(smollm2):
+    _, tokenizer = smollm2
+    [im_start] = tokenizer.encode("<|im_start|>", add_bos=False)  # a special token of SmolLM2's
+    assert lark_literal(tokenizer, "<|im_start|>") == f"<[{im_start}]>"
+    assert lark_literal(tokenizer, 'no "one" token') == '"no \\"one\\" token"'
+    v = tokenizer.vocab_size
+    by_id = Constraint.lark(tokenizer, f'start: {lark_literal(tokenizer, "<|im_start|>")} "x"').start()
+    assert by_id.allowed(v).nonzero().flatten().tolist() == [im_start]  # the token, and only it
+    then = by_id.constraint.start()
+    then.consume(im_start)
+    assert then.allowed(v).nonzero().flatten().tolist() == tokenizer.encode("x", add_bos=False)
 
 
 def test_schemas_that_do_not_compile_are_refused_by_name(smollm2):

@@ -1,21 +1,36 @@
-"""Tools in the chat template's own format (``oneblock.serve.tool_template``), on the tiny model with a small
-byte-level BPE whose chat template is Hermes-style (it reads ``tools`` and writes ``<tool_call>`` blocks), through
-the ``openai`` client: the template renders the tools and the earlier calls and results, a constrained answer is
-read into ``tool_calls``; a template without ``tools`` is served in the generic format."""
+"""Tools in the chat template's own format (``oneblock.serve.tool_template``): which template gets which format,
+and the Hermes format on the tiny model with a small byte-level BPE whose chat template is Hermes-style (it reads
+``tools`` and writes ``<tool_call>`` blocks), through the ``openai`` client: the template renders the tools and
+the earlier calls and results, a constrained answer is read into ``tool_calls``, the round trip ends in an answer;
+a template without ``tools`` is served in the generic format. Mistral's and Llama 3's formats:
+``test_tool_mistral.py``, ``test_tool_llama3.py``."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
-import openai
 import pytest
-from serve_testing import Running, tiny_model
+from serve_testing import Running
+from tool_testing import (
+    DAY,
+    QUESTION,
+    RESULT,
+    TIME,
+    ask,
+    check_call,
+    check_choices,
+    check_grammar,
+    check_streamed_calls,
+    round_trip,
+    trained_tokenizer,
+)
+from tool_testing import serve as serve_format
 
-from oneblock.io.gguf.tokenizer import GGUFTokenizer
-from oneblock.serve.engine import Engine
 from oneblock.serve.prompts import chat_prompt
-from oneblock.serve.tool_template import GENERIC, HERMES, read_hermes, tool_format
+from oneblock.serve.tool_hermes import hermes_grammar, read_hermes
+from oneblock.serve.tool_template import GENERIC, HERMES, LLAMA3, MISTRAL, tool_format
 from oneblock.serve.tools import parse_tools
 
 HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system
@@ -48,45 +63,11 @@ PLAIN_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time", "description": "The current time in a time zone",
-        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-                       "required": ["zone"], "additionalProperties": False},
-    },
-}  # fmt: skip
-DAY = {
-    "type": "function",
-    "function": {
-        "name": "get_day", "description": "Today's day of the week",
-        "parameters": {"type": "object", "properties": {"short": {"type": "boolean"}}, "required": ["short"],
-                       "additionalProperties": False},
-    },
-}  # fmt: skip
-QUESTION = [{"role": "user", "content": "What time is it in Paris?"}]
-VOCAB = 640  # the model's ids; the tokenizer has at most 600
-
-
-def tokenizer(template: str) -> GGUFTokenizer:
-    """A byte-level BPE trained here on the tools' words, ``<|endoftext|>`` (id 0) ending an answer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
-    corpus = [HERMES_TEMPLATE, json.dumps(TIME), json.dumps(DAY), '<tool_call>\n{"name": "get_time", "arguments": '
-              '{"zone": "UTC"}}\n</tool_call>', "What time is it in Paris?"] * 20  # fmt: skip
-    tok.train_from_iterator(corpus, trainer)
-    return GGUFTokenizer(tok, bos_id=None, eos_id=0, chat_template=template, name="trained")
+OPENAI_ID = re.compile(r"call_[0-9a-f]{24}")
 
 
 def serve(template: str) -> Running:
-    return Running(Engine(tiny_model(vocab_size=VOCAB, max_seq_len=1024), tokenizer(template), max_batch=4))
+    return serve_format(template, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
 
 
 @pytest.fixture(scope="module")
@@ -103,28 +84,32 @@ def plain() -> Iterator[Running]:
     running.close()
 
 
-def ask(running, messages=QUESTION, **options):
-    client = openai.OpenAI(base_url=running.url, api_key="unused", max_retries=0, timeout=120)
-    options = {"temperature": 1.0, "seed": 3, "max_tokens": 160, "tools": [TIME, DAY], **options}
-    return client.chat.completions.create(model="m", messages=messages, **options)
-
-
-def check_call(call) -> None:
-    """A call of TIME or DAY whose arguments are valid against its schema."""
-    arguments = json.loads(call.function.arguments)
-    assert call.type == "function" and call.id.startswith("call_")
-    if call.function.name == "get_time":
-        assert set(arguments) == {"zone"} and arguments["zone"] in ("UTC", "CET"), arguments
-    else:
-        assert call.function.name == "get_day" and set(arguments) == {"short"}
-        assert isinstance(arguments["short"], bool)
-
-
-def test_the_format_is_the_templates_when_it_reads_tools_and_writes_tool_call_blocks():
+def test_each_template_gets_its_format_by_its_markers():
     assert tool_format(HERMES_TEMPLATE) == HERMES
-    assert tool_format(PLAIN_TEMPLATE) == GENERIC and tool_format(None) == GENERIC
-    # reads tools but writes calls in a format this server does not know: the generic one
-    assert tool_format("{% for tool in tools %}{{ tool | tojson }}{% endfor %}[CALLS]") == GENERIC
+    assert tool_format(PLAIN_TEMPLATE) == GENERIC and tool_format(None) == GENERIC and tool_format("") == GENERIC
+    reads = "{% for tool in tools %}{{ tool | tojson }}{% endfor %}"
+    assert tool_format(reads + "[TOOL_CALLS][{{ call | tojson }}]") == MISTRAL
+    assert tool_format(reads + "<|start_header_id|>ipython<|end_header_id|>\n\n") == LLAMA3
+    assert tool_format(reads + "<|python_tag|>{{ call | tojson }}") == LLAMA3
+    # Functionary's Llama 3.1 templates write calls of their own
+    assert tool_format(reads + "<|start_header_id|>ipython<|end_header_id|><function={{ name }}>") == GENERIC
+    assert tool_format(reads + "<|start_header_id|>ipython<|end_header_id|>>>>all\n") == GENERIC
+    # the markers without reading tools are no tool format (a template that cannot show the tools)
+    assert tool_format("[TOOL_CALLS]{{ messages }}") == GENERIC
+    assert tool_format("<|start_header_id|>ipython<|end_header_id|>{{ messages }}") == GENERIC
+    # reads tools but writes calls in a format this server does not know: the generic one, Mistral's later
+    # "[TOOL_CALLS]name[ARGS]{...}" included
+    assert tool_format(reads + "[CALLS]") == GENERIC
+    assert tool_format(reads + "[TOOL_CALLS]{{ name }}[ARGS]{{ arguments }}") == GENERIC
+
+
+def test_smollm2s_template_has_no_tool_format():
+    from oneblock.inference.smollm2 import smollm2_gguf_path
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+
+    template = GGUFTokenizer.from_gguf(smollm2_gguf_path()).chat_template
+    assert template and "<|im_start|>" in template
+    assert tool_format(template) == GENERIC
 
 
 def test_the_template_renders_the_tools_the_calls_and_the_results(hermes):
@@ -148,39 +133,42 @@ def test_the_template_renders_the_tools_the_calls_and_the_results(hermes):
     assert answer.usage.prompt_tokens == len(ids)
 
 
-def test_a_constrained_answer_is_read_as_tool_calls(hermes):
-    answer = ask(hermes, tool_choice="required", parallel_tool_calls=False, n=4)
-    for choice in answer.choices:
-        assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
-        [call] = choice.message.tool_calls
-        check_call(call)
-    named = ask(hermes, tool_choice={"type": "function", "function": {"name": "get_day"}}, parallel_tool_calls=False)
-    [call] = named.choices[0].message.tool_calls
-    assert call.function.name == "get_day" and named.choices[0].finish_reason == "tool_calls"
+def test_tool_choice_in_its_four_forms(hermes):
+    check_choices(hermes, OPENAI_ID, "<", parallel=True)
+    [choice] = ask(hermes, tool_choice="required", parallel_tool_calls=False, n=1, seed=8).choices
+    [call] = choice.message.tool_calls  # one block with parallel_tool_calls false
     check_call(call)
 
 
-def test_a_streamed_call_equals_the_whole_one(hermes):
-    options = {"tool_choice": "required", "parallel_tool_calls": False, "temperature": 0}
-    whole = ask(hermes, **options).choices[0]
-    calls, finish = {}, None
-    for chunk in ask(hermes, stream=True, **options):
-        for call in chunk.choices[0].delta.tool_calls or []:
-            entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
-            entry["name"] += call.function.name or ""
-            entry["arguments"] += call.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
-    assert finish == "tool_calls" == whole.finish_reason
-    assert [(c["name"], c["arguments"]) for c in calls.values()] == [
-        (c.function.name, c.function.arguments) for c in whole.message.tool_calls
+@pytest.mark.parametrize("tags", ["text", "special tokens"])
+def test_the_grammar_lets_text_or_valid_blocks_through(tags):
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    day = '<tool_call>\n{"name": "get_day", "arguments": {"short": true}}\n</tool_call>'
+    good = ["It is noon.", call, call + "\n" + day]
+    bad = [
+        call.replace("UTC", "PST"),  # not valid against the schema
+        call.replace("get_time", "get_week"),  # no such tool
+        call.replace('", "', '",  "'),  # not json.dumps's layout
+        call + day,  # no newline between blocks
+        "<hello>",  # text beginning like a block
     ]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    if tags == "special tokens":  # as a vocabulary may hold them
+        specials += ["<tool_call>", "</tool_call>"]
+    tokenizer = trained_tokenizer(HERMES_TEMPLATE, specials)
+    check_grammar(tokenizer, hermes_grammar, good, bad)
 
 
-def test_none_answers_with_text(hermes):
-    answer = ask(hermes, tool_choice="none", max_tokens=24, n=3)
-    for choice in answer.choices:
-        assert choice.message.tool_calls is None and choice.finish_reason in ("stop", "length")
-        assert choice.message.content and not choice.message.content.startswith("<")
+def test_a_streamed_call_equals_the_whole_one(hermes):
+    check_streamed_calls(hermes, OPENAI_ID)
+
+
+def test_the_round_trip_with_the_openai_client(hermes):
+    def written(call):
+        block = f'<tool_call>\n{{"name": "{call.function.name}", "arguments": {call.function.arguments}}}\n</tool_call>'
+        return f"<|im_start|>assistant\n{block}\n<|im_end|>\n<|im_start|>user\n<tool_response>\n{RESULT}\n"
+
+    round_trip(hermes, OPENAI_ID, written)
 
 
 def test_several_blocks_and_text_before_them_are_read():
@@ -193,7 +181,15 @@ def test_several_blocks_and_text_before_them_are_read():
     ]  # fmt: skip
     assert len({c["id"] for c in calls}) == 2
     cut = '<tool_call>\n{"name": "get_time", "arguments": {"zo'
-    assert read_hermes(cut) == (cut, None) and read_hermes("Hello") == ("Hello", None)
+    for text in (
+        cut,  # cut short
+        "Hello",  # text
+        '<tool_call>\n{"name": "get_time"}\n</tool_call>',  # no arguments
+        '<tool_call>\n{"name": 3, "arguments": {}}\n</tool_call>',  # no name
+        '<tool_call>\n{"name": "get_time", "arguments": {}} x\n</tool_call>',  # not JSON
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_day", "a',
+    ):
+        assert read_hermes(text) == (text, None), text
 
 
 def test_a_template_without_tools_uses_the_generic_format(plain):

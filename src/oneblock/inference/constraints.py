@@ -70,6 +70,18 @@ def _shown(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+def lark_literal(tokenizer: Any, text: str) -> str:
+    """``text`` as a Lark grammar (llguidance's dialect) spells it for ``tokenizer``: ``<[id]>`` when the vocabulary
+    holds the text whole as one token, else the quoted string. A special token (Mistral's ``[TOOL_CALLS]``) is not
+    ordinary text: llguidance lets a quoted string reach it only where nothing else may come next, never beside a
+    free-text alternative, so a grammar that means the token names it. Without a tokenizer (``None``), the quoted
+    string."""
+    backend = getattr(tokenizer, "tokenizer", tokenizer)
+    lookup = getattr(backend, "token_to_id", None)
+    found = lookup(text) if callable(lookup) else None
+    return f"<[{found}]>" if isinstance(found, int) else json.dumps(text)
+
+
 class Constraint:
     """A grammar compiled for one tokenizer; ``start()`` gives each sequence its own state.
 

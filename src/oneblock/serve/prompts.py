@@ -9,7 +9,7 @@ from typing import Any
 
 from oneblock.errors import InputError
 from oneblock.serve.checks import bad, shown, text
-from oneblock.serve.tool_template import HERMES, template_calls, tool_format
+from oneblock.serve.tool_template import conversation_ids, template_calls, template_format
 from oneblock.serve.tools import Tools, call_ids, written_calls, written_result
 from oneblock.text.chat_template import render_chat
 from oneblock.text.tokenizer import Tokenizer
@@ -40,7 +40,8 @@ def chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, tools: Tools | No
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "'messages' must be a non-empty list of {'role', 'content'} objects")
     names = call_ids(messages)
-    own = tool_format(getattr(tokenizer, "chat_template", None)) == HERMES  # the template writes tool turns
+    own = template_format(getattr(tokenizer, "chat_template", None))  # the template writes tool turns itself
+    shown_ids = own.template_ids(conversation_ids(messages)) if own is not None else {}  # as the template sees them
     conversation: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ROLES:
@@ -51,21 +52,21 @@ def chat_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, tools: Tools | No
             said = message.get("content")  # text sent beside the calls comes first, on its own line
             said = "" if said is None else text("messages", _content(said, i), f"messages[{i}].content")
             content = (said + "\n" if said else "") + written_calls(message["tool_calls"], i)  # checks the calls
-            if own:
-                content, turn = said, {"tool_calls": template_calls(message["tool_calls"])}
+            if own is not None:
+                content, turn = said, {"tool_calls": template_calls(message["tool_calls"], shown_ids)}
         elif role == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str):
                 raise bad(f"messages[{i}].tool_call_id", f"message {i} (a tool result) needs a 'tool_call_id' string")
             result = text("messages", _content(message.get("content"), i), f"messages[{i}].content")
-            if own:
-                content, turn = result, {"tool_call_id": call_id, "name": names.get(call_id)}
+            if own is not None:
+                content, turn = result, {"tool_call_id": shown_ids.get(call_id, call_id), "name": names.get(call_id)}
             else:
                 role, content = "user", written_result(result, call_id, names.get(call_id))
         else:
             content = text("messages", _content(message.get("content"), i), f"messages[{i}].content")
         conversation.append({"role": role, "content": content, **turn})
-    if own:
+    if own is not None:
         return _rendered(conversation, tokenizer, tools)
     if tools is not None and tools.active:
         if conversation[0]["role"] == "system":

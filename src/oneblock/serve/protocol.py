@@ -17,7 +17,7 @@ from oneblock.inference.sampling import Sampling
 from oneblock.serve.checks import ApiError, bad, flag, integer, shown, text
 from oneblock.serve.fields import check_known, sampling, top_logprobs
 from oneblock.serve.prompts import CHATML, Prompt, chat_prompt, text_prompts
-from oneblock.serve.tool_template import HERMES, hermes_grammar, tool_format
+from oneblock.serve.tool_template import GENERIC, template_grammar, tool_format
 from oneblock.serve.tools import Tools, parse_tools
 from oneblock.text.tokenizer import Tokenizer
 
@@ -45,7 +45,7 @@ class Request:
         constraint: the grammar of ``response_format`` (``json_object``, ``json_schema``) or of ``grammar`` (Lark),
             or ``None``.
         tools: the tools an answer may call (``tool_choice`` other than ``none``): each answer is a call or a
-            reply, read by ``tools.read_answer`` (``tool_template.read_hermes`` in a template's own format).
+            reply, read by ``tools.read_answer`` (``tool_template.read_template_answer`` in a template's own format).
         cache_prompt: llama.cpp's field: read the prompts' leading blocks from the prefix cache and keep theirs
             (default); ``False`` computes them whole and keeps nothing.
     """
@@ -105,8 +105,8 @@ def parse_completion(
     logprobs = top_logprobs(body, kind)
     echo = flag(body, "echo")
     tools = parse_tools(body) if kind == "chat" else None
-    if tools is not None and tool_format(getattr(tokenizer, "chat_template", None)) == HERMES:
-        tools = replace(tools, format=HERMES)
+    if tools is not None:
+        tools = replace(tools, format=tool_format(getattr(tokenizer, "chat_template", None)))
     if tools is not None and tools.active and logprobs is not None:
         raise bad("logprobs", "'logprobs' with tools is not implemented (a tool call is read whole); leave it out")
     prompts = [chat_prompt(body, tokenizer, tools)] if kind == "chat" else text_prompts(body, tokenizer, vocab)
@@ -177,15 +177,15 @@ def _response_format(value: Any, tokenizer: Tokenizer) -> Constraint | None:
 
 def _tool_grammar(tools: Tools, tokenizer: Tokenizer) -> Constraint:
     """The answer's grammar with tools: a JSON call of the allowed tools, or a reply (``tools.Tools.schema``); in
-    a template's own format, text or ``<tool_call>`` blocks (``tool_template.hermes_grammar``)."""
+    a template's own format, text or calls as that format writes them (``tool_template.template_grammar``)."""
     eos = getattr(tokenizer, "eos_id", None)
     if not isinstance(eos, int):
         name = getattr(tokenizer, "name", type(tokenizer).__name__)
         raise bad("tools", f"'tools' cannot be served: a call ends with the model's end-of-text token, and this "
                   f"model's tokenizer ({name!r}) has none")  # fmt: skip
     try:
-        if tools.format == HERMES:
-            return Constraint.lark(tokenizer, hermes_grammar(tools), eos_ids=[eos])
+        if tools.format != GENERIC:
+            return Constraint.lark(tokenizer, template_grammar(tools, tokenizer), eos_ids=[eos])
         return Constraint.json_schema(tokenizer, tools.schema(), eos_ids=[eos])
     except InputError as error:
         raise bad("tools", f"'tools' cannot be served (a function's parameters): {error}") from None

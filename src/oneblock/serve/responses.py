@@ -18,7 +18,7 @@ from torch import Tensor
 from oneblock.serve.jobs import Delta, Done, Echoed, Scored
 from oneblock.serve.logprob_bodies import LegacyLogprobs, Renderer, chat_logprobs, joined
 from oneblock.serve.protocol import Prompt, Request
-from oneblock.serve.tool_template import HERMES, read_hermes
+from oneblock.serve.tool_template import GENERIC, read_template_answer
 from oneblock.serve.tools import read_answer
 from oneblock.text.tokenizer import Tokenizer
 
@@ -99,8 +99,8 @@ class Answer:
             return [self._chunk({"index": index, "text": "", "finish_reason": done.finish_reason, "logprobs": None})]
         chunks = []
         if self.request.tools is not None:
-            read = read_hermes if self.request.tools.format == HERMES else read_answer
-            content, calls = read("".join(choice.pieces))
+            name, text = self.request.tools.format, "".join(choice.pieces)
+            content, calls = read_answer(text) if name == GENERIC else read_template_answer(name, text)
             choice.message = {"role": "assistant", "content": content}
             if calls is not None:
                 choice.message["tool_calls"] = calls

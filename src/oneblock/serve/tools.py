@@ -38,8 +38,9 @@ class Tools:
         functions: each tool's ``function`` object (``name``, ``description``, ``parameters``), in order.
         choice: ``"none"``, ``"auto"``, ``"required"``, or the one function's name that must be called.
         parallel: whether an answer may call several tools (``parallel_tool_calls``, default true).
-        format: ``"generic"`` (this module's format) or ``"hermes"``, the chat template's own
-            ``<tool_call>`` blocks (``oneblock.serve.tool_template``).
+        format: ``"generic"`` (this module's format), or the chat template's own: ``"hermes"``
+            (``<tool_call>`` blocks), ``"mistral"`` (``[TOOL_CALLS]``), ``"llama3"`` (one JSON object); see
+            ``oneblock.serve.tool_template``.
     """
 
     functions: tuple[Mapping[str, Any], ...]
