@@ -23,7 +23,6 @@ from oneblock.cli.options import add_threads_option, set_threads
 
 if TYPE_CHECKING:
     from oneblock.inference.chat import ChatSession
-    from oneblock.inference.process import start_up_done
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_NEW_TOKENS = 256
@@ -94,6 +93,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
     from oneblock.inference.chat import ChatSession
+    from oneblock.inference.process import start_up_done
     from oneblock.inference.sampling import Sampling
     from oneblock.text.checks import check_text, decode_utf8
 
