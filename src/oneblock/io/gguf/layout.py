@@ -57,6 +57,7 @@ _STRING, _ARRAY, _BOOL = 8, 9, 7
 
 _U64 = struct.Struct("<Q")
 _BULK_STRINGS = 64  # arrays of strings from this long on are decoded at once (Cursor.strings)
+_LENGTH_TAIL = np.arange(1, 8)  # a length's bytes after its first
 
 DIGEST_WITHIN = 1 << 16  # oneblock writes the digest early in the metadata: within the file's first 64 KiB
 
@@ -179,10 +180,9 @@ class _Cursor:
         heads[0], heads[1:] = 0, np.asarray(ends[:-1], dtype=np.int64) - start
         region = np.frombuffer(buffer, dtype=np.uint8, count=pos - start, offset=start).copy()
         region[heads] = 0  # the separator, in the first byte of each length
-        cut = np.zeros(pos - start + 1, dtype=np.int8)  # +1 at the length's second byte, -1 past its last
-        cut[heads + 1] = 1  # no two of these positions coincide: a length and its string are 8+ bytes
-        cut[heads + 8] = -1
-        joined = region[np.cumsum(cut[:-1]) == 0].tobytes()  # NUL, string, NUL, string, ...
+        kept = np.ones(pos - start, dtype=np.bool_)
+        kept[(heads[:, None] + _LENGTH_TAIL).reshape(-1)] = False  # the other 7 bytes of every length
+        joined = region[kept].tobytes()  # NUL, string, NUL, string, ...
         if joined.count(0) != count:
             return [self.string() for _ in range(count)]
         try:
