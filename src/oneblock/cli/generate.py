@@ -11,6 +11,7 @@ from oneblock.cli import options, precision
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_NEW_TOKENS = 50
+PAUSE_COLLECTOR = True  # in a fresh process, no garbage collection until the model is loaded (cli.main)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -94,7 +95,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from oneblock.errors import InputError
     from oneblock.inference.generation import generate
-    from oneblock.inference.process import peak_rss_bytes, process_seconds
+    from oneblock.inference.process import peak_rss_bytes, process_seconds, start_up_done
     from oneblock.inference.request import fit_new_tokens
     from oneblock.inference.sampling import Sampling
     from oneblock.text.checks import check_text
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed
     )
     loaded = _load(args)
+    start_up_done()
     model, tokenizer = loaded.model, loaded.tokenizer
     prompt = tokenizer.encode(args.prompt)
     if not prompt:

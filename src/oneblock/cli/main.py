@@ -73,7 +73,9 @@ def build_parser(only: str | None = None) -> Parser:
     for name in SUBCOMMANDS if only is None else (only,):
         module = importlib.import_module(f"oneblock.cli.{name}")
         sub = module.add_parser(subparsers)
-        sub.set_defaults(_run=module.run, **{FLAG_NAMES: flag_names(sub)})  # messages name a flag by its one name
+        sub.set_defaults(  # messages name a flag by its one name
+            _run=module.run, _start_up=getattr(module, "PAUSE_COLLECTOR", False), **{FLAG_NAMES: flag_names(sub)}
+        )
     return parser
 
 
@@ -85,13 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     traceback only when the environment sets ``ONEBLOCK_DEBUG=1``.
     """
     from oneblock.errors import OneBlockError
+    from oneblock.inference import process
 
     argv = sys.argv[1:] if argv is None else argv
+    if "torch" not in sys.modules:  # a fresh process: its start-up is all still to come
+        process.pause_for_start_up()
     parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version and argparse errors
+        process.start_up_done(freeze=False)
         return _exit_code(stop.code)
+    if not args._start_up:  # the command says when its start-up ends (process.start_up_done), or it is over
+        process.start_up_done(freeze=False)
     try:
         return int(args._run(args))
     except OneBlockError as error:
@@ -114,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             hint = " (set ONEBLOCK_DEBUG=1 to see the traceback)"
         print(f"{PROG}: internal error: {type(error).__name__}: {_one_line(error)}{hint}", file=sys.stderr)
         return 1
+    finally:
+        process.start_up_done()  # if the command did not get that far
 
 
 def _silence_stdout() -> None:

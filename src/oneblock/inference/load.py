@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from oneblock.errors import CheckpointError, InputError
+from oneblock.inference.process import collector_paused
 from oneblock.models.inputs import config_of
 from oneblock.text.tokenizer import Tokenizer, load_tokenizer
 
@@ -95,6 +96,20 @@ def load_model(
 
         raise ConfigError("merge=True folds an adapter into the weights; give adapter=DIR too")
     start = time.perf_counter()
+    with collector_paused():  # loading makes many objects and no garbage (oneblock.inference.process)
+        model, tok, kind = _load(source, dtype, device, tokenizer, seed)
+        if adapter is not None:
+            _adapt(model, adapter, merge)
+    return Loaded(model.eval(), tok, str(source), kind, time.perf_counter() - start)
+
+
+def _load(
+    source: str | os.PathLike[str],
+    dtype: torch.dtype | None,
+    device: torch.device | str | None,
+    tokenizer: str | os.PathLike[str] | None,
+    seed: int,
+) -> tuple[nn.Module, Tokenizer, str]:
     path = Path(source)
     if path.is_file() and path.suffix.lower() == ".gguf":
         model, tok, kind = *_gguf(path, dtype, device, tokenizer), "gguf"
@@ -111,9 +126,7 @@ def load_model(
     else:
         model, kind = _preset(str(source), dtype, device, seed), "preset"
         tok = load_tokenizer(None, tokenizer=tokenizer, vocab_size=_vocab(model))
-    if adapter is not None:
-        _adapt(model, adapter, merge)
-    return Loaded(model.eval(), tok, str(source), kind, time.perf_counter() - start)
+    return model, tok, kind
 
 
 def _adapt(model: nn.Module, adapter: str | os.PathLike[str], merge: bool) -> None:

@@ -239,3 +239,61 @@ def test_a_vocabulary_that_cannot_spell_every_byte_is_refused(tmp_path):
     for tokens, match in cases:
         with pytest.raises(ConversionError, match=match):
             GGUFTokenizer.from_gguf(_vocabulary_file(tmp_path / "bad.gguf", tokens))
+
+
+def test_smollm2_tokenizer_equals_one_built_entry_by_entry():
+    """The one-pass spelling, merge splitting and checks build the tokenizer a plain loop over the file builds."""
+    from tokenizers import AddedToken, Tokenizer, decoders
+    from tokenizers.models import BPE
+
+    from oneblock.io.gguf.layout import read_layout
+    from oneblock.io.gguf.tokenizer import PRE_TOKENIZERS, byte_alphabet
+
+    meta = read_layout(smollm2_gguf_path()).metadata
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"].tolist()
+    table = byte_alphabet()
+    alphabet = set(table.values())
+    spelled = [t if set(t) <= alphabet else "".join(table[b] for b in t.encode()) for t in tokens]
+    pairs = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+    reference = Tokenizer(BPE(vocab={t: i for i, t in enumerate(spelled)}, merges=pairs, fuse_unk=False))
+    reference.pre_tokenizer = PRE_TOKENIZERS[meta["tokenizer.ggml.pre"]]()
+    reference.decoder = decoders.ByteLevel()
+    reference.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, k in zip(tokens, types, strict=True)
+            if k == 3 and set(t) <= alphabet
+        ]
+    )
+    reference.add_tokens([AddedToken(t, normalized=False) for t, k in zip(tokens, types, strict=True) if k == 4])
+    ours = GGUFTokenizer.from_gguf(smollm2_gguf_path()).tokenizer
+    assert ours.to_str() == reference.to_str()
+
+
+def test_merges_that_are_not_two_tokens_are_refused_by_name():
+    from oneblock.io.gguf.tokenizer import build_tokenizer, byte_alphabet
+
+    symbols = [*byte_alphabet().values(), "ab"]
+    tok = build_tokenizer(symbols, ["a b"], [1] * len(symbols), None)
+    assert tok.encode("ab").ids == [256]
+    for merges, bad in [
+        (["a b c"], "a b c"),
+        (["ab"], "ab"),
+        (["a  b"], "a  b"),
+        (["a b c", "ab"], "a b c"),  # as many spaces in all as one each would give
+        (["a b", "ab", "a b c"], "ab"),
+    ]:
+        with pytest.raises(ConversionError, match=f"BPE merge '{bad}' is not two tokens separated by one space"):
+            build_tokenizer(symbols, merges, [1] * len(symbols), None)
+
+
+def test_tokens_outside_the_byte_alphabet_are_spelled_in_it():
+    from oneblock.io.gguf.tokenizer import build_tokenizer, byte_alphabet
+
+    table = byte_alphabet()
+    symbols = list(table.values())
+    tok = build_tokenizer([*symbols, "世界", "<|x|>"], [], [*[1] * 256, 4, 3], None)
+    vocab = tok.get_vocab()
+    assert vocab["".join(table[b] for b in "世界".encode())] == 256 and vocab["<|x|>"] == 257
+    with pytest.raises(ConversionError, match="2 token types for 3 tokens"):
+        build_tokenizer(["a", "b", "c"], [], [1, 1], None)

@@ -23,39 +23,26 @@ The "K-quants" (Q2_K..Q6_K, 256-value super-blocks with 6-bit sub-scales) and Q5
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
-from gguf.constants import GGML_QUANT_SIZES
-from gguf.gguf_reader import ReaderTensor
 
 from oneblock.errors import ConversionError
+from oneblock.io.gguf import types
 from oneblock.io.gguf.layout import TensorRecord
 from oneblock.kernels.formats import FORMATS, decode_blocks
+
+if TYPE_CHECKING:
+    from gguf.gguf_reader import ReaderTensor
 
 _BLOCK = 32
 _CHUNK = 1 << 16  # blocks decoded at once: 2M values, 8 MB of float32
 
-_NATIVE = (
-    GGMLQuantizationType.F32,
-    GGMLQuantizationType.F16,
-    GGMLQuantizationType.BF16,
-    GGMLQuantizationType.Q8_0,
-    GGMLQuantizationType.Q4_0,
-    GGMLQuantizationType.Q4_1,
-)
-_REFERENCE = (
-    GGMLQuantizationType.Q5_0,
-    GGMLQuantizationType.Q5_1,
-    GGMLQuantizationType.Q2_K,
-    GGMLQuantizationType.Q3_K,
-    GGMLQuantizationType.Q4_K,
-    GGMLQuantizationType.Q5_K,
-    GGMLQuantizationType.Q6_K,
-)
-SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = _NATIVE + _REFERENCE
-"""Every GGML tensor type :func:`dequantize` accepts."""
+_NATIVE = (types.F32, types.F16, types.BF16, types.Q8_0, types.Q4_0, types.Q4_1)
+_REFERENCE = (types.Q5_0, types.Q5_1, types.Q2_K, types.Q3_K, types.Q4_K, types.Q5_K, types.Q6_K)
+SUPPORTED_TYPES: tuple[int, ...] = _NATIVE + _REFERENCE
+"""Every GGML tensor type id :func:`dequantize` accepts (``gguf.GGMLQuantizationType`` values)."""
 
 
 def _decoder(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -64,11 +51,7 @@ def _decoder(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 # The block layouts and their decoders live with the kernels that multiply them (oneblock.kernels.formats).
-_BLOCK_DECODERS = {
-    GGMLQuantizationType.Q8_0: _decoder("q8_0"),
-    GGMLQuantizationType.Q4_0: _decoder("q4_0"),
-    GGMLQuantizationType.Q4_1: _decoder("q4_1"),
-}
+_BLOCK_DECODERS = {types.Q8_0: _decoder("q8_0"), types.Q4_0: _decoder("q4_0"), types.Q4_1: _decoder("q4_1")}
 
 
 def tensor_shape(tensor: ReaderTensor) -> tuple[int, ...]:
@@ -80,13 +63,6 @@ def tensor_shape(tensor: ReaderTensor) -> tuple[int, ...]:
     return tuple(int(n) for n in reversed(tensor.shape.tolist()))
 
 
-def _type_name(ggml_type: int) -> str:
-    try:
-        return GGMLQuantizationType(ggml_type).name
-    except ValueError:
-        return f"unknown type id {ggml_type}"
-
-
 def check_supported(name: str, ggml_type: int) -> None:
     """Raise ``ConversionError`` unless :func:`dequantize` can decode ``ggml_type``.
 
@@ -94,9 +70,9 @@ def check_supported(name: str, ggml_type: int) -> None:
         ConversionError: naming the tensor, its type and the supported types.
     """
     if ggml_type not in SUPPORTED_TYPES:
-        supported = ", ".join(t.name for t in SUPPORTED_TYPES)
+        supported = ", ".join(types.type_name(t) for t in SUPPORTED_TYPES)
         raise ConversionError(
-            f"tensor {name!r} is stored as {_type_name(ggml_type)}, which oneblock cannot dequantize; "
+            f"tensor {name!r} is stored as {types.type_name(ggml_type)}, which oneblock cannot dequantize; "
             f"supported types: {supported}. Re-quantize the model to one of these (for example with "
             f"llama.cpp's llama-quantize ... Q8_0)."
         )
@@ -130,20 +106,19 @@ def dequantize(tensor: ReaderTensor | TensorRecord, *, dtype: torch.dtype = torc
 def decode_bytes(name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Tensor) -> torch.Tensor:
     """Float32 values of a tensor from its (nbytes,) uint8 bytes, vectorized over all blocks at once."""
     check_supported(name, ggml_type)
-    ggml_type = GGMLQuantizationType(ggml_type)
-    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    type_name, block_size, type_size = types.GGML_TYPES[ggml_type]
     n_values = int(np.prod(shape, dtype=np.int64))
     expected_bytes = n_values // block_size * type_size
     if raw.numel() != expected_bytes or n_values % block_size:
         raise ConversionError(
-            f"tensor {name!r} ({ggml_type.name}, shape {shape}) holds {raw.numel()} bytes, expected "
+            f"tensor {name!r} ({type_name}, shape {shape}) holds {raw.numel()} bytes, expected "
             f"{expected_bytes}; the file is truncated or corrupt"
         )
-    if ggml_type == GGMLQuantizationType.F32:
+    if ggml_type == types.F32:
         out = raw.view(torch.float32).clone()  # a copy: the model must not hold a view of the mapped file
-    elif ggml_type == GGMLQuantizationType.F16:
+    elif ggml_type == types.F16:
         out = raw.view(torch.float16).float()
-    elif ggml_type == GGMLQuantizationType.BF16:
+    elif ggml_type == types.BF16:
         out = raw.view(torch.bfloat16).float()  # bfloat16 is the upper half of a float32: exact
     elif ggml_type in _BLOCK_DECODERS:
         blocks = raw.view(-1, type_size)  # (n_values / 32, type_size) uint8
@@ -151,9 +126,10 @@ def decode_bytes(name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.T
         for start in range(0, blocks.shape[0], _CHUNK):  # vectorized per chunk: temporaries stay a few MB
             out[start : start + _CHUNK] = _BLOCK_DECODERS[ggml_type](blocks[start : start + _CHUNK])
     else:
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize as reference_dequantize
 
-        values = reference_dequantize(raw.numpy().reshape(-1, type_size), ggml_type)
+        values = reference_dequantize(raw.numpy().reshape(-1, type_size), GGMLQuantizationType(ggml_type))
         out = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
     return out.reshape(shape)
 

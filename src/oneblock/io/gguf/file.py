@@ -2,7 +2,8 @@
 
 A GGUF file is a small header (magic ``b"GGUF"``, version, counts), a list of typed key/value metadata
 (``general.architecture``, ``llama.block_count``, the tokenizer's vocabulary, the chat template, ...), a table of
-tensor descriptions, and the aligned tensor data. ``gguf.GGUFReader`` memory-maps it; this module turns the
+tensor descriptions, and the aligned tensor data. ``gguf.GGUFReader`` memory-maps it (imported only by the
+functions that take a reader: oneblock's own reader is :mod:`oneblock.io.gguf.layout`); this module turns the
 reader's exceptions into ``CheckpointError``s and its fields into plain Python values, each checked against the
 type its key must have (``TYPED_KEYS``): a string ``block_count`` or a negative ``context_length`` is refused by
 name here, before any code computes with it.
@@ -12,13 +13,18 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+from itertools import chain, repeat, starmap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
 
 from oneblock.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+    from typing_extensions import TypeIs
 
 GGUF_MAGIC = b"GGUF"
 _HEADER_BYTES = 24  # magic (4) + version (4) + tensor count (8) + metadata count (8)
@@ -80,6 +86,14 @@ def check_gguf_file(path: Path) -> int:
     return size
 
 
+def is_reader(source: object) -> TypeIs[GGUFReader]:
+    """Whether ``source`` is a ``gguf.GGUFReader``, without importing the package: whoever holds a reader has
+    imported it already."""
+    package = sys.modules.get("gguf")
+    reader = getattr(package, "GGUFReader", None)
+    return isinstance(reader, type) and isinstance(source, reader)
+
+
 def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
     """Memory-map a GGUF file.
 
@@ -92,6 +106,8 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
     Raises:
         CheckpointError: if the path is missing, a directory, too short, not GGUF, or corrupt.
     """
+    from gguf import GGUFReader
+
     path = Path(path)
     check_gguf_file(path)
     try:
@@ -169,7 +185,7 @@ def _has_type(value: Any, kind: str) -> bool:
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "list[str]":
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return isinstance(value, list) and all(map(isinstance, value, repeat(str)))
     if isinstance(value, np.ndarray):  # numeric arrays of a parsed layout stay views of the file
         return value.dtype.kind in "iu"
     return isinstance(value, list) and all(_is_int(v) for v in value)
@@ -184,6 +200,8 @@ def read_metadata(reader: GGUFReader, *, skip_arrays_longer_than: int | None = 1
             with :func:`field_value`, since turning 50,000 strings into Python objects takes a while;
             ``None`` reads everything.
     """
+    from gguf import GGUFValueType
+
     out: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
@@ -200,6 +218,8 @@ def check_merges(pairs: list[tuple[str, str]], vocab: dict[str, int]) -> None:
     raise a raw error, or build a tokenizer that emits ids that do not exist)."""
     from oneblock.errors import ConversionError
 
+    if vocab.keys() >= set(chain.from_iterable(pairs)) and all(map(vocab.__contains__, starmap(str.__add__, pairs))):
+        return  # all found, in one pass of C loops; otherwise find the first missing piece, for the message
     for rank, (left, right) in enumerate(pairs):
         for piece in (left, right, left + right):
             if piece not in vocab:

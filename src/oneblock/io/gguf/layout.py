@@ -32,6 +32,7 @@ import torch
 from oneblock.errors import CheckpointError
 from oneblock.io import limits
 from oneblock.io.gguf.file import check_gguf_file, checked_value
+from oneblock.io.gguf.types import type_info
 from oneblock.io.integrity import DIGEST_KEY, verify
 
 _ALIGNMENT = 32
@@ -53,6 +54,10 @@ _SCALARS: dict[int, tuple[str, str]] = {
     12: ("<d", "<f8"),
 }
 _STRING, _ARRAY, _BOOL = 8, 9, 7
+
+_U64 = struct.Struct("<Q")
+_BULK_STRINGS = 64  # arrays of strings from this long on are decoded at once (Cursor.strings)
+_LENGTH_TAIL = np.arange(1, 8)  # a length's bytes after its first
 
 DIGEST_WITHIN = 1 << 16  # oneblock writes the digest early in the metadata: within the file's first 64 KiB
 
@@ -109,6 +114,10 @@ class GGUFLayout:
     metadata: dict[str, Any]
     tensors: dict[str, TensorRecord]
     mapped: mmap.mmap | None = None
+    identity: tuple[int, ...] = ()
+    """``(device, inode, size, mtime_ns, ctime_ns)`` of the file that was mapped, from the open file itself."""
+    data_start: int = 0
+    """Where the tensor data starts: the bytes before it are the whole header."""
 
     def get(self, key: str, default: Any = None) -> Any:
         """One metadata value, or ``default`` when the key is absent."""
@@ -149,6 +158,40 @@ class _Cursor:
         self.pos = end
         return text
 
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings in a row (a vocabulary, merges): their lengths walked in Python, the bytes decoded at
+        once. Each string's length is replaced by one NUL, the whole decoded strictly (a NUL ends any multi-byte
+        sequence, so a string that is not UTF-8 on its own fails the whole) and split at the NULs. An array whose
+        strings hold a NUL themselves, or one that fails to decode, is read string by string (which raises the
+        first bad string's own error)."""
+        if count < _BULK_STRINGS:
+            return [self.string() for _ in range(count)]
+        buffer, start = self.buffer, self.pos
+        unpack = _U64.unpack_from
+        pos = start
+        ends: list[int] = []
+        keep = ends.append
+        for _ in range(count):  # a length past the end makes the next unpack raise struct.error
+            pos += 8 + unpack(buffer, pos)[0]
+            keep(pos)
+        if pos > len(buffer):
+            raise ValueError(f"an array of {count} strings runs past the end of the file")
+        heads = np.empty(count, dtype=np.int64)  # (count,) where each string's 8-byte length starts, in the array
+        heads[0], heads[1:] = 0, np.asarray(ends[:-1], dtype=np.int64) - start
+        region = np.frombuffer(buffer, dtype=np.uint8, count=pos - start, offset=start).copy()
+        region[heads] = 0  # the separator, in the first byte of each length
+        kept = np.ones(pos - start, dtype=np.bool_)
+        kept[(heads[:, None] + _LENGTH_TAIL).reshape(-1)] = False  # the other 7 bytes of every length
+        joined = region[kept].tobytes()  # NUL, string, NUL, string, ...
+        if joined.count(0) != count:
+            return [self.string() for _ in range(count)]
+        try:
+            parts = joined.decode("utf-8").split("\0")
+        except UnicodeDecodeError:
+            return [self.string() for _ in range(count)]  # raises the first bad string's UnicodeDecodeError
+        self.pos = pos
+        return parts[1:]
+
     def value(self, kind: int, depth: int = 0) -> Any:
         if kind == _STRING:
             return self.string()
@@ -181,7 +224,7 @@ class _Cursor:
                     f"({self.limit_source}); if the file is genuine, raise the limit with max_vocab= or "
                     f"{limits.ENV_MAX_VOCAB}"
                 )
-            return [self.string() for _ in range(count)]
+            return self.strings(count)
         if item == _ARRAY:
             if count > left // 12:  # each array is at least its type and count
                 raise ValueError(f"an array of {count} arrays runs past the end of the file")
@@ -214,6 +257,8 @@ def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -
     with path.open("rb") as f:
         # Copy-on-write: the views are writable for torch, and nothing is ever written back to the file.
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        st = os.fstat(f.fileno())
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     try:
         cursor = _Cursor(memoryview(mapped), limits.vocab_limit(max_vocab))
         version, metadata, raw = _read_header(cursor)
@@ -244,7 +289,7 @@ def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -
             )
         data = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=begin)
         tensors[name] = TensorRecord(name, shape, ggml_type, begin, data, mapped)
-    return GGUFLayout(path=path, version=version, metadata=metadata, tensors=tensors, mapped=mapped)
+    return GGUFLayout(path, version, metadata, tensors, mapped, identity, start)
 
 
 def _read_header(cursor: _Cursor) -> tuple[int, dict[str, Any], list[tuple[str, tuple[int, ...], int, int]]]:
@@ -290,28 +335,25 @@ def _alignment(where: str, metadata: dict[str, Any]) -> int:
     return value
 
 
-def _nbytes(where: str, name: str, shape: tuple[int, ...], ggml_type: int) -> int:
+def _nbytes(where: str, name: str, shape: tuple[int, ...], type_id: int) -> int:
     """Bytes of a tensor in the file (a type oneblock cannot decode is refused later, with the supported list).
 
     Raises:
         CheckpointError: a block format whose rows (``ne0``, the last PyTorch dimension) are not whole blocks,
             as llama.cpp refuses them: the bytes of a partial block do not exist in the file.
     """
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        kind = GGMLQuantizationType(ggml_type)
-        block, type_size = GGML_QUANT_SIZES[kind]
-    except (ValueError, KeyError):  # its size is unknown, so is where the next tensor starts
+    known = type_info(type_id)
+    if known is None:  # its size is unknown, so is where the next tensor starts
         raise CheckpointError(
             f"{where} is a corrupt GGUF file, or newer than the gguf package: tensor {name!r} has the unknown "
-            f"GGML type id {ggml_type}"
-        ) from None
+            f"GGML type id {type_id}"
+        )
+    kind, block, type_size = known
     row = shape[-1] if shape else 1
     if row % block:
         raise CheckpointError(
-            f"{where} is a corrupt GGUF file: tensor {name!r} ({kind.name}, shape {shape}) has rows of {row} "
-            f"values, not a multiple of the {block}-value blocks of {kind.name}"
+            f"{where} is a corrupt GGUF file: tensor {name!r} ({kind}, shape {shape}) has rows of {row} "
+            f"values, not a multiple of the {block}-value blocks of {kind}"
         )
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     return n // block * type_size

@@ -19,22 +19,26 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
-from gguf import GGUFReader
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, ConversionError
+from oneblock.io.gguf.block_cache import cached_modules
 from oneblock.io.gguf.dequant import check_supported, dequantize
+from oneblock.io.gguf.file import is_reader
 from oneblock.io.gguf.layout import GGUFLayout, TensorRecord, read_layout
-from oneblock.io.gguf.quantized import block_modules
+from oneblock.io.gguf.quantized import block_modules, interleaves
 from oneblock.io.limits import check_model_size
 from oneblock.io.matching import check_tensors_fill
 from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.models.build import build_skeleton
 from oneblock.models.decoder import Decoder
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -206,14 +210,14 @@ def oneblock_name(gguf_name: str) -> str:
     )
 
 
-Source = str | os.PathLike[str] | GGUFLayout | GGUFReader
+Source: TypeAlias = "str | os.PathLike[str] | GGUFLayout | GGUFReader"
 
 
 def open_layout(source: Source) -> GGUFLayout:
     """The parsed file behind any of the accepted sources: a path, a parsed layout, or a ``gguf.GGUFReader``."""
     if isinstance(source, GGUFLayout):
         return source
-    if isinstance(source, GGUFReader):
+    if is_reader(source):
         filename = source.data.filename
         if filename is None:
             raise ConversionError("this GGUFReader reads no file on disk; pass the .gguf path instead")
@@ -268,6 +272,7 @@ def from_gguf(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    cache: bool = True,
 ) -> Decoder:
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 
@@ -285,6 +290,9 @@ def from_gguf(
         dtype: ``None`` (block matrices as the file stores them), or the parameter dtype of a fully dequantized
             model: ``torch.float32``, ``torch.bfloat16`` or ``torch.float16``.
         device: where to put the parameters; anything but the CPU dequantizes.
+        cache: on the default path, map the block matrices from a verified cache entry written by an earlier load
+            of the same file, or write one (:mod:`oneblock.io.gguf.block_cache`; ``ONEBLOCK_GGUF_CACHE=0`` turns
+            it off everywhere); ``False``: repack them from the file, and write nothing.
 
     Returns:
         The model, in eval mode; ``model.config`` is the config read from the file.
@@ -303,7 +311,11 @@ def from_gguf(
         state["lm_head.weight"] = state["embed.tok.weight"]
     _check_names_and_shapes(cfg, expected, state)
     names = {t.name: oneblock_name(t.name) for t in layout.tensors.values()}
-    modules = block_modules(cfg, layout, names, unpermute_rows) if dtype is None and on_cpu else {}
+    modules = {}
+    if dtype is None and on_cpu:
+        modules = cached_modules(
+            layout, lambda: block_modules(cfg, layout, names, unpermute_rows), interleaved=interleaves(), enabled=cache
+        )
     for name, (module, _) in modules.items():
         _put(model, name, module)
     covered = {name for _, names_covered in modules.values() for name in names_covered}

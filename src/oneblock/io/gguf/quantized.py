@@ -60,11 +60,14 @@ def _part(t: TensorRecord, fmt: str, cfg: ModelConfig, unpermute: Rows) -> tuple
     return raw, unpermute(torch.arange(n).view(n, 1), heads).view(n)  # the rows' own permutation, as indexes
 
 
+def interleaves() -> bool:
+    """Whether the loaded kernels read the interleaved layout (the C++ kernels do; the PyTorch fallback does not)."""
+    return kernels.backend() != "torch"
+
+
 def _interleavable(fmt: str, rows: int) -> bool:
     """Whether rows of ``fmt`` go straight into the interleaved layout (the C++ kernels read it; PyTorch does not)."""
-    return (
-        kernels.interleaved_format(fmt) is not None and rows % kernels.GROUP_ROWS == 0 and kernels.backend() != "torch"
-    )
+    return kernels.interleaved_format(fmt) is not None and rows % kernels.GROUP_ROWS == 0 and interleaves()
 
 
 def _matrix(

@@ -18,17 +18,19 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gguf import GGUFReader
+import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 
 from oneblock.errors import ConversionError, InputError
-from oneblock.io.gguf.file import check_merges, field_value
+from oneblock.io.gguf.file import check_merges, field_value, is_reader
 from oneblock.io.gguf.layout import GGUFLayout, read_layout
-from oneblock.text.chat_template import render_chat
 from oneblock.text.checks import check_text
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 _CONTROL = 3
 _USER_DEFINED = 4
@@ -115,16 +117,18 @@ def check_byte_vocabulary(tokens: Sequence[str]) -> None:
     Raises:
         ConversionError: naming the first missing bytes or the first duplicate and its ids.
     """
-    first: dict[str, int] = {}
-    for index, token in enumerate(tokens):  # as stored: a byte symbol is spelled the same either way
-        if token in first:
-            raise ConversionError(
-                f"the GGUF vocabulary holds {token!r} twice (ids {first[token]} and {index}); a byte-level BPE "
-                "vocabulary has each token once: the file is corrupt"
-            )
-        first[token] = index
+    present = set(tokens)  # as stored: a byte symbol is spelled the same either way
+    if len(present) != len(tokens):  # some token twice: find the first, for the message
+        first: dict[str, int] = {}
+        for index, token in enumerate(tokens):
+            if token in first:
+                raise ConversionError(
+                    f"the GGUF vocabulary holds {token!r} twice (ids {first[token]} and {index}); a byte-level "
+                    "BPE vocabulary has each token once: the file is corrupt"
+                )
+            first[token] = index
     alphabet = byte_alphabet()
-    missing = [b for b in sorted(TEXT_BYTES) if alphabet[b] not in first]
+    missing = [b for b in sorted(TEXT_BYTES) if alphabet[b] not in present]
     if missing:
         shown = ", ".join(f"{b:#04x} ({alphabet[b]!r})" for b in missing[:5])
         raise ConversionError(
@@ -157,32 +161,53 @@ def build_tokenizer(
             f"known: {sorted(PRE_TOKENIZERS)}"
         )
     alphabet = set(byte_alphabet().values())
-    vocab = {_spelled(token): index for index, token in enumerate(tokens)}
-    pairs = []
-    for merge in merges:
-        parts = merge.split(" ")
-        if len(parts) != 2:
-            raise ConversionError(f"BPE merge {merge!r} is not two tokens separated by one space")
-        pairs.append((parts[0], parts[1]))
+    if _outside_alphabet().search("".join(tokens)) is None:  # one scan: every token already in the alphabet
+        vocab = dict(zip(tokens, range(len(tokens)), strict=True))
+    else:
+        vocab = {_spelled(token): index for index, token in enumerate(tokens)}
+    pairs = _merge_pairs(merges)
     check_merges(pairs, vocab)
     tokenizer = Tokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False))
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[key]()
     tokenizer.decoder = decoders.ByteLevel()
+    kinds = np.asarray(token_types)
+    if kinds.shape != (len(tokens),):
+        raise ConversionError(f"{kinds.size} token types for {len(tokens)} tokens; the tokenizer is corrupt")
     # A control token spelled outside the byte alphabet would be a mislabelled entry: skip it, as llama.cpp
     # never emits it from text either.
     specials = [
-        AddedToken(token, special=True, normalized=False)
-        for token, kind in zip(tokens, token_types, strict=True)
-        if kind == _CONTROL and set(token) <= alphabet
+        AddedToken(tokens[i], special=True, normalized=False)
+        for i in np.flatnonzero(kinds == _CONTROL).tolist()
+        if set(tokens[i]) <= alphabet
     ]
     user = [
-        AddedToken(token, special=False, normalized=False)
-        for token, kind in zip(tokens, token_types, strict=True)
-        if kind == _USER_DEFINED and token in vocab
+        AddedToken(tokens[i], special=False, normalized=False)
+        for i in np.flatnonzero(kinds == _USER_DEFINED).tolist()
+        if tokens[i] in vocab
     ]
     tokenizer.add_special_tokens(specials)
     tokenizer.add_tokens(user)
     return tokenizer
+
+
+def _merge_pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
+    """``"left right"`` strings as ``(left, right)`` pairs: split all at once, and checked by joining them back.
+
+    Raises:
+        ConversionError: naming the first merge that is not two tokens separated by one space.
+    """
+    parts = " ".join(merges).split(" ")
+    if len(parts) == 2 * len(merges):
+        pairs = list(zip(parts[0::2], parts[1::2], strict=True))
+        if list(map(" ".join, pairs)) == list(merges):  # then each merge held exactly one space
+            return pairs
+    pairs = []
+    for merge in merges:
+        split = merge.split(" ")
+        if len(split) != 2:
+            raise ConversionError(f"BPE merge {merge!r} is not two tokens separated by one space")
+        pairs.append((split[0], split[1]))
+    return pairs
 
 
 class GGUFTokenizer:
@@ -222,7 +247,7 @@ class GGUFTokenizer:
         """
         if isinstance(source, GGUFLayout):
             meta = source.metadata
-        elif isinstance(source, GGUFReader):
+        elif is_reader(source):
             meta = {key: field_value(source, key) for key in source.fields if key.startswith("tokenizer.")}
         else:
             meta = read_layout(source).metadata
@@ -309,6 +334,8 @@ class GGUFTokenizer:
         """
         if not self.chat_template:
             raise ConversionError("this GGUF file has no tokenizer.chat_template; pass one to render_chat")
+        from oneblock.text.chat_template import render_chat  # its module and jinja2 only when a chat is rendered
+
         text = render_chat(
             messages,
             template=self.chat_template,
