@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import oneblock as ob
+from oneblock import kernels
 from oneblock.inference.decode import LeanDecode
 from oneblock.inference.request import prepare
 
@@ -55,3 +56,24 @@ def kl_to(reference: torch.Tensor, logits: torch.Tensor) -> float:
     """Mean KL(reference || logits) over the rows of (N, V) logits."""
     p, q = F.log_softmax(reference.double(), -1), F.log_softmax(logits.double(), -1)
     return (p.exp() * (p - q)).sum(-1).mean().item()
+
+
+def decode_across_threads_and_isas(model, prompts, steps: int = 6):
+    """``prompts`` decoded natively on 1 and 2 threads (asserted bit-equal: chunks go to whichever thread, each
+    output is computed alike) and on the scalar instruction set; returns ``(scalar, python)`` logits."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one, _ = decode_both(model, prompts, steps=steps)
+        torch.set_num_threads(2)
+        two, python = decode_both(model, prompts, steps=steps)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    isa = torch.ops.oneblock.isa()
+    try:
+        kernels.ops.set_isa("scalar")  # the scalar twins of the block and the float routines
+        scalar, _ = decode_both(model, prompts, steps=steps)
+    finally:
+        kernels.ops.set_isa(isa)
+    return scalar, python

@@ -19,7 +19,7 @@ import copy
 
 import pytest
 import torch
-from native_testing import FAMILIES, WIDE, build, decode_both, kl_to, relative
+from native_testing import FAMILIES, WIDE, build, decode_across_threads_and_isas, decode_both, kl_to, relative
 
 import oneblock as ob
 from oneblock import kernels
@@ -183,21 +183,7 @@ def test_threads_and_instruction_sets_agree_with_adapters(directories):
     model, served = adapted(directories, "llama-style")
     served.rows.select([2, 1, 0])
     prompts = [[5, 17, 3], [7, 8, 9, 10], [60, 61]]
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one, _ = decode_both(model, prompts, steps=6)
-        torch.set_num_threads(2)
-        two, python = decode_both(model, prompts, steps=6)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(one, two)
-    isa = torch.ops.oneblock.isa()
-    try:
-        kernels.ops.set_isa("scalar")  # the scalar twins of the float routines the updates use
-        scalar, _ = decode_both(model, prompts, steps=6)
-    finally:
-        kernels.ops.set_isa(isa)
+    scalar, python = decode_across_threads_and_isas(model, prompts)
     assert relative(scalar, python) <= 1e-5
 
 

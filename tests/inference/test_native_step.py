@@ -12,7 +12,16 @@ import copy
 
 import pytest
 import torch
-from native_testing import FAMILIES, WIDE, WIDE_FAMILIES, build, decode_both, kl_to, relative
+from native_testing import (
+    FAMILIES,
+    WIDE,
+    WIDE_FAMILIES,
+    build,
+    decode_across_threads_and_isas,
+    decode_both,
+    kl_to,
+    relative,
+)
 
 import oneblock as ob
 from oneblock import kernels
@@ -84,21 +93,7 @@ def test_a_batch_row_equals_the_row_alone_bit_for_bit():
 def test_threads_and_instruction_sets_agree():
     model = build("llama-style", seed=4)
     prompts = [[5, 17, 3], [7, 8, 9, 10]]
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one, _ = decode_both(model, prompts, steps=6)
-        torch.set_num_threads(2)
-        two, python = decode_both(model, prompts, steps=6)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(one, two)  # chunks are claimed by whichever thread; each output is computed alike
-    isa = torch.ops.oneblock.isa()
-    try:
-        kernels.ops.set_isa("scalar")  # the scalar twins of the block and the float routines
-        scalar, _ = decode_both(model, prompts, steps=6)
-    finally:
-        kernels.ops.set_isa(isa)
+    scalar, python = decode_across_threads_and_isas(model, prompts)
     assert relative(scalar, python) <= 1e-5
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 from serve_testing import Running, smollm2_engine
+from tool_testing import collect
 
 WEATHER = {
     "type": "function",
@@ -54,16 +55,7 @@ def ask(running, messages, **options):
 
 def streamed(running, messages, **options):
     """A streamed answer put together as the ``openai`` client's users do: content, calls and finish reason."""
-    content, calls, finish = "", {}, None
-    for chunk in ask(running, messages, stream=True, **options):
-        delta = chunk.choices[0].delta
-        content += delta.content or ""
-        for call in delta.tool_calls or []:
-            entry = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
-            entry["name"] += call.function.name or ""
-            entry["arguments"] += call.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
-    return content, [calls[k] for k in sorted(calls)], finish
+    return collect(ask(running, messages, stream=True, **options))
 
 
 def check_weather_call(call) -> None:

@@ -67,8 +67,13 @@ def ask(running: Running, messages: list[Any] = QUESTION, **options: Any) -> Any
 
 def streamed(running: Running, messages: list[Any] = QUESTION, **options: Any) -> tuple[str, list[Any], Any]:
     """A streamed answer put together as the ``openai`` client's users do: content, calls and finish reason."""
+    return collect(ask(running, messages, stream=True, **options))
+
+
+def collect(chunks: Any) -> tuple[str, list[Any], Any]:
+    """The content, calls and finish reason of a stream of the ``openai`` client's chunks."""
     content, calls, finish = "", {}, None
-    for chunk in ask(running, messages, stream=True, **options):
+    for chunk in chunks:
         delta = chunk.choices[0].delta
         content += delta.content or ""
         for call in delta.tool_calls or []:
