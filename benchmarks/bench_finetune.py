@@ -1,6 +1,6 @@
-"""Fine-tuning speed on SmolLM2-135M-Instruct: oneblock against transformers + peft on the same CPU.
+"""Fine-tuning speed on SmolLM2-135M-Instruct: oneblock against transformers + peft (and trl) on the same CPU.
 
-    python benchmarks/bench_finetune.py [--quick] [--json PATH]
+    python benchmarks/bench_finetune.py [--quick] [--json PATH] [--methods lora full lora4 dpo]
 
 Every contender takes the same training step on the same batch (B=4 sequences of T=256 random tokens, next-token
 cross-entropy, AdamW), from the same weights (the GGUF file dequantized to float32), on 2 threads:
@@ -9,9 +9,16 @@ cross-entropy, AdamW), from the same weights (the GGUF file dequantized to float
 * full fine-tuning: oneblock vs transformers ``LlamaForCausalLM``;
 * ``lora4``: oneblock's LoRA over the 4-bit base (the file's block matrices, frozen) vs peft's float32 LoRA, with
   each side's peak RSS measured in a fresh process of its own (``--rss SIDE``: load, two steps, ``VmHWM``).
+  oneblock runs twice, without and with activation checkpointing (``oneblock+ckpt``);
+* ``dpo``: DPO on B=4 pairs of T=256 tokens each answer row, LoRA rank 8 over the float32 base: oneblock's
+  ``PreferenceObjective`` vs trl's ``DPOTrainer.compute_loss`` + peft (the reference: the adapters switched off),
+  on the very rows trl collated; neither side checkpoints activations. Tokens/s counts the 2 * B * T tokens of
+  the policy's pass.
 
-The contenders run interleaved, round after round, and a ratio is the median of the per-round ratios (see
-``timing.py``). Tokens/s counts the B * T input tokens of a step.
+oneblock's step is its fine-tuning step: the model returns each target's loss (``targets=``), the head computed a
+tile at a time (``oneblock.layers.chunked_ce``), never the whole (B, T, V) logits. The contenders run interleaved,
+round after round, and a ratio is the median of the per-round ratios (see ``timing.py``). Tokens/s counts the
+B * T input tokens of a step.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -37,12 +46,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 warnings.filterwarnings("ignore")
 
 B, T, THREADS = 4, 256, 2
+METHODS = ("lora", "full", "lora4", "dpo")
+RSS_SIDES = ("oneblock", "oneblock+ckpt", "transformers")
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _step(forward: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer, tokens: torch.Tensor):
+def _update(loss_of: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     def step() -> None:
-        logits = forward(tokens[:, :-1])  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss = loss_of()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -54,9 +65,19 @@ def _adamw(model: torch.nn.Module) -> torch.optim.AdamW:
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0)
 
 
+def _ours(model: torch.nn.Module, tokens: torch.Tensor, *, checkpoint: bool) -> Callable[[], torch.Tensor]:
+    """oneblock's loss: the mean over the B * T targets of the model's own per-target losses."""
+
+    def loss() -> torch.Tensor:
+        model.checkpoint_activations = checkpoint  # type: ignore[assignment]
+        return model(tokens[:, :-1], targets=tokens[:, 1:]).mean()  # (B, T) -> ()
+
+    return loss
+
+
 def contenders(method: str, tokens: torch.Tensor, only: str | None = None) -> dict[str, Callable[[], None]]:
-    """``{"oneblock": step, "transformers": step}`` for ``method`` ``lora``, ``full`` or ``lora4`` (``only``: build
-    that side alone)."""
+    """``{"oneblock": step, "transformers": step}`` for ``method`` ``lora``, ``full`` or ``lora4`` (which adds
+    ``"oneblock+ckpt"``); ``only``: build that side alone."""
     import transformers
 
     from oneblock.adapters.apply import apply_lora
@@ -66,14 +87,19 @@ def contenders(method: str, tokens: torch.Tensor, only: str | None = None) -> di
 
     path = smollm2_gguf_path()
     steps: dict[str, Callable[[], None]] = {}
-    if only in (None, "oneblock"):
+    ours_wanted = [s for s in ("oneblock", "oneblock+ckpt") if only in (None, s)]
+    if method != "lora4":
+        ours_wanted = [s for s in ours_wanted if s == "oneblock"]
+    if ours_wanted:
         ours = load_model(path, dtype=None if method == "lora4" else torch.float32).model.train()
         if method in ("lora", "lora4"):
             apply_lora(ours, LoraConfig(rank=8, alpha=16))
         else:
             for p in ours.parameters():
                 p.requires_grad_(True)
-        steps["oneblock"] = _step(ours, _adamw(ours), tokens)
+        optimizer = _adamw(ours)
+        for side in ours_wanted:
+            steps[side] = _update(_ours(ours, tokens, checkpoint=side.endswith("ckpt")), optimizer)
     if only in (None, "transformers"):
         theirs = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32
@@ -81,10 +107,79 @@ def contenders(method: str, tokens: torch.Tensor, only: str | None = None) -> di
         if method in ("lora", "lora4"):
             import peft
 
-            targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-            theirs = peft.get_peft_model(theirs, peft.LoraConfig(r=8, lora_alpha=16, target_modules=targets))
-        steps["transformers"] = _step(lambda x: theirs(input_ids=x).logits, _adamw(theirs), tokens)
+            theirs = peft.get_peft_model(theirs, peft.LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS))
+
+        def their_loss() -> torch.Tensor:
+            logits = theirs(input_ids=tokens[:, :-1]).logits  # (B, T, V)
+            return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+        steps["transformers"] = _update(their_loss, _adamw(theirs))
     return steps
+
+
+def dpo_contenders(batch: int, seq_len: int) -> tuple[dict[str, Callable[[], None]], int]:
+    """``({"oneblock": step, "trl": step}, tokens per step)``: one DPO step each on the same collated pairs."""
+    import datasets
+    import peft
+    import transformers
+    import trl
+
+    from oneblock.adapters.apply import apply_lora
+    from oneblock.adapters.lora import LoraConfig
+    from oneblock.finetune.pairs import PairExample
+    from oneblock.finetune.preference import PreferenceObjective, pair_batch
+    from oneblock.finetune.tokenize import Example
+    from oneblock.inference.load import load_model
+    from oneblock.inference.smollm2 import smollm2_gguf_path
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+    from oneblock.train.config import TrainConfig
+
+    path = smollm2_gguf_path()
+    ours_tok = GGUFTokenizer.from_gguf(path)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=ours_tok.tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    # Text of n tokens exactly: words that are one token each with their leading space (" cat"), drawn at random
+    words = [w for w in (tokenizer.decode([i]) for i in range(1000, 8000)) if re.fullmatch(r" [a-z]{3,}", w)]
+    gen = torch.Generator().manual_seed(0)
+
+    def text(n: int) -> str:
+        return "".join(words[i] for i in torch.randint(0, len(words), (n,), generator=gen).tolist()).strip()
+
+    half = seq_len // 2  # a row: the prompt, then an answer and its end-of-text token
+    pairs = [{"prompt": text(half), "chosen": text(half - 1), "rejected": text(half - 1)} for _ in range(batch)]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    # The GGUF file's weights are loaded dequantized, as float32 parameters; the mark of their origin alone makes
+    # transformers' Trainer refuse to train them.
+    theirs.hf_quantizer, theirs.is_quantized = None, False
+    args = trl.DPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), beta=0.1, report_to="none", use_cpu=True, bf16=False,
+        per_device_train_batch_size=batch, max_length=None, gradient_checkpointing=False,
+    )  # fmt: skip
+    trainer = trl.DPOTrainer(
+        model=theirs, ref_model=None, args=args, processing_class=tokenizer,
+        train_dataset=datasets.Dataset.from_list(pairs),
+        peft_config=peft.LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS),
+    )  # fmt: skip
+    collated = trainer.data_collator([trainer.train_dataset[i] for i in range(batch)])
+    trainer.model.train()
+    steps = {"trl": _update(lambda: trainer.compute_loss(trainer.model, collated), _adamw(trainer.model))}
+
+    rows = [
+        Example(tuple(ids[real.bool()].tolist()), tuple(done[real.bool()].bool().tolist()), "trl")
+        for ids, real, done in zip(
+            collated["input_ids"], collated["attention_mask"], collated["completion_mask"], strict=True
+        )
+    ]  # trl's rows: the chosen answers, then the rejected ones
+    same = [PairExample(rows[i], rows[batch + i], "trl") for i in range(batch)]
+    ours = apply_lora(load_model(path, dtype=torch.float32).model.train(), LoraConfig(rank=8, alpha=16))
+    cfg = TrainConfig(task="finetune", steps=1, warmup_steps=0, batch_size=batch, seq_len=seq_len)
+    objective = PreferenceObjective(cfg, same, [], model=ours, vocab_size=49152, pad_id=0, beta=0.1)
+    ours_batch = pair_batch(same, pad_id=0)
+    steps["oneblock"] = _update(lambda: objective.loss(ours, ours_batch)[0], _adamw(ours))
+    return steps, int(collated["input_ids"].numel())
 
 
 def peak_rss(method: str, side: str, batch: int, seq_len: int) -> int:
@@ -119,33 +214,45 @@ def interleaved_steps(steps: dict[str, Callable[[], None]], rounds: int, warmup:
     return times
 
 
-def bench_finetune(*, quick: bool = False, batch: int = B, seq_len: int = T, methods=("lora", "full", "lora4")) -> dict:
+def _ratio(times: dict[str, list[float]], ours: str, theirs: str) -> float:
+    return statistics.median(t / o for o, t in zip(times[ours], times[theirs], strict=True))
+
+
+def bench_finetune(*, quick: bool = False, batch: int = B, seq_len: int = T, methods=METHODS) -> dict:
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     tokens = torch.randint(0, 49152, (batch, seq_len + 1))
     rounds = 2 if quick else 6
     report: dict = {"batch": batch, "seq_len": seq_len, "threads": THREADS, "rounds": rounds}
     for method in methods:
-        steps = contenders(method, tokens)
+        if method == "dpo":
+            steps, n_tokens = dpo_contenders(batch, seq_len)
+            theirs = "trl"
+        else:
+            steps, n_tokens, theirs = contenders(method, tokens), batch * seq_len, "transformers"
         times = interleaved_steps(steps, rounds)
-        ratio = statistics.median(t / o for o, t in zip(times["oneblock"], times["transformers"], strict=True))
         report[method] = {
-            name: {"tokens_per_s": batch * seq_len / statistics.median(v), "seconds": v} for name, v in times.items()
+            name: {"tokens_per_s": n_tokens / statistics.median(v), "seconds": v} for name, v in times.items()
         }
-        report[method]["speedup"] = ratio
+        report[method]["tokens_per_step"] = n_tokens
         del steps
-        print(
-            f"{method:5s}  oneblock {report[method]['oneblock']['tokens_per_s']:7.1f} tok/s   transformers"
-            f"{' + peft' if method != 'full' else ''} {report[method]['transformers']['tokens_per_s']:7.1f} tok/s"
-            f"   ratio {ratio:.2f}x",
-            flush=True,
-        )
-        if method == "lora4":
-            rss = {side: peak_rss(method, side, batch, seq_len) for side in ("oneblock", "transformers")}
-            report[method]["peak_rss_bytes"] = rss
+        for ours in [name for name in times if name.startswith("oneblock")]:
+            report[method][ours]["speedup"] = ratio = _ratio(times, ours, theirs)
             print(
-                f"       peak RSS (fresh processes): oneblock {rss['oneblock'] / 2**20:.0f} MB, transformers + peft "
-                f"(float32) {rss['transformers'] / 2**20:.0f} MB, ratio {rss['oneblock'] / rss['transformers']:.2f}x",
+                f"{method:5s}  {ours:13s} {report[method][ours]['tokens_per_s']:7.1f} tok/s   {theirs}"
+                f"{' + peft' if method != 'full' else ''} {report[method][theirs]['tokens_per_s']:7.1f} tok/s"
+                f"   ratio {ratio:.2f}x",
+                flush=True,
+            )
+        if method == "lora4":
+            rss = {side: peak_rss(method, side, batch, seq_len) for side in RSS_SIDES}
+            report[method]["peak_rss_bytes"] = rss
+            mine = ", ".join(
+                f"{s} {rss[s] / 2**20:.0f} MB ({rss[s] / rss['transformers']:.2f}x)" for s in RSS_SIDES[:2]
+            )
+            print(
+                f"       peak RSS (fresh processes): {mine}; transformers + peft (float32) "
+                f"{rss['transformers'] / 2**20:.0f} MB",
                 flush=True,
             )
     return report
@@ -155,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two measured rounds instead of six")
     parser.add_argument("--json", metavar="PATH", help="write the figures as JSON")
-    parser.add_argument("--batch", type=int, default=B, help=f"sequences per step ({B})")
+    parser.add_argument("--batch", type=int, default=B, help=f"sequences (DPO: pairs) per step ({B})")
     parser.add_argument("--seq-len", type=int, default=T, help=f"tokens per sequence ({T})")
-    parser.add_argument("--methods", nargs="+", default=["lora", "full", "lora4"], choices=["lora", "full", "lora4"])
-    parser.add_argument("--rss", choices=["oneblock", "transformers"], help=argparse.SUPPRESS)  # a child of lora4
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--rss", choices=RSS_SIDES, help=argparse.SUPPRESS)  # a child of lora4
     args = parser.parse_args(argv)
     if args.rss:
         _rss_child(args.methods[0], args.rss, args.batch, args.seq_len)

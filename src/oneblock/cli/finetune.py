@@ -96,6 +96,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     opt.add_argument(
         "--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state (FSDP2)"
     )
+    opt.add_argument(
+        "--checkpoint-activations", action="store_true",
+        help="keep only each block's input and recompute the block in the backward pass: less memory, one more "
+        "forward pass, the same gradients (honoured with --resume too)",
+    )  # fmt: skip
     opt.add_argument("--seed", type=options.seed, help="seed of adapters, data order and dropout (0)")
     run = parser.add_argument_group("run directory")
     run.add_argument("--out", metavar="DIR", help="run directory and where the adapter or model goes")
@@ -125,7 +130,13 @@ def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
     if "warmup_steps" not in settings:
         settings["warmup_steps"] = settings["steps"] // 10
     dtype = precision.weights_dtype(args, training=True)
-    train = TrainConfig(task="finetune", bf16=args.bf16, fsdp=args.fsdp, **settings)
+    train = TrainConfig(
+        task="finetune",
+        bf16=args.bf16,
+        fsdp=args.fsdp,
+        checkpoint_activations=args.checkpoint_activations,
+        **settings,
+    )
     ft = FinetuneConfig(
         model=args.model,
         data=args.data,
@@ -178,6 +189,8 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError("--resume needs --out DIR, the run to continue")
         _refuse_flags_on_resume(args)
         ft, cfg, base = read_run(args.out)
+        if args.checkpoint_activations:  # memory, not arithmetic: a resumed run may turn it on
+            cfg = cfg.replace(checkpoint_activations=True)
     else:
         (ft, cfg), base = configs(args), None
     out = Path(args.out)

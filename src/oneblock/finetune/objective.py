@@ -97,12 +97,15 @@ class SupervisedObjective(Objective):
         return total / max(count, 1), int(batch["lengths"].sum())
 
     def loss_sum(self, module: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int]:
-        """Summed cross-entropy over the trained tokens of a batch, and their number."""
+        """Summed cross-entropy over the trained tokens of a batch, and their number.
+
+        The model computes each token's loss itself (``targets=``), the head a tile at a time, so the (B, T, V)
+        logits are never held whole (``oneblock.layers.chunked_ce``).
+        """
         extra = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-        logits = module(batch["tokens"], **extra)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
-        total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum")
-        return total, int((labels != IGNORE).sum())
+        losses = module(batch["tokens"], targets=labels, **extra)  # (B, T) float32, 0 where IGNORE
+        return losses.sum(), int((labels != IGNORE).sum())
 
     @torch.no_grad()
     def evaluate(self, module: nn.Module, batch_size: int = 8) -> dict[str, float]:

@@ -32,7 +32,6 @@ from oneblock.errors import ConfigError
 from oneblock.finetune.batches import pad_batch
 from oneblock.finetune.pairs import PairExample
 from oneblock.train.config import TrainConfig
-from oneblock.train.masking import IGNORE
 from oneblock.train.objectives import Objective, _eval_mode
 
 DEFAULT_BETA = 0.1
@@ -45,10 +44,13 @@ def pair_batch(pairs: Sequence[PairExample], *, pad_id: int) -> dict[str, Tensor
 
 
 def sequence_logps(module: nn.Module, tokens: Tensor, labels: Tensor) -> Tensor:
-    """(R,) summed log-probability of each row's trained labels; ``tokens``, ``labels`` (R, T)."""
-    logits = module(tokens).float()  # (R, T, V)
-    per_token = -F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="none")  # (R, T)
-    return per_token.sum(dim=1)  # ignored positions contribute 0
+    """(R,) summed log-probability of each row's trained labels; ``tokens``, ``labels`` (R, T).
+
+    Each token's log-probability comes from the model's chunked cross-entropy (``targets=``): the (R, T, V)
+    logits are never held whole.
+    """
+    losses = module(tokens, targets=labels)  # (R, T) float32 -log p(label), 0 where IGNORE
+    return -losses.sum(dim=1)
 
 
 def dpo_loss(

@@ -156,6 +156,12 @@ class BlockLinear(nn.Module):
         """The (N, K) float32 weight the blocks stand for, exactly (the file's values)."""
         return kernels.dequantize(self.blocks, self.fmt)
 
+    def weight_rows(self, start: int, stop: int) -> Tensor:
+        """Rows ``[start, stop)`` of ``dequantized()``, (stop - start, K) float32, decoding only those rows (a
+        4-bit head's tile, for ``oneblock.layers.chunked_ce``)."""
+        index = torch.arange(start, stop, device=self.blocks.device)
+        return torch.ops.oneblock.dequantize_rows(self.blocks, index, self.ggml_type)
+
     def extra_repr(self) -> str:
         bias = ", bias" if self.bias is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}{bias}"
@@ -255,6 +261,10 @@ class Int8Linear(nn.Module):
     def dequantized(self, dtype: torch.dtype) -> Tensor:
         """The (N, K) weight the int8 values and scales stand for."""
         return self.weight.to(dtype) * self.scale.to(dtype)[:, None]
+
+    def weight_rows(self, start: int, stop: int) -> Tensor:
+        """Rows ``[start, stop)`` of ``dequantized(float32)``, (stop - start, K)."""
+        return self.weight[start:stop].float() * self.scale[start:stop].float()[:, None]
 
     def forward(self, x: Tensor) -> Tensor:
         k = self.in_features

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import InputError
+from oneblock.layers.chunked_ce import IGNORE_INDEX, WeightRows, chunked_cross_entropy
 from oneblock.layers.kv_cache import Cache
 from oneblock.layers.state import AttentionRecorder
 from oneblock.models.inputs import check_hidden, check_tokens
@@ -57,8 +58,9 @@ class Decoder(Stack):
         return_attention: bool = False,
         last_only: bool = False,
         segment_ids: Tensor | None = None,
+        targets: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Next-token logits.
+        """Next-token logits, or with ``targets`` each target's cross-entropy.
 
         Args:
             tokens: (B, T) ids.
@@ -70,11 +72,21 @@ class Decoder(Stack):
             return_attention: also return the self-attention weights, one (B, H, T, S) per block.
             last_only: compute the head on the last position only (B, 1, V), as generation needs.
             segment_ids: (B, T) ids of examples packed into one row; each attends only within itself.
+            targets: (B, T) int64 id that each position should predict, ``-100`` where none: instead of the
+                logits, return the (B, T) float32 ``-log softmax(logits)[target]`` (0 at ``-100``), computed by
+                ``chunked_cross_entropy`` so that the (B, T, V) logits are never held whole, in this pass or in
+                the backward one.
 
         Returns:
-            Logits (B, T, V), or ``(logits, weights)``.
+            Logits (B, T, V) (or with ``targets`` the (B, T) losses), or ``(that, weights)``.
+
+        Raises:
+            InputError: ``targets`` not (B, T) integer ids of the vocabulary (or -100), or beside ``last_only``
+                or a cache.
         """
-        b, _ = check_tokens(tokens, self.config, past=cache.length if cache is not None else 0)
+        b, t = check_tokens(tokens, self.config, past=cache.length if cache is not None else 0)
+        if targets is not None:
+            self._check_targets(targets, b, t, last_only=last_only, cache=cache)
         if not self.cross_attention:
             if memory is not None or memory_mask is not None:
                 raise InputError(
@@ -94,5 +106,36 @@ class Decoder(Stack):
             recorder=recorder,
             segment_ids=segment_ids,
         )
-        logits = self.logits(x[:, -1:] if last_only else x)
-        return (logits, recorder.self_weights) if recorder is not None else logits
+        out = self.target_losses(x, targets) if targets is not None else self.logits(x[:, -1:] if last_only else x)
+        return (out, recorder.self_weights) if recorder is not None else out
+
+    def target_losses(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        """(B, T, C) hidden states and (B, T) targets -> (B, T) float32 cross-entropy of each target under the
+        head (``logits``), computed by ``chunked_cross_entropy`` a tile of the vocabulary at a time."""
+        if self.config.scale_tied_logits:
+            hidden = hidden * self.config.d_model**-0.5
+        head = self.lm_head
+        weight = head.weight if isinstance(head, nn.Linear) else head if isinstance(head, WeightRows) else None
+        if weight is None:
+            raise InputError(
+                f"targets need a head that is an nn.Linear or hands out its weight by rows (BlockLinear); this "
+                f"model's is a {type(head).__name__}: compute the logits and their cross-entropy instead"
+            )
+        biases = [b for b in (head.bias, self.final_logits_bias) if isinstance(b, Tensor)]
+        bias = torch.stack([b.reshape(-1) for b in biases]).sum(0).detach() if biases else None
+        losses = chunked_cross_entropy(hidden.flatten(0, 1), targets.flatten(), weight, bias)  # (B T,)
+        return losses.view(targets.shape)
+
+    def _check_targets(self, targets: Tensor, b: int, t: int, *, last_only: bool, cache: Cache | None) -> None:
+        if not isinstance(targets, Tensor) or targets.dtype != torch.int64 or tuple(targets.shape) != (b, t):
+            got = f"{targets.dtype}, shape {tuple(targets.shape)}" if isinstance(targets, Tensor) else targets
+            raise InputError(f"targets must be ({b}, {t}) int64 ids, one per token (-100: no loss); got {got}")
+        if last_only or cache is not None:
+            raise InputError("targets score every position of a training pass; drop last_only and cache with them")
+        vocab = self.config.vocab_size
+        outside = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= vocab))
+        if bool(outside.any()):
+            raise InputError(
+                f"target id {int(targets[outside][0])} is outside the vocabulary [0, {vocab}); use ids below "
+                f"{vocab}, or {IGNORE_INDEX} for a position without loss"
+            )

@@ -1,5 +1,10 @@
 """``Stack``: embeddings, a column of blocks and (pre-LN) a closing norm; the body of every model family.
 
+With ``checkpoint_activations`` set, a training pass (autograd on, no cache, no attention recorded) runs each block
+under ``torch.utils.checkpoint`` (non-reentrant): only the block's input is kept for the backward pass, which runs
+the block again to get the rest (Chen et al., 2016, "Training deep nets with sublinear memory cost"). The
+gradients are those of the plain pass; the price is one more forward pass of the blocks.
+
 With ``position="relative"`` (T5) the stack also owns one relative position bias table: the (1, H, T, S) bias is
 computed once per forward pass and handed to every block's self-attention in the state (never to cross-attention).
 """
@@ -10,6 +15,7 @@ from typing import cast
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from oneblock.config import ModelConfig
 from oneblock.errors import InputError
@@ -65,6 +71,9 @@ class Stack(nn.Module):
         n = cfg.n_layers if n_layers is None else n_layers
         self.blocks = nn.ModuleList(Block(cfg, causal=causal, cross_attention=cross_attention) for _ in range(n))
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.has_final_norm else None
+        # Recompute each block in the backward pass instead of keeping its activations (a training setting,
+        # not part of the model: no state dict entry).
+        self.checkpoint_activations = False
 
     def block(self, i: int) -> Block:
         """Block ``i``, typed as a ``Block`` (indexing ``nn.ModuleList`` gives a bare ``nn.Module``)."""
@@ -152,8 +161,12 @@ class Stack(nn.Module):
         state = AttentionState(
             mask=mask, rope=rope, self_bias=bias, memory=memory, memory_mask=memory_mask, recorder=recorder
         )
+        recompute = self.checkpoint_activations and torch.is_grad_enabled() and cache is None and recorder is None
         for i, block in enumerate(self.blocks):
-            x = block(x, self._layer_state(state, i, cache))
+            if recompute:
+                x = checkpoint(block, x, self._layer_state(state, i, cache), use_reentrant=False)
+            else:
+                x = block(x, self._layer_state(state, i, cache))
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x

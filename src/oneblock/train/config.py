@@ -55,6 +55,9 @@ class TrainConfig:
     seed: int = 0
     fsdp: bool = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP
     bf16: bool = False  # bfloat16 autocast for the forward pass; parameters and optimizer stay float32
+    # Keep only each block's input for the backward pass and run the block again there (less memory, one more
+    # forward pass of the blocks; the same gradients).
+    checkpoint_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -79,7 +82,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number; got {value!r}")
-        for name in ("bf16", "fsdp"):
+        for name in ("bf16", "fsdp", "checkpoint_activations"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False; got {getattr(self, name)!r}")
         if self.text is not None and not isinstance(self.text, str):

@@ -14,6 +14,9 @@ Resume is exact: a checkpoint holds the weights, the optimizer moments, the step
 it), the data position and the random generators, so N steps in one go and N/2 + N/2 with a resume in between
 take the same steps and log the same losses.
 
+With ``checkpoint_activations`` the trainer sets every ``Stack`` of the model to checkpoint its blocks (the same
+gradients, less memory, one more forward pass of the blocks).
+
 A micro-batch's ``share`` of the step is its ``objective.loss_weight`` (its number of trained tokens, for
 fine-tuning data where that varies) over the sum of all micro-batches of all ranks, so an accumulated step
 computes the gradient of the mean over the whole step's targets: the same as one big batch.
@@ -48,6 +51,7 @@ from oneblock.io import limits
 from oneblock.io.runlock import RunLock
 from oneblock.models.build import build_model
 from oneblock.models.inputs import config_of
+from oneblock.models.stack import Stack
 from oneblock.train import distributed, rundir, sharding
 from oneblock.train.checkpoints import CheckpointDir
 from oneblock.train.config import TrainConfig
@@ -164,6 +168,8 @@ class Trainer(RunKeeping):
         else:
             self.model = model.to(self.ctx.device)  # any oneblock model family
         self.module = self.objective.wrap(self.model).to(self.ctx.device)
+        for stack in (m for m in self.module.modules() if isinstance(m, Stack)):
+            stack.checkpoint_activations = cfg.checkpoint_activations
         self.fsdp = cfg.fsdp and self.ctx.distributed
         self._skeleton = sharding.shard(self.module) if self.fsdp else None  # before the optimizer sees the params
         self.optimizer = make_optimizer(

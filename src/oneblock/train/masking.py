@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-IGNORE = -100  # the ignore_index of F.cross_entropy
+from oneblock.layers.chunked_ce import IGNORE_INDEX
+
+IGNORE = IGNORE_INDEX  # -100: the ignore_index of F.cross_entropy and of the chunked head's loss
 
 
 def mask_tokens(

@@ -1,0 +1,233 @@
+"""Cross-entropy of an LM head computed in tiles: the (N, V) logits are never held whole.
+
+For N rows of hidden states ``h`` (N, C), a head ``z = h W^T + b`` (N, V) and targets ``y`` (N,), the loss of row
+i is ``logsumexp(z_i) - z_i[y_i]``. With V = 49,152 (SmolLM2) and N = 1,024 rows the logits alone are 201 MB of
+float32, and autograd keeps them, their softmax and the gradient beside them. Here both passes walk the logits a
+tile at a time: up to ``ROW_CHUNK`` rows against a slice of the vocabulary, at most ``CHUNK_VALUES`` logits and
+``WEIGHT_TILE_VALUES`` weights.
+
+* forward: per tile, the logits, their running maximum and sum of exponentials (an online softmax across the
+  vocabulary's slices) and the target's logit; each row's logsumexp is kept (N floats). With a frozen head
+  (LoRA's base, a 4-bit head) the same pass also gathers each row's gradient with respect to its hidden state,
+  ``softmax(z_i) W - W[y_i]`` (N x C floats), and the backward pass only scales it by the row's incoming gradient.
+* backward, for a trained head: per tile, the logits again, then ``g = (softmax(z) - onehot(y)) * grad`` (the
+  softmax from the kept logsumexp), ``grad_h += g W_tile`` and ``grad_W[tile] += g^T h``.
+
+Slicing the vocabulary rather than the rows means each tile of ``W`` is read once per pass, whatever N: a 4-bit
+head (``BlockLinear``) dequantizes each slice once per step (frozen, the gradient gathered on the way), no more
+than its own block product and backward do, and never holds the float matrix whole. Rows whose target is
+``ignore_index`` are skipped in both passes: their loss and gradients are zero, as ``F.cross_entropy`` has them.
+
+Shape notation: N rows, C width, V vocabulary, m rows and v vocabulary entries of a tile.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from oneblock.errors import InputError
+
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
+CHUNK_VALUES = 1 << 23  # logits computed at once: 32 MB of float32
+ROW_CHUNK = 8192  # rows at once, so that a tile spans at least CHUNK_VALUES / ROW_CHUNK = 1,024 words
+WEIGHT_TILE_VALUES = 1 << 21  # weights of a tile at once: 8 MB of float32 (3,640 words of width 576)
+REDUCTIONS = ("none", "sum", "mean")
+
+
+@runtime_checkable
+class WeightRows(Protocol):
+    """A head whose (V, C) weight is handed out a slice of rows at a time (``BlockLinear``: 4-bit blocks)."""
+
+    out_features: int
+    in_features: int
+
+    def weight_rows(self, start: int, stop: int) -> Tensor:
+        """Rows ``[start, stop)`` of the weight as a float (stop - start, C) tensor."""
+        ...
+
+
+def chunked_cross_entropy(
+    hidden: Tensor,
+    targets: Tensor,
+    weight: Tensor | WeightRows,
+    bias: Tensor | None = None,
+    *,
+    ignore_index: int = IGNORE_INDEX,
+    reduction: str = "none",
+    chunk_values: int = CHUNK_VALUES,
+) -> Tensor:
+    """``F.cross_entropy(F.linear(hidden, W, bias), targets, ignore_index=..., reduction=...)``, tile by tile.
+
+    Args:
+        hidden: (N, C) float hidden states (the head's input).
+        targets: (N,) integer target ids in ``[0, V)``, or ``ignore_index`` where a row has no loss.
+        weight: the head's (V, C) weight: a tensor (its gradient is computed when it requires one: a trained,
+            possibly tied, head), or a ``WeightRows`` layer (a frozen 4-bit head).
+        bias: (V,) added to the logits (not trained), or None.
+        ignore_index: the target of rows without loss.
+        reduction: ``none``: (N,) per-row losses, 0 at ignored rows; ``sum``; or ``mean`` over the rows that
+            are not ignored (NaN when every row is, as ``F.cross_entropy``). Float32 (float64 for float64
+            ``hidden``); under autocast the logits come in its dtype and the softmax is taken in float32.
+        chunk_values: logits computed at once.
+
+    Returns:
+        the losses, reduced as asked.
+
+    Raises:
+        InputError: shapes that do not match, non-integer targets, a target outside ``[0, V)`` that is not
+            ``ignore_index``, an unknown reduction or a non-positive ``chunk_values``.
+    """
+    if reduction not in REDUCTIONS:
+        raise InputError(f"reduction must be one of {', '.join(REDUCTIONS)}; got {reduction!r}")
+    vocab, width = weight.shape if isinstance(weight, Tensor) else (weight.out_features, weight.in_features)
+    if hidden.dim() != 2 or hidden.shape[1] != width or targets.shape != (hidden.shape[0],):
+        raise InputError(
+            f"chunked_cross_entropy needs hidden (N, {width}) and targets (N,) for a ({vocab}, {width}) head; got "
+            f"{tuple(hidden.shape)} and {tuple(targets.shape)}"
+        )
+    if bias is not None and tuple(bias.shape) != (vocab,):
+        raise InputError(f"bias must have shape ({vocab},); got {tuple(bias.shape)}")
+    if targets.dtype not in (torch.int64, torch.int32):
+        raise InputError(f"targets must be integer ids (int64); got {targets.dtype}")
+    outside = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+    if bool(outside.any()):
+        raise InputError(
+            f"target id {int(targets[outside][0])} is outside the vocabulary [0, {vocab}) and is not ignore_index "
+            f"({ignore_index}); give ids of the head's vocabulary"
+        )
+    if isinstance(chunk_values, bool) or not isinstance(chunk_values, int) or chunk_values < 1:
+        raise InputError(f"chunk_values must be a positive integer; got {chunk_values!r}")
+    tensor = weight if isinstance(weight, Tensor) else None
+    source = None if isinstance(weight, Tensor) else weight
+    kept = (targets != ignore_index).nonzero().squeeze(1)  # (M,) rows with a loss
+    # A frozen head under autograd: the hidden states' gradient is gathered in the forward pass (see below).
+    eager = torch.is_grad_enabled() and hidden.requires_grad and not (tensor is not None and tensor.requires_grad)
+    losses = _ChunkedCrossEntropy.apply(hidden, targets.long(), kept, tensor, source, bias, chunk_values, eager)
+    if reduction == "sum":
+        return losses.sum()
+    if reduction == "mean":
+        return losses.sum() / kept.shape[0]
+    return losses
+
+
+def _tiles(n_rows: int, vocab: int, width: int, chunk_values: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """``(row start, row stop, [(word start, word stop), ...])``: chunks of rows, each across the vocabulary."""
+    rows = min(max(n_rows, 1), ROW_CHUNK)
+    words = min(vocab, max(1, chunk_values // rows), max(1, WEIGHT_TILE_VALUES // max(width, 1)))
+    slices = [(v0, min(v0 + words, vocab)) for v0 in range(0, vocab, words)]
+    return [(r0, min(r0 + rows, n_rows), slices) for r0 in range(0, n_rows, rows)]
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """(N,) per-row losses; keeps the hidden states, the targets and each kept row's logsumexp.
+
+    A frozen head (no weight gradient asked for) needs no second pass over the logits: the gradient of row i's
+    loss with respect to its hidden state is ``softmax(z_i) W - W[y_i]``, which the forward pass gathers as it
+    goes (an online softmax: the sum of ``exp(z - max) W`` rescaled whenever a tile raises the row's maximum) and
+    keeps, (M, C); the backward pass scales each row by its incoming gradient. A trained head's gradient
+    ``sum_i grad_i (softmax(z_i) - onehot(y_i))^T h_i`` depends on the incoming gradients, so then the backward
+    pass computes each tile's logits again.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        targets: Tensor,
+        kept: Tensor,
+        weight: Tensor | None,
+        source: WeightRows | None,
+        bias: Tensor | None,
+        chunk_values: int,
+        eager: bool,
+    ) -> Tensor:
+        dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32  # of the softmax
+        head = _Head(weight, source, bias)
+        m_rows = kept.shape[0]
+        lse = hidden.new_empty(m_rows, dtype=dtype)  # (M,)
+        target_logit = hidden.new_zeros(m_rows, dtype=dtype)  # (M,)
+        grad_rows = hidden.new_empty(m_rows, hidden.shape[1], dtype=dtype) if eager else None  # (M, C)
+        for r0, r1, slices in _tiles(m_rows, head.vocab, hidden.shape[1], chunk_values):
+            rows, y = kept[r0:r1], targets[kept[r0:r1]]  # (m,)
+            h = hidden[rows]  # (m, C)
+            top = hidden.new_full((len(rows),), -torch.inf, dtype=dtype)  # (m,) the running maximum
+            total = hidden.new_zeros(len(rows), dtype=dtype)  # (m,) sum of exp(z - top)
+            mixed = hidden.new_zeros(len(rows), hidden.shape[1], dtype=dtype) if eager else None  # (m, C)
+            target_rows = torch.zeros_like(mixed) if mixed is not None else None  # (m, C)
+            for v0, v1 in slices:
+                tile = head.tile(v0, v1, h.dtype)  # (v, C)
+                logits = head.logits(h, v0, v1, tile).to(dtype)  # (m, v)
+                new_top = torch.maximum(top, logits.amax(dim=-1))
+                rescale = torch.exp(top - new_top)  # 0 at the first slice
+                weights = torch.exp_(logits - new_top[:, None])  # (m, v)
+                total = total * rescale + weights.sum(dim=-1)
+                here = ((y >= v0) & (y < v1)).nonzero().squeeze(1)  # rows whose target lies in this slice
+                target_logit[r0 + here] = logits[here, y[here] - v0]
+                if mixed is not None and target_rows is not None:
+                    mixed = mixed * rescale[:, None] + (weights.to(tile.dtype) @ tile).to(dtype)  # (m, C)
+                    target_rows[here] = tile[y[here] - v0].to(dtype)  # W[y_i]
+                top = new_top
+                del logits, weights
+            lse[r0:r1] = top + torch.log(total)
+            if grad_rows is not None and mixed is not None and target_rows is not None:
+                grad_rows[r0:r1] = mixed / total[:, None] - target_rows  # softmax(z_i) W - W[y_i]
+        losses = hidden.new_zeros(hidden.shape[0], dtype=dtype)  # (N,)
+        losses[kept] = lse - target_logit
+        head.weight = None  # the saved tensors hold it until the backward pass
+        ctx.head, ctx.chunk_values = head, chunk_values
+        device = hidden.device.type
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        ctx.save_for_backward(hidden, targets, kept, lse, weight, grad_rows)
+        return losses
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, targets, kept, lse, weight, grad_rows = ctx.saved_tensors
+        if grad_rows is not None:  # a frozen head: the forward pass gathered d loss_i / d h_i
+            gathered = torch.zeros_like(hidden)
+            gathered[kept] = (grad_rows * grad[kept, None].to(grad_rows.dtype)).to(hidden.dtype)
+            return gathered, None, None, None, None, None, None, None
+        head: _Head = ctx.head
+        head.weight = weight
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if weight is not None and ctx.needs_input_grad[3] else None
+        device, enabled, dtype = ctx.autocast
+        with torch.autocast(device, dtype=dtype, enabled=enabled):
+            for r0, r1, slices in _tiles(kept.shape[0], head.vocab, hidden.shape[1], ctx.chunk_values):
+                rows, y = kept[r0:r1], targets[kept[r0:r1]]  # (m,)
+                h = hidden[rows]  # (m, C)
+                for v0, v1 in slices:
+                    tile = head.tile(v0, v1, h.dtype)  # (v, C)
+                    # d loss_i / d z_i = softmax(z_i) - onehot(y_i), times row i's incoming gradient
+                    g = torch.exp_(head.logits(h, v0, v1, tile).to(lse.dtype) - lse[r0:r1, None])  # (m, v)
+                    here = ((y >= v0) & (y < v1)).nonzero().squeeze(1)
+                    g[here, y[here] - v0] -= 1.0
+                    g.mul_(grad[rows, None].to(g.dtype))
+                    if grad_hidden is not None:
+                        grad_hidden.index_add_(0, rows, (g.to(tile.dtype) @ tile).to(hidden.dtype))  # (m, C)
+                    if grad_weight is not None:
+                        grad_weight[v0:v1] += (g.to(h.dtype).T @ h).to(weight.dtype)  # (v, C)
+        head.weight = None
+        return grad_hidden, None, None, grad_weight, None, None, None, None
+
+
+class _Head:
+    """The head's logits over a slice of the vocabulary, from a weight tensor or a ``WeightRows`` layer."""
+
+    def __init__(self, weight: Tensor | None, source: WeightRows | None, bias: Tensor | None) -> None:
+        self.weight, self.source, self.bias = weight, source, bias
+        self.vocab = weight.shape[0] if weight is not None else source.out_features  # type: ignore[union-attr]
+
+    def tile(self, v0: int, v1: int, dtype: torch.dtype) -> Tensor:
+        """Rows ``[v0, v1)`` of the weight, (v, C), in ``dtype`` (a view of a float weight; decoded blocks)."""
+        rows = self.weight[v0:v1] if self.weight is not None else self.source.weight_rows(v0, v1)  # type: ignore[union-attr]
+        return rows.detach().to(dtype)
+
+    def logits(self, h: Tensor, v0: int, v1: int, tile: Tensor | None = None) -> Tensor:
+        """(m, v) logits of the rows ``h`` (m, C) for the words ``[v0, v1)``."""
+        z = F.linear(h, self.tile(v0, v1, h.dtype) if tile is None else tile)
+        return z if self.bias is None else z + self.bias[v0:v1]
