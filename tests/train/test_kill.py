@@ -118,3 +118,17 @@ def test_sigkill_anywhere_then_resume_ends_as_an_uninterrupted_run(tmp_path):
         assert leftovers == [], f"trial {trial}: {leftovers}"
         shutil.rmtree(run)
     assert killed >= 5  # most trials really were interrupted
+
+
+def test_a_start_cut_short_in_its_config_write_leaves_nothing_when_started_again(tmp_path):
+    from oneblock.cli.main import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = run / ".0123abcd.tmp"  # what a kill inside the first config.json write leaves: no config.json yet
+    stale.write_bytes(b'{"model": ')
+    mine = run / "notes.txt"  # a user's file: never touched
+    mine.write_text("mine")
+    assert main([*ARGS, "--out", str(run)]) == 0
+    assert not stale.exists() and mine.read_text() == "mine"
+    assert (run / "config.json").exists()

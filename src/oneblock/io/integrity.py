@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor
 
 from oneblock import jsontext
@@ -82,6 +80,9 @@ def verify(blob: Buffer, recorded: object, name: str, start: int = 0, end: int |
 
 def dump_safetensors(tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) -> list[memoryview]:
     """A safetensors file holding ``tensors`` and ``metadata`` plus its own digest under ``DIGEST_KEY``."""
+    from safetensors import SafetensorError  # imported by writers only: readers of other formats never need it
+    from safetensors.torch import save as save_safetensors_bytes
+
     try:
         blob = save_safetensors_bytes(dict(tensors), metadata={**metadata, DIGEST_KEY: PLACEHOLDER})
     except (SafetensorError, ValueError, RuntimeError) as error:

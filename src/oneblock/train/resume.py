@@ -179,4 +179,5 @@ class RunKeeping:
         if self.objective.source is not None:
             payload["data"] = self.objective.source
         payload.update(self.extra_config)
+        files.remove_leftovers(self.run_dir)  # a start cut short in this very write, before any config existed
         files.write_atomic(self.run_dir / CONFIG_FILE, integrity.dump_json(payload), what="run config")
