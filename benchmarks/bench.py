@@ -223,6 +223,7 @@ def bench_decode(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str,
     cfg, hf, ours = gpt2["cfg"], gpt2["hf"], gpt2["ours"]
     new = 64 if quick else NEW
     int8 = quantize_int8(copy.deepcopy(ours))
+    q8_0 = ob.quantize(copy.deepcopy(ours), "q8_0")  # every linear layer a Q8_0 block matrix (the native step)
     prompt = _tokens(1, PROMPT, cfg.vocab_size, seed=1)
     reader, read_bytes = machine.read_workload()
     calls = {
@@ -230,6 +231,7 @@ def bench_decode(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str,
         "oneblock fp32": lambda: generate(ours, prompt, new, greedy=True),
         "oneblock fp32, 1 token": lambda: generate(ours, prompt, 1, greedy=True),  # the prompt's share
         "oneblock int8": lambda: generate(int8, prompt, new, greedy=True),
+        "oneblock q8_0": lambda: generate(q8_0, prompt, new, greedy=True),
         "transformers fp32": lambda: hf.generate(
             prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
         ),
@@ -237,17 +239,18 @@ def bench_decode(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str,
     _heading(f"greedy decode, GPT-2 small, B=1, {new} new tokens after {PROMPT} (tokens/s, prompt included)")
     with torch.inference_mode():
         same = calls["oneblock fp32"]().tolist() == calls["transformers fp32"]().tolist()  # before timing
-        accuracy = _int8_accuracy(ours, int8, calls["oneblock fp32"]())
+        sequence = calls["oneblock fp32"]()
+        accuracy = _accuracy(ours, int8, sequence)
+        accuracy_q8 = _accuracy(ours, q8_0, sequence)
     times = interleaved(calls, rounds=rounds, budget=BUDGET * 90)
     bandwidth = 4 * read_bytes / times["read bandwidth"]["median"]
-    rate = {name: new / times[name]["median"] for name in ("oneblock fp32", "oneblock int8", "transformers fp32")}
+    named = ("oneblock fp32", "oneblock int8", "oneblock q8_0", "transformers fp32")
+    rate = {name: new / times[name]["median"] for name in named}
     first = times["oneblock fp32, 1 token"]["median"]
     steps_only = (new - 1) / (times["oneblock fp32"]["median"] - first)  # tokens/s of the decoding steps alone
     weight_bytes = _decode_bytes(ours)
     out: dict[str, Any] = {"tokens_per_s": rate, "new_tokens": new, "same_tokens_as_transformers": same}
-    out["speedup_vs_transformers_fp32"] = {
-        name: speedup(times, name, "transformers fp32") for name in ("oneblock fp32", "oneblock int8")
-    }
+    out["speedup_vs_transformers_fp32"] = {name: speedup(times, name, "transformers fp32") for name in named[:3]}
     # Per round: decoding steps' tokens/s over (bandwidth / bytes per token).
     per_round = [
         ((new - 1) / (full - one)) / (4 * read_bytes / read / weight_bytes)
@@ -258,17 +261,18 @@ def bench_decode(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str,
             strict=True,
         )
     ]
-    out["int8_accuracy"] = accuracy
-    out["weight_bytes_per_token"] = {"fp32": weight_bytes, "int8": _decode_bytes(int8)}
+    out["int8_accuracy"], out["q8_0_accuracy"] = accuracy, accuracy_q8
+    out["weight_bytes_per_token"] = {"fp32": weight_bytes, "int8": _decode_bytes(int8), "q8_0": _decode_bytes(q8_0)}
     for name, value in rate.items():
         ratio = out["speedup_vs_transformers_fp32"].get(name, 1.0)
         print(f"  {name:18s} {value:6.1f}   x{ratio:.2f} vs transformers fp32")
     print(f"  same tokens as transformers: {same}")
-    print(
-        f"  int8 logits vs fp32 (teacher-forced, {accuracy['positions']} positions): max |diff| "
-        f"{accuracy['max_abs_diff']:.4f} = {accuracy['max_diff_over_logit_range']:.2%} of the logit range; "
-        f"top-1 agreement {accuracy['top1_agreement']:.1%}"
-    )
+    for name, acc in (("int8", accuracy), ("q8_0", accuracy_q8)):
+        print(
+            f"  {name} logits vs fp32 (teacher-forced, {acc['positions']} positions): max |diff| "
+            f"{acc['max_abs_diff']:.4f} = {acc['max_diff_over_logit_range']:.2%} of the logit range; "
+            f"top-1 agreement {acc['top1_agreement']:.1%}"
+        )
     out["read_bandwidth_bytes_per_s"] = bandwidth
     out["bandwidth_bound_tokens_per_s"] = bandwidth / weight_bytes
     out["decode_steps_tokens_per_s"] = steps_only
@@ -294,8 +298,8 @@ def _decode_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in unique.values())
 
 
-def _int8_accuracy(ours: torch.nn.Module, int8: torch.nn.Module, sequence: torch.Tensor) -> dict[str, float]:
-    """Logits of the int8 model's decoding steps (the int8 kernel path) against float32, on the same tokens."""
+def _accuracy(ours: torch.nn.Module, int8: torch.nn.Module, sequence: torch.Tensor) -> dict[str, float]:
+    """Logits of a quantized model's decoding steps (its kernel path) against float32, on the same tokens."""
     steps = sequence.shape[1] - PROMPT  # every generated position (128 in a full run): a 99% target needs many
     start = sequence.shape[1] - steps
     cache = int8.new_cache(1, max_len=sequence.shape[1])
@@ -436,6 +440,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         add("decode fp32: fraction of bandwidth bound", dec["fraction_of_bandwidth_bound"], 0.75, "%")
         add("decode int8: vs transformers fp32 generate", up["oneblock int8"], 3.0)
         add("decode int8: top-1 agreement with fp32, teacher-forced", dec["int8_accuracy"]["top1_agreement"], 0.99, "%")
+        add("decode q8_0: vs transformers fp32 generate", up["oneblock q8_0"], 3.0)
+        add("decode q8_0: top-1 agreement with fp32, teacher-forced", dec["q8_0_accuracy"]["top1_agreement"], 0.99, "%")
     bert = report.get("bert")
     if bert:
         add("BERT-base: vs transformers", bert["speedup"], 1.15)

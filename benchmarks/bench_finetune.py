@@ -15,6 +15,11 @@ cross-entropy, AdamW), from the same weights (the GGUF file dequantized to float
   on the very rows trl collated; neither side checkpoints activations. Tokens/s counts the 2 * B * T tokens of
   the policy's pass.
 
+Where the CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX; ``--no-bf16`` skips them) every method adds
+its steps under bfloat16 autocast (what ``oneblock finetune --bf16`` runs: float32 weights, gradients and optimizer
+state, the forward's products in bfloat16): ``oneblock+bf16``, compared with the float32 contender and, for
+``lora`` and ``full``, with transformers under the same autocast (``transformers+bf16``).
+
 oneblock's step is its fine-tuning step: the model returns each target's loss (``targets=``), the head computed a
 tile at a time (``oneblock.layers.chunked_ce``), never the whole (B, T, V) logits. The contenders run interleaved,
 round after round, and a ratio is the median of the per-round ratios (see ``timing.py``). Tokens/s counts the
@@ -61,6 +66,23 @@ def _update(loss_of: Callable[[], torch.Tensor], optimizer: torch.optim.Optimize
     return step
 
 
+def _bf16(loss_of: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """The same loss with its forward under bfloat16 autocast (what ``--bf16`` does; the backward follows it)."""
+
+    def loss() -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return loss_of()
+
+    return loss
+
+
+def has_bf16() -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX): the bf16 rows run only there."""
+    from oneblock.kernels.cpu import vector_extensions
+
+    return bool({"avx512_bf16", "amx_bf16"} & set(vector_extensions()))
+
+
 def _adamw(model: torch.nn.Module) -> torch.optim.AdamW:
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0)
 
@@ -75,9 +97,12 @@ def _ours(model: torch.nn.Module, tokens: torch.Tensor, *, checkpoint: bool) -> 
     return loss
 
 
-def contenders(method: str, tokens: torch.Tensor, only: str | None = None) -> dict[str, Callable[[], None]]:
+def contenders(
+    method: str, tokens: torch.Tensor, only: str | None = None, bf16: bool = False
+) -> dict[str, Callable[[], None]]:
     """``{"oneblock": step, "transformers": step}`` for ``method`` ``lora``, ``full`` or ``lora4`` (which adds
-    ``"oneblock+ckpt"``); ``only``: build that side alone."""
+    ``"oneblock+ckpt"``); ``only``: build that side alone; ``bf16``: add each side's step under bfloat16 autocast
+    (``"oneblock+bf16"``, ``"transformers+bf16"``), on the same model and optimizer."""
     import transformers
 
     from oneblock.adapters.apply import apply_lora
@@ -100,6 +125,8 @@ def contenders(method: str, tokens: torch.Tensor, only: str | None = None) -> di
         optimizer = _adamw(ours)
         for side in ours_wanted:
             steps[side] = _update(_ours(ours, tokens, checkpoint=side.endswith("ckpt")), optimizer)
+        if bf16 and only is None:
+            steps["oneblock+bf16"] = _update(_bf16(_ours(ours, tokens, checkpoint=False)), optimizer)
     if only in (None, "transformers"):
         theirs = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32
@@ -113,12 +140,16 @@ def contenders(method: str, tokens: torch.Tensor, only: str | None = None) -> di
             logits = theirs(input_ids=tokens[:, :-1]).logits  # (B, T, V)
             return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
-        steps["transformers"] = _update(their_loss, _adamw(theirs))
+        theirs_optimizer = _adamw(theirs)
+        steps["transformers"] = _update(their_loss, theirs_optimizer)
+        if bf16 and only is None:
+            steps["transformers+bf16"] = _update(_bf16(their_loss), theirs_optimizer)
     return steps
 
 
-def dpo_contenders(batch: int, seq_len: int) -> tuple[dict[str, Callable[[], None]], int]:
-    """``({"oneblock": step, "trl": step}, tokens per step)``: one DPO step each on the same collated pairs."""
+def dpo_contenders(batch: int, seq_len: int, bf16: bool = False) -> tuple[dict[str, Callable[[], None]], int]:
+    """``({"oneblock": step, "trl": step}, tokens per step)``: one DPO step each on the same collated pairs
+    (``bf16``: and oneblock's under bfloat16 autocast, ``"oneblock+bf16"``)."""
     import datasets
     import peft
     import transformers
@@ -178,7 +209,10 @@ def dpo_contenders(batch: int, seq_len: int) -> tuple[dict[str, Callable[[], Non
     cfg = TrainConfig(task="finetune", steps=1, warmup_steps=0, batch_size=batch, seq_len=seq_len)
     objective = PreferenceObjective(cfg, same, [], model=ours, vocab_size=49152, pad_id=0, beta=0.1)
     ours_batch = pair_batch(same, pad_id=0)
-    steps["oneblock"] = _update(lambda: objective.loss(ours, ours_batch)[0], _adamw(ours))
+    ours_optimizer = _adamw(ours)
+    steps["oneblock"] = _update(lambda: objective.loss(ours, ours_batch)[0], ours_optimizer)
+    if bf16:
+        steps["oneblock+bf16"] = _update(_bf16(lambda: objective.loss(ours, ours_batch)[0]), ours_optimizer)
     return steps, int(collated["input_ids"].numel())
 
 
@@ -218,18 +252,23 @@ def _ratio(times: dict[str, list[float]], ours: str, theirs: str) -> float:
     return statistics.median(t / o for o, t in zip(times[ours], times[theirs], strict=True))
 
 
-def bench_finetune(*, quick: bool = False, batch: int = B, seq_len: int = T, methods=METHODS) -> dict:
+def bench_finetune(
+    *, quick: bool = False, batch: int = B, seq_len: int = T, methods=METHODS, bf16: bool | None = None
+) -> dict:
+    """The figures of every method; ``bf16`` (default: where the CPU has bfloat16 instructions) adds the
+    bfloat16-autocast steps."""
     torch.set_num_threads(THREADS)
+    bf16 = has_bf16() if bf16 is None else bf16
     torch.manual_seed(0)
     tokens = torch.randint(0, 49152, (batch, seq_len + 1))
     rounds = 2 if quick else 6
-    report: dict = {"batch": batch, "seq_len": seq_len, "threads": THREADS, "rounds": rounds}
+    report: dict = {"batch": batch, "seq_len": seq_len, "threads": THREADS, "rounds": rounds, "bf16": bf16}
     for method in methods:
         if method == "dpo":
-            steps, n_tokens = dpo_contenders(batch, seq_len)
+            steps, n_tokens = dpo_contenders(batch, seq_len, bf16=bf16)
             theirs = "trl"
         else:
-            steps, n_tokens, theirs = contenders(method, tokens), batch * seq_len, "transformers"
+            steps, n_tokens, theirs = contenders(method, tokens, bf16=bf16), batch * seq_len, "transformers"
         times = interleaved_steps(steps, rounds)
         report[method] = {
             name: {"tokens_per_s": n_tokens / statistics.median(v), "seconds": v} for name, v in times.items()
@@ -242,6 +281,14 @@ def bench_finetune(*, quick: bool = False, batch: int = B, seq_len: int = T, met
                 f"{method:5s}  {ours:13s} {report[method][ours]['tokens_per_s']:7.1f} tok/s   {theirs}"
                 f"{' + peft' if method != 'full' else ''} {report[method][theirs]['tokens_per_s']:7.1f} tok/s"
                 f"   ratio {ratio:.2f}x",
+                flush=True,
+            )
+        if "transformers+bf16" in times:
+            ratio = _ratio(times, "oneblock+bf16", "transformers+bf16")
+            report[method]["oneblock+bf16"]["speedup_over_bf16"] = ratio
+            print(
+                f"{method:5s}  {'oneblock+bf16':13s} against transformers under the same autocast "
+                f"{report[method]['transformers+bf16']['tokens_per_s']:7.1f} tok/s   ratio {ratio:.2f}x",
                 flush=True,
             )
         if method == "lora4":
@@ -265,12 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=B, help=f"sequences (DPO: pairs) per step ({B})")
     parser.add_argument("--seq-len", type=int, default=T, help=f"tokens per sequence ({T})")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16-autocast steps")
     parser.add_argument("--rss", choices=RSS_SIDES, help=argparse.SUPPRESS)  # a child of lora4
     args = parser.parse_args(argv)
     if args.rss:
         _rss_child(args.methods[0], args.rss, args.batch, args.seq_len)
         return 0
-    report = bench_finetune(quick=args.quick, batch=args.batch, seq_len=args.seq_len, methods=tuple(args.methods))
+    report = bench_finetune(
+        quick=args.quick, batch=args.batch, seq_len=args.seq_len, methods=tuple(args.methods),
+        bf16=False if args.no_bf16 else None,
+    )  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

@@ -217,3 +217,19 @@ def test_rows_and_adapters_that_disagree_are_refused(directories):
     where = torch.tensor([s.length for s in slots])
     with pytest.raises(RuntimeError, match=r"LoRA update 0: B must be a contiguous float32 \(36, 5\)"):
         plan(torch.tensor([7, 8]), where, where, torch.zeros(2, dtype=torch.long), keys, values)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prompt_read_natively_runs_its_adapter(directories, family):
+    """``NativeStep.prompt``: the tokens of one row's prompt in one call, each with the row's adapter."""
+    model, served = adapted(directories, family)
+    plan = NativeStep.of(model)
+    assert plan is not None and plan.adapted
+    ids = [9, 8, 7, 6, 5, 4]
+    for adapter in range(len(ADAPTERS[family]) + 1):
+        served.rows.select([adapter])
+        ours, theirs = (model.new_cache(1, max_len=8, chunk=8) for _ in range(2))
+        with torch.inference_mode():
+            want = model.logits(model.run(torch.tensor([ids]), cache=theirs)[:, -1])[0]
+            got = plan.prompt(torch.tensor(ids), 0, [x.k for x in ours.layers], [x.v for x in ours.layers])
+        assert relative(got, want) <= 1e-5, adapter

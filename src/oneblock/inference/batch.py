@@ -153,7 +153,8 @@ class BatchDecoder:
             raise InputError(f"prompt ids must be ints in [0, {vocab}); got {list(ids)[:8]!r}...")
         capacity = t + max_new - 1
         cache = self.model.new_cache(1, max_len=capacity, chunk=capacity)  # allocated whole, once, as the lean step
-        reading = Prefill(self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse)
+        native = self.native if cache.layers[0].k.dtype == torch.float32 else None
+        reading = Prefill(self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse, native=native)
         return Slot(cache, t, capacity, reading), reading
 
     @torch.inference_mode()

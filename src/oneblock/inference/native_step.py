@@ -212,17 +212,20 @@ class NativeStep:
         """Whether the plan holds LoRA updates (each row then runs its ``AdapterRows`` index's)."""
         return bool(self.lora_scales)
 
-    def _rows(self, b: int) -> Tensor:
-        """The (B,) int64 adapter of each row, as the adapted layers read ``AdapterRows`` in the Python step.
+    def _rows(self, b: int, *, one_sequence: bool = False) -> Tensor:
+        """The (B,) int64 adapter of each row, as the adapted layers read ``AdapterRows`` in the Python step
+        (``one_sequence``: B tokens of the one row selected).
 
         Raises:
-            ConfigError: adapters selected for a number of rows other than B.
+            ConfigError: adapters selected for a number of rows other than B (one, for ``one_sequence``).
         """
         if self.adapter_rows is None:
             return _NO_ROWS
         index = self.adapter_rows.index
         if not any(index):  # none selected, or every row the base
             return torch.zeros(b, dtype=torch.long)
+        if one_sequence and len(index) == 1:
+            return torch.full((b,), index[0], dtype=torch.long)
         if len(index) != b:
             raise ConfigError(
                 f"adapters were selected for {len(index)} rows and this step has {b}; call AdapterRows.select "
@@ -258,3 +261,28 @@ class NativeStep:
             tokens, positions, columns, starts, self.weights, self.formats, list(keys), list(values), self.sizes,
             self.scalars, self._rows(tokens.shape[0]), self.lora, self.lora_sites, self.lora_scales,
         )  # fmt: skip
+
+    def prompt(self, tokens: Tensor, start: int, keys: Sequence[Tensor], values: Sequence[Tensor]) -> Tensor:
+        """Read T tokens of one sequence in one call: logits (V,) float32 of the token after the last.
+
+        Token i sits at position and cache column ``start + i`` and attends over columns ``0 .. start + i`` (the
+        ones before ``start`` already in the cache); every row's key and value are stored before any row attends,
+        and only the last row's logits are computed. Each row runs the adapter ``AdapterRows`` selected for the
+        one row.
+
+        Args:
+            tokens: (T,) int64 ids, T >= 1.
+            start: the cache column of the first.
+            keys, values: per layer one (1, Hkv, capacity, Dh) float32 buffer, capacity >= start + T.
+
+        Raises:
+            ConfigError: adapters selected for more than one row.
+        """
+        t = tokens.shape[0]
+        columns = torch.arange(start, start + t, dtype=torch.long)  # (T,)
+        rows_keys, rows_values = list(keys) * t, list(values) * t  # keys[row * L + layer]: one buffer for all rows
+        return torch.ops.oneblock.decode_step(
+            tokens.contiguous(), columns, columns, torch.zeros(t, dtype=torch.long), self.weights, self.formats,
+            rows_keys, rows_values, self.sizes, self.scalars, self._rows(t, one_sequence=True), self.lora,
+            self.lora_sites, self.lora_scales, t - 1,
+        )[0]  # fmt: skip

@@ -10,7 +10,8 @@ the attention of a chunk by the number of its queries and keys, so a prompt's ta
 bit for bit what it computes after keys it read itself only when the tail's chunks are the chunks a whole-prompt
 read would run. They also bound what one read costs (a chunk at a time, so a server can interleave a long prompt
 with other rows' decoding steps) and keep a prompt's products of a GGUF model on the path a whole-prompt read takes:
-float tiles from 32 rows, the integer kernels below (a prompt shorter than a chunk is one chunk).
+float tiles from 32 rows, the integer kernels below (a prompt shorter than a chunk is one chunk, which the native
+step reads in one call where the model has one: ``NativeStep.prompt``).
 
 ``Prefill`` reads one prompt of one row (``generate`` reads a prompt in one pass instead, its fastest): at its first
 ``advance`` it copies the cached blocks that begin the prompt (then, not when the read is made: a server that reads
@@ -28,7 +29,10 @@ import torch
 from torch import Tensor
 
 from oneblock.errors import InputError
+from oneblock.inference.native_step import NativeStep
 from oneblock.inference.prefix_cache import PrefixCache, chain
+from oneblock.kernels import GEMM_ROWS
+from oneblock.kernels.tiles import prompt_tiles
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.decoder import Decoder
 
@@ -59,6 +63,8 @@ class Prefill:
         namespace: what else the keys and values depend on beside the ids (an adapter's name), hashed into
             the blocks' names.
         reuse: read and keep cached blocks (``False``: compute everything, keep nothing).
+        native: the model's native step, which reads a prompt shorter than ``GEMM_ROWS`` in one call (``None``:
+            every chunk through the model's ``run``).
 
     Attributes:
         cached: positions copied from the prefix cache (a multiple of ``CHUNK``, before the last chunk), once
@@ -68,9 +74,9 @@ class Prefill:
 
     def __init__(
         self, model: Decoder, ids: Sequence[int], cache: Cache, *, prefix: PrefixCache | None = None,
-        namespace: str = "", reuse: bool = True,
+        namespace: str = "", reuse: bool = True, native: NativeStep | None = None,
     ) -> None:  # fmt: skip
-        self.model, self.ids, self.cache = model, list(ids), cache
+        self.model, self.ids, self.cache, self.native = model, list(ids), cache, native
         self.device = model.embed.device
         use = prefix is not None and prefix.enabled and reuse
         self.prefix = prefix if use else None
@@ -93,6 +99,25 @@ class Prefill:
         self.cached = self.position = len(found) * CHUNK
         self.chunks = spans(self.position, len(self.ids))
 
+    def _native_fits(self, start: int, end: int) -> bool:
+        """Whether the native step reads the last chunk: one below ``GEMM_ROWS`` rows (the integer kernels), a
+        float32 cache allocated to hold it."""
+        k = self.cache.layers[0].k
+        return self.native is not None and end - start < GEMM_ROWS and k.dtype == torch.float32 and k.shape[2] >= end
+
+    def _native_read(self, start: int, end: int) -> Tensor:
+        """The last chunk in one call of the native step; the logits (V,) float32 of the first new token."""
+        assert self.native is not None
+        layers = self.cache.layers
+        tokens = torch.tensor(self.ids[start:end], dtype=torch.long)  # (n,)
+        logits = self.native.prompt(tokens, start, [layer.k for layer in layers], [layer.v for layer in layers])
+        for layer in layers:
+            layer.length = end  # as ``KVCache.write`` leaves it
+        self.position = end
+        if self.prefix is not None:
+            self.prefix.touch(self.names)
+        return logits
+
     @torch.inference_mode()
     def advance(self) -> Tensor | None:
         """Read the next chunk (the first call copies the cached blocks first); after the last one, return the
@@ -102,8 +127,11 @@ class Prefill:
         if not self.chunks:
             raise InputError(f"the prompt's {len(self.ids)} positions are read already; start a new read")
         start, end = self.chunks.pop(0)
+        if not self.chunks and self._native_fits(start, end):
+            return self._native_read(start, end)
         tokens = torch.tensor([self.ids[start:end]], dtype=torch.long, device=self.device)  # (1, n)
-        hidden = self.model.run(tokens, cache=self.cache)  # (1, n, C)
+        with prompt_tiles():
+            hidden = self.model.run(tokens, cache=self.cache)  # (1, n, C)
         self.position = end
         if self.prefix is not None and end - start == CHUNK:
             index = start // CHUNK

@@ -41,3 +41,9 @@ def describe() -> str:
     """One line: model name and vector extensions."""
     extensions = " ".join(vector_extensions()) or "none listed"
     return f"{model_name()} | vector extensions: {extensions}"
+
+
+def has_amx_bf16() -> bool:
+    """Whether the CPU lists AMX tiles with bfloat16 (``amx_tile`` and ``amx_bf16``; Linux only, else False)."""
+    flags = set(_cpuinfo().get("flags", "").split())
+    return {"amx_tile", "amx_bf16"} <= flags

@@ -4,9 +4,11 @@
 
     oneblock::decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights,
                           int[] formats, Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars,
-                          Tensor adapters, Tensor[] lora, int[] lora_sites, float[] lora_scales) -> Tensor
+                          Tensor adapters, Tensor[] lora, int[] lora_sites, float[] lora_scales,
+                          int logits_from=0) -> Tensor
 
-computes one new token's logits (B, V) float32 for B rows of a pre-LN decoder in one call (``csrc/decode_step.cpp``;
+computes one new token's logits (B - logits_from, V) float32 for B rows of a pre-LN decoder in one call
+(``csrc/decode_step.cpp``; rows that share a cache are the tokens of one prompt, each at its own column;
 the argument layout is written out in ``csrc/decode_step.h``), each row with its own LoRA adapter's updates where
 ``lora`` holds some (``csrc/decode_lora.cpp``; empty lists and an empty ``adapters`` for a model without them).
 Only the C++ library defines it: without a compiler there is no native step, and
@@ -50,8 +52,9 @@ def _decode_step_fake(
     lora: Sequence[Tensor],
     lora_sites: Sequence[int],
     lora_scales: Sequence[float],
+    logits_from: int = 0,
 ) -> Tensor:
-    return tokens.new_empty(tokens.shape[0], sizes[_VOCAB], dtype=torch.float32)  # (B, V)
+    return tokens.new_empty(tokens.shape[0] - logits_from, sizes[_VOCAB], dtype=torch.float32)  # (B - from, V)
 
 
 def register_fake() -> None:

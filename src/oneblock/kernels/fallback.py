@@ -46,14 +46,15 @@ def _file_layout(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, BlockFormat]
     return deinterleave(blocks, fmt.name), FORMATS[fmt.base]
 
 
-def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
-    """(M, K) float32 times the (N, K) block matrix transposed -> (M, N) float32."""
+def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat, *, bf16: bool = False) -> Tensor:
+    """(M, K) float32 times the (N, K) block matrix transposed -> (M, N) float32; with ``bf16`` the tiles of the
+    dense path (from ``GEMM_ROWS`` rows) and ``x`` are rounded to bfloat16 and so is each output."""
     blocks, fmt = _file_layout(blocks, fmt)
     x, blocks = x.contiguous(), blocks.contiguous()
     m, k = x.shape
     n, nb = blocks.shape[0], k // QK
     if m >= GEMM_ROWS:
-        return _block_mm_dense(x, blocks, fmt)
+        return _block_mm_dense(x, blocks, fmt, bf16)
     qa, da, sa = quantize_activations(x, with_sums=fmt.name == "q4_1")
     qa_t = qa.permute(1, 0, 2)  # (K/32, M, 32)
     out = torch.empty(m, n)
@@ -76,13 +77,16 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
     return out
 
 
-def _block_mm_dense(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
+def _block_mm_dense(x: Tensor, blocks: Tensor, fmt: BlockFormat, bf16: bool) -> Tensor:
     """x (M, K) @ W^T with W dequantized one tile of rows at a time -> (M, N)."""
     rows = max(1, _GEMM_TILE_VALUES // x.shape[1])
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    lhs = x.to(dtype)
     parts = [
-        x @ decode_blocks(tile.reshape(-1, fmt.nbytes), fmt).reshape(tile.shape[0], -1).T for tile in blocks.split(rows)
+        lhs @ decode_blocks(tile.reshape(-1, fmt.nbytes), fmt).reshape(tile.shape[0], -1).to(dtype).T
+        for tile in blocks.split(rows)
     ]
-    return torch.cat(parts, dim=1)  # (M, N)
+    return torch.cat(parts, dim=1).float()  # (M, N)
 
 
 def dequantize_rows(blocks: Tensor, rows: Tensor, fmt: BlockFormat) -> Tensor:

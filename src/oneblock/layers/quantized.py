@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from oneblock import kernels
 from oneblock.errors import InputError
+from oneblock.kernels.tiles import bf16_tiles
 
 
 def _check_blocks(blocks: Tensor, fmt: str, what: str) -> tuple[int, int]:
@@ -114,7 +115,10 @@ class BlockLinear(nn.Module):
         rows = x.reshape(-1, k)  # (M, K)
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.to(torch.float32).contiguous()
-        y = torch.ops.oneblock.block_mm(rows, self.blocks, self.ggml_type)  # (M, N) float32
+        op = torch.ops.oneblock.block_mm
+        if rows.shape[0] >= kernels.GEMM_ROWS and bf16_tiles() and not torch.is_grad_enabled():
+            op = torch.ops.oneblock.block_mm_bf16  # a prompt's pass where bfloat16 tiles are faster (tiles.py)
+        y = op(rows, self.blocks, self.ggml_type)  # (M, N) float32
         if self.bias is not None:
             y = y + self.bias
         y = y.view(*x.shape[:-1], self.out_features)

@@ -2,7 +2,8 @@
 //
 //   decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights, int[] formats,
 //               Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars, Tensor adapters, Tensor[] lora,
-//               int[] lora_sites, float[] lora_scales) -> Tensor                            logits (B, V) float32
+//               int[] lora_sites, float[] lora_scales, int logits_from=0) -> Tensor
+//                                                                      logits (B - logits_from, V) float32
 //
 // The passes mirror the Python step (oneblock.inference.decode.LeanDecode.step) one for one:
 //
@@ -12,6 +13,8 @@
 //     qkv                   [q | k | v] = x W^T + b                                      per range of columns
 //     attention             rotate q and k, write k and v at the row's column, attend over the row's keys,
 //                           and the 8-bit blocks of the heads' output                    per (row, kv head)
+//                           (rows sharing a cache, the tokens of one prompt: a pass writes every row's k and v
+//                           first, so that each row attends over the rows before it)
 //     o                     x += out W_o^T + b                                           per range of columns
 //     ffn_norm              as attn_norm                                                 per row
 //     up                    h = act(gate) * up (gated) or act(x W_1^T + b) (MLP), and its 8-bit blocks
@@ -117,8 +120,9 @@ void quantize_range(const Input& in, int64_t k, int64_t r, int64_t j0, int64_t j
 // out[r * stride + j] = in_r . W_j + b_j for every row r and columns [j0, j1) of the product's side-by-side
 // outputs. Every output is computed by the same instructions whatever the rows and the range.
 void multiply(const Plan& p, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
-              int64_t stride) {
-  const int64_t rows = p.rows, k = prod.k;
+              int64_t stride, int64_t rows = -1) {
+  if (rows < 0) rows = p.rows;
+  const int64_t k = prod.k;
   int64_t offset = 0;
   for (int i = 0; i < prod.count; offset += prod.parts[i].n, ++i) {
     const Matrix& m = prod.parts[i];
@@ -169,23 +173,30 @@ void normalize(const Plan& p, const float* x, const float* w, const float* b, fl
   }
 }
 
-// One (row, kv head): rotate and store the head's key and value, then attend for the query heads it serves.
-void attention(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
-               std::vector<float>& scratch) {
-  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = p.columns[r], start = p.starts[r];
-  const int64_t cap = p.capacity[static_cast<size_t>(r)];
+// One (row, kv head): rotate and store the head's key and value at the row's column.
+void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row) {
+  const int64_t dh = p.d_head, col = p.columns[r], cap = p.capacity[static_cast<size_t>(r)];
   float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
   float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
   const float* k = qkv_row + (p.heads + g) * dh;
   const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
-  const float* cos = p.rope_cos != nullptr ? p.rope_cos + p.positions[r] * dh : nullptr;
-  const float* sin = p.rope_sin != nullptr ? p.rope_sin + p.positions[r] * dh : nullptr;
-  if (cos != nullptr) {
-    rotate(k, cos, sin, dh, keys + col * dh);
+  if (p.rope_cos != nullptr) {
+    rotate(k, p.rope_cos + p.positions[r] * dh, p.rope_sin + p.positions[r] * dh, dh, keys + col * dh);
   } else {
     std::memcpy(keys + col * dh, k, static_cast<size_t>(dh) * sizeof(float));
   }
   std::memcpy(values + col * dh, v, static_cast<size_t>(dh) * sizeof(float));
+}
+
+// One (row, kv head): the query heads it serves attend over the row's keys (its own stored already).
+void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
+                  std::vector<float>& scratch) {
+  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = p.columns[r], start = p.starts[r];
+  const int64_t cap = p.capacity[static_cast<size_t>(r)];
+  const float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const float* cos = p.rope_cos != nullptr ? p.rope_cos + p.positions[r] * dh : nullptr;
+  const float* sin = p.rope_sin != nullptr ? p.rope_sin + p.positions[r] * dh : nullptr;
   const int64_t n = col - start + 1;
   fit(scratch, n + dh);
   float* q = scratch.data() + n;
@@ -214,7 +225,7 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     ws.ah[r] = {ws.qh.data() + r * F, ws.dh.data() + r * F / QK, ws.sh.data() + r * F / QK};
   }
   // At most: the passes before o and down are there only for quantizing the heads' output or for adapters.
-  const int64_t passes = 3 + (p.lora_width > 0 ? 9 : 8) * p.n_layers;
+  const int64_t passes = 3 + (p.lora_width > 0 ? 9 : 8) * p.n_layers + (p.shared_cache ? p.n_layers : 0);
   if (ws.n_counters < passes) ws.counters.reset(new Counter[passes]), ws.n_counters = passes;
   for (int64_t i = 0; i < passes; ++i) ws.counters[i].claimed.store(0), ws.counters[i].done.store(0);
 
@@ -262,10 +273,14 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         multiply(p, layer.qkv, xin, j0, j1, qkv, nqkv);
         if (!layer.qkv.lora.empty()) lora_b(p, layer.qkv, lt, j0, j1, qkv, nqkv);
       });
+      if (p.shared_cache) {  // rows of one sequence: every key stored before any row attends
+        walk.pass(rows * p.kv_heads, [&](int64_t i) { store(p, l, i / p.kv_heads, i % p.kv_heads, qkv + i / p.kv_heads * nqkv); });
+      }
       walk.pass(rows * p.kv_heads, [&](int64_t i) {
         thread_local std::vector<float> scratch;
         const int64_t r = i / p.kv_heads, g = i % p.kv_heads, width = p.heads / p.kv_heads * p.d_head;
-        attention(p, l, r, g, qkv + r * nqkv, att + r * hd, scratch);
+        if (!p.shared_cache) store(p, l, r, g, qkv + r * nqkv);
+        attend_group(p, l, r, g, qkv + r * nqkv, att + r * hd, scratch);
         if (layer.o.block && att_blocks_per_group) quantize_range(ain, hd, r, g * width, (g + 1) * width);
       });
       if ((layer.o.block && !att_blocks_per_group) || !layer.o.lora.empty()) {
@@ -315,7 +330,9 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         }
       });
     }
-    walk.pass(rows, [&](int64_t r) {
+    const int64_t r0 = p.logits_from;  // the rows whose logits are asked for: [r0, rows)
+    walk.pass(rows - r0, [&](int64_t i) {
+      const int64_t r = r0 + i;
       if (p.final_norm) {
         normalize(p, x + r * C, p.final_w, p.final_b, xn + r * C);
       } else {
@@ -323,8 +340,9 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       }
       if (p.head.block) quantize_range(xin, C, r, 0, C);
     });
+    const Input head_in{xin.x + r0 * C, xin.q + r0, xin.codes, xin.d, xin.s};
     walk.pass(chunks(p.vocab, cols_v), [&](int64_t i) {
-      multiply(p, p.head, xin, i * cols_v, std::min(p.vocab, (i + 1) * cols_v), logits, p.vocab);
+      multiply(p, p.head, head_in, i * cols_v, std::min(p.vocab, (i + 1) * cols_v), logits, p.vocab, rows - r0);
     });
   };
   if (GOMP_parallel != nullptr && threads > 1) {
@@ -339,10 +357,13 @@ at::Tensor decode_step(const at::Tensor& tokens, const at::Tensor& positions, co
                        const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats,
                        at::TensorList keys, at::TensorList values, at::IntArrayRef sizes,
                        c10::ArrayRef<double> scalars, const at::Tensor& adapters, at::TensorList lora,
-                       at::IntArrayRef lora_sites, c10::ArrayRef<double> lora_scales) {
+                       at::IntArrayRef lora_sites, c10::ArrayRef<double> lora_scales, int64_t logits_from) {
   Plan plan = make_plan(tokens, positions, columns, starts, weights, formats, keys, values, sizes, scalars);
   add_lora(plan, adapters, weights, lora, lora_sites, lora_scales);
-  at::Tensor logits = at::empty({plan.rows, plan.vocab}, tokens.options().dtype(at::kFloat));
+  TORCH_CHECK(logits_from >= 0 && logits_from < std::max<int64_t>(plan.rows, 1),
+              "oneblock::decode_step: logits_from must be in [0, B) = [0, ", plan.rows, "); got ", logits_from);
+  plan.logits_from = plan.rows == 0 ? 0 : logits_from;
+  at::Tensor logits = at::empty({plan.rows - plan.logits_from, plan.vocab}, tokens.options().dtype(at::kFloat));
   thread_local Workspace ws;  // per calling thread: two decoders on two threads never share buffers
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   step(plan, ws, logits.data_ptr<float>(), threads);
@@ -356,7 +377,7 @@ TORCH_LIBRARY_FRAGMENT(oneblock, m) {
   m.def(
       "decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights, "
       "int[] formats, Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars, Tensor adapters, "
-      "Tensor[] lora, int[] lora_sites, float[] lora_scales) -> Tensor");
+      "Tensor[] lora, int[] lora_sites, float[] lora_scales, int logits_from=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(oneblock, CPU, m) { m.impl("decode_step", &oneblock::decode_step); }

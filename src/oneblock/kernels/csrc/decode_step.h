@@ -26,6 +26,9 @@
 //   lora_scales = one per update: its scale (alpha / r)
 //
 //   a row of adapter k:  out[:, matrix's columns] = (x W^T + b) + (x A_k^T) B_k^T * scale_k    as MultiLoraLinear
+//
+// logits_from = the first row whose logits are computed (the op returns (B - logits_from, V)): a prompt read in
+// one call as rows of one sequence needs only its last row's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -107,6 +110,10 @@ struct Plan {
   // The caches of row r, layer l: keys[r * n_layers + l] and values[...], each (Hkv, capacity[r], Dh) float32.
   std::vector<float*> keys, values;
   std::vector<int64_t> capacity;
+  // Rows that share a cache (the tokens of one prompt, at their own columns): every row's key and value are
+  // written before any row attends, so a row sees the rows before it.
+  bool shared_cache = false;
+  int64_t logits_from = 0;  // the logits computed: rows [logits_from, rows)
   FloatMath math;
 };
 

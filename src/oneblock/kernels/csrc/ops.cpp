@@ -12,6 +12,12 @@
 // takes 1.5x the time of dequantizing a tile of W and calling at::mm, 2.5x at M = 256), so block_mm returns
 // x @ dequantize(W)^T computed one tile of W at a time. Below the threshold a row's result never depends on M;
 // decoding (one row per sequence, batches below 32) always stays below it.
+//
+//   oneblock::block_mm_bf16(Tensor x, Tensor blocks, int fmt) -> Tensor       the same, with bfloat16 tiles
+//
+// is block_mm with the dense path's tiles and activations rounded to bfloat16 and multiplied by ATen's bfloat16
+// GEMM (oneDNN, which runs it on AMX tiles where the CPU has them), each output rounded to bfloat16 and widened
+// back; below kGemmRows rows it is block_mm exactly. A prompt's pass takes it where it is faster (see tiles.py).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -19,6 +25,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -120,19 +127,46 @@ void decode_any_row(const uint8_t* w, int64_t row_bytes, int64_t fmt, int64_t i,
   }
 }
 
-// x (M, K) @ W^T with W dequantized one tile of rows at a time (M >= kGemmRows).
-at::Tensor block_mm_dense(const at::Tensor& x, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t fmt) {
+// float32 -> bfloat16, rounded to nearest even (NaN kept a quiet NaN), as ATen's conversion rounds.
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// x (M, K) @ W^T with W dequantized one tile of rows at a time (M >= kGemmRows). With `bf16` each row is decoded
+// and rounded to bfloat16 in one pass (through a float row in L1), x rounded once, and ATen's bfloat16 GEMM
+// gives the product (rounded to bfloat16, widened back).
+at::Tensor block_mm_dense(const at::Tensor& x, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t fmt,
+                          bool bf16) {
   const int64_t m = x.size(0), k = x.size(1), nb = k / QK;
-  at::Tensor out = at::empty({m, n}, x.options());
-  const int64_t rows = std::min(n, std::max<int64_t>(1, kGemmTileValues / k));
-  at::Tensor tile = at::empty({rows, k}, x.options());
-  float* t = tile.data_ptr<float>();
+  const int64_t rows = std::min(n, std::max<int64_t>(1, (bf16 ? 2 : 1) * kGemmTileValues / k));
+  at::Tensor out = rows < n ? at::empty({m, n}, x.options()) : at::Tensor();  // one tile: its product is it
+  at::Tensor tile = at::empty({rows, k}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  const at::Tensor lhs = bf16 ? x.to(at::kBFloat16) : x;
   for (int64_t n0 = 0; n0 < n; n0 += rows) {
     const int64_t count = std::min(rows, n - n0);
-    at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) decode_any_row(w, row_bytes, fmt, n0 + i, nb, t + i * k);
-    });
-    out.narrow(1, n0, count).copy_(at::mm(x, tile.narrow(0, 0, count).t()));  // (M, count)
+    if (bf16) {
+      auto* t = reinterpret_cast<uint16_t*>(tile.data_ptr<at::BFloat16>());
+      at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> row;
+        row.resize(static_cast<size_t>(k));
+        for (int64_t i = begin; i < end; ++i) {
+          decode_any_row(w, row_bytes, fmt, n0 + i, nb, row.data());
+          uint16_t* dst = t + i * k;
+          for (int64_t j = 0; j < k; ++j) dst[j] = to_bf16(row[j]);
+        }
+      });
+    } else {
+      float* t = tile.data_ptr<float>();
+      at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) decode_any_row(w, row_bytes, fmt, n0 + i, nb, t + i * k);
+      });
+    }
+    const at::Tensor product = at::mm(lhs, tile.narrow(0, 0, count).t());  // (M, count)
+    if (count == n) return bf16 ? product.to(at::kFloat) : product;
+    out.narrow(1, n0, count).copy_(product);
   }
   return out;
 }
@@ -163,7 +197,7 @@ void rows_file_layout(DotFn dot, const uint8_t* w, int64_t row_bytes, const ActR
   }
 }
 
-at::Tensor block_mm(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t fmt) {
+at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t fmt, bool bf16) {
   const int column = kernel_column(fmt);
   TORCH_CHECK(column >= 0, "oneblock::block_mm: unknown format id ", fmt);
   const int64_t nbytes = block_bytes(file_format(fmt));
@@ -179,7 +213,9 @@ at::Tensor block_mm(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t
   TORCH_CHECK(!interleaved || n % kGroupRows == 0, "oneblock::block_mm: an interleaved matrix has a multiple of ",
               kGroupRows, " rows; got ", n);
   const int64_t nb = k / QK, row_bytes = blocks.size(1);
-  if (m >= kGemmRows && n > 0 && k > 0) return block_mm_dense(x, blocks.data_ptr<uint8_t>(), row_bytes, n, fmt);
+  if (m >= kGemmRows && n > 0 && k > 0) {
+    return block_mm_dense(x, blocks.data_ptr<uint8_t>(), row_bytes, n, fmt, bf16);
+  }
   at::Tensor out = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return out;
   if (k == 0) return out.zero_();
@@ -222,6 +258,14 @@ at::Tensor block_mm(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t
   return out;
 }
 
+at::Tensor block_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t fmt) {
+  return block_mm_any(x, blocks, fmt, false);
+}
+
+at::Tensor block_mm_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t fmt) {
+  return block_mm_any(x, blocks, fmt, true);
+}
+
 std::string isa() { return kIsaNames[g_isa.load()]; }
 std::string best_isa() { return kIsaNames[best()]; }
 bool isa_supported(int64_t isa) { return supported(static_cast<int>(isa)); }
@@ -241,6 +285,7 @@ DotFn dot_kernel(int64_t fmt) {
 
 TORCH_LIBRARY(oneblock, m) {
   m.def("block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor");
+  m.def("block_mm_bf16(Tensor x, Tensor blocks, int fmt) -> Tensor");
   m.def("dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor");
   m.def("isa() -> str", &oneblock::isa);
   m.def("best_isa() -> str", &oneblock::best_isa);
@@ -250,5 +295,6 @@ TORCH_LIBRARY(oneblock, m) {
 
 TORCH_LIBRARY_IMPL(oneblock, CPU, m) {
   m.impl("block_mm", &oneblock::block_mm);
+  m.impl("block_mm_bf16", &oneblock::block_mm_bf16);
   m.impl("dequantize_rows", &oneblock::dequantize_rows);
 }
