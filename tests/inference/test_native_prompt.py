@@ -3,8 +3,8 @@ sharing one cache, each attending over the rows before it.
 
 Float32 weights: the logits and the cache it leaves equal the Python forward's (``Decoder.run``) within 1e-5 of
 their scale, in both families, from an empty cache and after cached positions (with adapters served per row:
-tests/inference/test_native_lora.py). The batched decoder and the server read a prompt shorter than a chunk this
-way; what they generate after it is what they generate after the Python read.
+tests/inference/test_native_lora.py). Generation, the batched decoder and the server read a prompt of one row
+shorter than a chunk this way; what they generate after it is what they generate after the Python read.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from oneblock.inference.compile_policy import compile_backend
 from oneblock.inference.native_step import NativeStep
 from oneblock.inference.plan import DecodePlan, heads_of_one_token
 from oneblock.inference.request import DecodeRequest
+from oneblock.kernels import GEMM_ROWS
 from oneblock.kernels.tiles import prompt_tiles
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.encoder_decoder import EncoderDecoder
@@ -170,6 +171,8 @@ class LeanDecode:
     def _prompt(self) -> Tensor:
         run, model = self.run, self.model
         t = run.seen.shape[1]
+        if self.native is not None and run.seen.shape[0] == 1 and t < GEMM_ROWS and self.positions is None:
+            return self._native_prompt()
         cache = self.cache
         narrow = cache.layers[0].k.dtype != self.compute_dtype
         if narrow:  # the model's layers attend in their own dtype: fill a full-width cache, then narrow it
@@ -188,6 +191,18 @@ class LeanDecode:
         self.end = t
         logits = model.logits(hidden[:, -1])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def _native_prompt(self) -> Tensor:
+        """A prompt of one row, shorter than ``GEMM_ROWS``, in one call of the native step (as the batched decoder
+        and the server read it): logits (1, V) float32."""
+        layers, t = self.cache.layers, self.run.seen.shape[1]
+        logits = self.native.prompt(  # type: ignore[union-attr]  # checked by the caller
+            self.run.seen[0], 0, [layer.k for layer in layers], [layer.v for layer in layers]
+        )
+        for layer in layers:
+            layer.length = t
+        self.end = t
+        return logits[None]
 
     def step(self, fed: Tensor, position: int) -> Tensor:
         """Logits (B, V) of the token after ``fed`` (B,), which sits at ``position`` (the cache holds the ones
