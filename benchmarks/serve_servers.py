@@ -108,12 +108,16 @@ def llamacpp_python_server(model: Path, threads: int) -> Server:
     return Server("llama-cpp-python", argv, port, threads)
 
 
-def one_request(url: str, prompt: str, new: int, sent: float) -> dict[str, float]:
-    """Stream one greedy completion of exactly ``new`` tokens (no early stop); times are seconds since ``sent``."""
+def one_request(url: str, prompt: str, new: int, sent: float, client: httpx.Client | None = None) -> dict[str, float]:
+    """Stream one greedy completion of exactly ``new`` tokens (no early stop); times are seconds since ``sent``.
+
+    ``client``: made before ``sent`` (its construction, about 10 ms, is the client's cost, not the server's);
+    ``None`` makes one inside the timed span."""
     body = {"model": "bench", "prompt": prompt, "max_tokens": new, "temperature": 0, "stream": True}
     first = last = 0.0
     tokens = 0
-    with httpx.stream("POST", url + "/completions", json=body, timeout=600) as response:
+    stream = client.stream if client is not None else httpx.stream
+    with stream("POST", url + "/completions", json=body, timeout=600) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":

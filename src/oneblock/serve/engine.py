@@ -254,15 +254,24 @@ class Engine:
             self._retire()
 
     def _read(self) -> None:
-        """One chunk of the oldest prompt being read, or every chunk of the prompts while no row decodes; a prompt
-        read to its end samples its first token and joins the decoding rows."""
+        """Prompt chunks between two decoding steps, oldest prompt first: one chunk, then more prompts as long as
+        each one's remaining positions fit within a chunk's worth read so far (several short prompts together),
+        or every chunk while no row decodes. A prompt read to its end samples its first token and joins the
+        decoding rows; no read stalls them for more than about one chunk."""
+        budget = CHUNK
         while self.reading:
             job = self.reading[0]
+            left = len(job.prompt) - (job.reading.position if job.reading is not None else 0)
+            if self.active and budget < CHUNK and left > budget:
+                return
             self._guarded(job, self._advance)
             if job.reading is None or job.slot is None:  # read, or ended
                 with self.wake:
                     self.reading.remove(job)
-            if self.active:
+                budget -= left
+            else:
+                budget = 0  # a chunk of a long prompt: enough for this round
+            if self.active and budget <= 0:
                 return
 
     def _advance(self, job: Job) -> None:
