@@ -39,7 +39,7 @@ def test_the_native_read_equals_the_python_forward(family, start):
         _python_read(model, ids[:start], 0, theirs)
     want = _python_read(model, ids, start, theirs)
     with torch.inference_mode():
-        got = plan.prompt(torch.tensor(ids[start:]), start, [x.k for x in ours.layers], [x.v for x in ours.layers])
+        got = plan.prompt(torch.tensor(ids[start:]), start, ours)
     assert got.shape == want.shape and relative(got, want) <= 1e-5
     for a, b in zip(ours.layers, theirs.layers, strict=True):  # the keys and values every row stored
         assert relative(a.k[:, :, : len(ids)], b.k[:, :, : len(ids)]) <= 1e-5

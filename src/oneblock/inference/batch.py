@@ -153,8 +153,9 @@ class BatchDecoder:
             raise InputError(f"prompt ids must be ints in [0, {vocab}); got {list(ids)[:8]!r}...")
         capacity = t + max_new - 1
         cache = self.model.new_cache(1, max_len=capacity, chunk=capacity)  # allocated whole, once, as the lean step
-        native = self.native if cache.layers[0].k.dtype == torch.float32 else None
-        reading = Prefill(self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse, native=native)
+        reading = Prefill(
+            self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse, native=self.native
+        )  # fmt: skip
         return Slot(cache, t, capacity, reading), reading
 
     @torch.inference_mode()

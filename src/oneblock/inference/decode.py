@@ -195,13 +195,8 @@ class LeanDecode:
     def _native_prompt(self) -> Tensor:
         """A prompt of one row, shorter than ``GEMM_ROWS``, in one call of the native step (as the batched decoder
         and the server read it): logits (1, V) float32."""
-        layers, t = self.cache.layers, self.run.seen.shape[1]
-        logits = self.native.prompt(  # type: ignore[union-attr]  # checked by the caller
-            self.run.seen[0], 0, [layer.k for layer in layers], [layer.v for layer in layers]
-        )
-        for layer in layers:
-            layer.length = t
-        self.end = t
+        logits = self.native.prompt(self.run.seen[0], 0, self.cache)  # type: ignore[union-attr]  # caller checked
+        self.end = self.run.seen.shape[1]
         return logits[None]
 
     def step(self, fed: Tensor, position: int) -> Tensor:

@@ -40,6 +40,7 @@ from oneblock.errors import ConfigError
 from oneblock.kernels import decode_step
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.feedforward import FeedForward
+from oneblock.layers.kv_cache import Cache
 from oneblock.layers.norms import LayerNorm, RMSNorm
 from oneblock.layers.quantized import BlockEmbedding, BlockLinear
 from oneblock.models.decoder import Decoder
@@ -262,8 +263,8 @@ class NativeStep:
             self.scalars, self._rows(tokens.shape[0]), self.lora, self.lora_sites, self.lora_scales,
         )  # fmt: skip
 
-    def prompt(self, tokens: Tensor, start: int, keys: Sequence[Tensor], values: Sequence[Tensor]) -> Tensor:
-        """Read T tokens of one sequence in one call: logits (V,) float32 of the token after the last.
+    def prompt(self, tokens: Tensor, start: int, cache: Cache) -> Tensor:
+        """Read T tokens of one sequence into its cache in one call: logits (V,) float32 of the token after the last.
 
         Token i sits at position and cache column ``start + i`` and attends over columns ``0 .. start + i`` (the
         ones before ``start`` already in the cache); every row's key and value are stored before any row attends,
@@ -272,17 +273,23 @@ class NativeStep:
 
         Args:
             tokens: (T,) int64 ids, T >= 1.
-            start: the cache column of the first.
-            keys, values: per layer one (1, Hkv, capacity, Dh) float32 buffer, capacity >= start + T.
+            start: the cache column of the first (the cache holds ``start`` positions).
+            cache: one row's cache, float32, allocated for ``start + T`` positions or more; it holds
+                ``start + T`` after the call.
 
         Raises:
             ConfigError: adapters selected for more than one row.
         """
         t = tokens.shape[0]
         columns = torch.arange(start, start + t, dtype=torch.long)  # (T,)
-        rows_keys, rows_values = list(keys) * t, list(values) * t  # keys[row * L + layer]: one buffer for all rows
-        return torch.ops.oneblock.decode_step(
+        layers = cache.layers
+        keys = [layer.k for layer in layers] * t  # keys[row * L + layer]: one buffer for all rows
+        values = [layer.v for layer in layers] * t
+        logits = torch.ops.oneblock.decode_step(
             tokens.contiguous(), columns, columns, torch.zeros(t, dtype=torch.long), self.weights, self.formats,
-            rows_keys, rows_values, self.sizes, self.scalars, self._rows(t, one_sequence=True), self.lora,
-            self.lora_sites, self.lora_scales, t - 1,
+            keys, values, self.sizes, self.scalars, self._rows(t, one_sequence=True), self.lora, self.lora_sites,
+            self.lora_scales, t - 1,
         )[0]  # fmt: skip
+        for layer in layers:
+            layer.length = start + t  # as ``KVCache.write`` leaves it
+        return logits

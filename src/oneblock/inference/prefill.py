@@ -108,11 +108,7 @@ class Prefill:
     def _native_read(self, start: int, end: int) -> Tensor:
         """The last chunk in one call of the native step; the logits (V,) float32 of the first new token."""
         assert self.native is not None
-        layers = self.cache.layers
-        tokens = torch.tensor(self.ids[start:end], dtype=torch.long)  # (n,)
-        logits = self.native.prompt(tokens, start, [layer.k for layer in layers], [layer.v for layer in layers])
-        for layer in layers:
-            layer.length = end  # as ``KVCache.write`` leaves it
+        logits = self.native.prompt(torch.tensor(self.ids[start:end], dtype=torch.long), start, self.cache)
         self.position = end
         if self.prefix is not None:
             self.prefix.touch(self.names)

@@ -6,12 +6,14 @@ only to describe the machine a figure came from.
 
 from __future__ import annotations
 
+import functools
 import platform
 from pathlib import Path
 
 VECTOR_PREFIXES = ("avx", "fma", "f16c", "amx", "sse4", "ssse3")
 
 
+@functools.cache  # the CPU does not change while the process runs
 def _cpuinfo() -> dict[str, str]:
     try:
         text = Path("/proc/cpuinfo").read_text()

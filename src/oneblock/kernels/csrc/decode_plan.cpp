@@ -160,20 +160,12 @@ Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::
       known = cap;
     }
   }
-  for (int64_t r = 0; r < rows && !p.shared_cache; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {  // rows sharing a cache: the tokens of one sequence, at distinct columns
     for (int64_t o = 0; o < r; ++o) {
       if (p.keys[static_cast<size_t>(r * L)] != p.keys[static_cast<size_t>(o * L)]) continue;
-      p.shared_cache = true;  // rows of one sequence: distinct columns, checked below
-      break;
-    }
-  }
-  if (p.shared_cache) {
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t o = 0; o < r; ++o) {
-        TORCH_CHECK(p.keys[static_cast<size_t>(r * L)] != p.keys[static_cast<size_t>(o * L)] ||
-                        p.columns[r] != p.columns[o],
-                    kOp, "rows ", o, " and ", r, " share a cache and write the same column ", p.columns[r]);
-      }
+      p.shared_cache = true;
+      TORCH_CHECK(p.columns[r] != p.columns[o], kOp, "rows ", o, " and ", r,
+                  " share a cache and write the same column ", p.columns[r]);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {

@@ -274,7 +274,10 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         if (!layer.qkv.lora.empty()) lora_b(p, layer.qkv, lt, j0, j1, qkv, nqkv);
       });
       if (p.shared_cache) {  // rows of one sequence: every key stored before any row attends
-        walk.pass(rows * p.kv_heads, [&](int64_t i) { store(p, l, i / p.kv_heads, i % p.kv_heads, qkv + i / p.kv_heads * nqkv); });
+        walk.pass(rows * p.kv_heads, [&](int64_t i) {
+          const int64_t r = i / p.kv_heads;
+          store(p, l, r, i % p.kv_heads, qkv + r * nqkv);
+        });
       }
       walk.pass(rows * p.kv_heads, [&](int64_t i) {
         thread_local std::vector<float> scratch;
