@@ -78,13 +78,13 @@ def test_block_linear_takes_bfloat16_tiles_only_inside_prompt_tiles_and_without_
 
 
 @pytest.mark.parametrize(
-    ("value", "amx", "expected"),
+    ("value", "hardware", "expected"),
     [("", True, torch.bfloat16), ("", False, torch.float32), ("auto", True, torch.bfloat16),
      ("float32", True, torch.float32), ("bfloat16", False, torch.bfloat16), (" BFloat16 ", True, torch.bfloat16)],
 )  # fmt: skip
-def test_the_policy_reads_the_environment_and_the_cpu(value, amx, expected, monkeypatch):
+def test_the_policy_reads_the_environment_and_the_cpu(value, hardware, expected, monkeypatch):
     monkeypatch.setenv(tiles.ENV, value)
-    monkeypatch.setattr(tiles, "has_amx_bf16", lambda: amx)
+    monkeypatch.setattr(tiles, "has_bf16_products", lambda: hardware)
     assert tiles.prompt_dtype() == expected
     with tiles.prompt_tiles() as dtype:
         assert dtype == expected and tiles.bf16_tiles() == (expected == torch.bfloat16)

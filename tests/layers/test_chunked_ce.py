@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from oneblock.errors import InputError
 from oneblock.layers import chunked_ce
-from oneblock.layers.chunked_ce import IGNORE_INDEX, chunked_cross_entropy
+from oneblock.layers.chunked_ce import IGNORE_INDEX, chunked_cross_entropy, per_row_gradients
 from oneblock.layers.quantized import BlockLinear
 
 N, C, V = 41, 13, 103  # distinct odd sizes: a transposed tile cannot keep the shape
@@ -73,6 +73,37 @@ def test_float32_within_float32_tolerances(trained):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1.3e-6)
     for g, r in zip(grads(got, inputs), grads(want, inputs), strict=True):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=1.3e-6)
+
+
+@pytest.mark.parametrize("chunk_values", [V, 5 * V, 10_000])  # a row at a time, chunks of 5 rows, every row
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_a_trained_head_under_one_incoming_gradient_is_exact_from_its_one_pass(chunk_values, reduction):
+    """A sum or a mean gives every row the same incoming gradient: the forward pass computed both gradients and
+    the backward pass scaled them; ``per_row_gradients`` takes the pass that computes the logits again."""
+    h, w, b, y = case()
+    want = F.cross_entropy(F.linear(h, w, b), y, ignore_index=IGNORE_INDEX, reduction=reduction)
+    ref = torch.autograd.grad(want * 3.0, [h, w])
+    got = chunked_cross_entropy(h, y, w, b, reduction=reduction, chunk_values=chunk_values)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+    for g, r in zip(torch.autograd.grad(got * 3.0, [h, w]), ref, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=0)
+    with per_row_gradients():
+        again = chunked_cross_entropy(h, y, w, b, reduction=reduction, chunk_values=chunk_values)
+    for g, r in zip(torch.autograd.grad(again * 3.0, [h, w]), ref, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=0)
+
+
+def test_a_second_backward_pass_of_a_trained_head_computes_the_logits_again():
+    """The gradients gathered in the forward pass serve one backward pass; a retained graph's next one (here with
+    incoming gradients that differ by row) computes the logits again and is exact too."""
+    h, w, b, y = case()
+    got = chunked_cross_entropy(h, y, w, b, chunk_values=5 * V)
+    want = F.cross_entropy(F.linear(h, w, b), y, reduction="none")
+    first = torch.autograd.grad(got.sum(), [h, w], retain_graph=True)
+    for g, r in zip(first, torch.autograd.grad(want.sum(), [h, w], retain_graph=True), strict=True):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=0)
+    for g, r in zip(grads(got, [h, w]), grads(want, [h, w]), strict=True):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=0)
 
 
 def test_a_frozen_head_gets_no_gradient_and_the_hidden_states_theirs():
@@ -160,7 +191,10 @@ def test_it_never_computes_the_whole_logits_at_once(trained):
     w = torch.randn(v, c, generator=gen, requires_grad=trained)
     y = torch.randint(0, v, (n,), generator=gen)
     with _Largest() as ours:
-        chunked_cross_entropy(h, y, w, reduction="sum", chunk_values=4096).backward()
+        chunked_cross_entropy(h, y, w, reduction="sum", chunk_values=4096).backward()  # a trained head: one pass
+    assert ours.largest <= max(4096, v * c)
+    with _Largest() as ours, per_row_gradients():
+        chunked_cross_entropy(h, y, w, reduction="sum", chunk_values=4096).backward()  # the logits again
     assert ours.largest <= max(4096, v * c)
     with _Largest() as plain:
         F.cross_entropy(F.linear(h, w), y, reduction="sum").backward()

@@ -31,6 +31,7 @@ from oneblock.adapters.apply import adapters_disabled, lora_modules
 from oneblock.errors import ConfigError
 from oneblock.finetune.batches import pad_batch
 from oneblock.finetune.pairs import PairExample
+from oneblock.layers.chunked_ce import per_row_gradients
 from oneblock.train.config import TrainConfig
 from oneblock.train.objectives import Objective, _eval_mode
 
@@ -47,9 +48,11 @@ def sequence_logps(module: nn.Module, tokens: Tensor, labels: Tensor) -> Tensor:
     """(R,) summed log-probability of each row's trained labels; ``tokens``, ``labels`` (R, T).
 
     Each token's log-probability comes from the model's chunked cross-entropy (``targets=``): the (R, T, V)
-    logits are never held whole.
+    logits are never held whole. The rows' gradients differ (each sequence's weight in the loss is its own),
+    so a trained head's backward pass computes its logits again (``per_row_gradients``).
     """
-    losses = module(tokens, targets=labels)  # (R, T) float32 -log p(label), 0 where IGNORE
+    with per_row_gradients():
+        losses = module(tokens, targets=labels)  # (R, T) float32 -log p(label), 0 where IGNORE
     return -losses.sum(dim=1)
 
 

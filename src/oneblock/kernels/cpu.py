@@ -45,7 +45,11 @@ def describe() -> str:
     return f"{model_name()} | vector extensions: {extensions}"
 
 
-def has_amx_bf16() -> bool:
-    """Whether the CPU lists AMX tiles with bfloat16 (``amx_tile`` and ``amx_bf16``; Linux only, else False)."""
+def has_bf16_products() -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware (Linux only, else False).
+
+    That is AMX tiles with bfloat16 (``amx_tile`` and ``amx_bf16``: Intel Xeon from Sapphire Rapids on) or
+    AVX-512 BF16's dot products (``avx512_bf16``: AMD from Zen 4 on, Intel from Cooper Lake on).
+    """
     flags = set(_cpuinfo().get("flags", "").split())
-    return {"amx_tile", "amx_bf16"} <= flags
+    return {"amx_tile", "amx_bf16"} <= flags or "avx512_bf16" in flags

@@ -1,16 +1,17 @@
-"""The dtype of a prompt's float tiles: float32 (the file's exact weights) or bfloat16 (where AMX runs it).
+"""The dtype of a prompt's float tiles: float32 (the file's exact weights) or bfloat16 (where the CPU has it).
 
 From ``GEMM_ROWS`` activation rows up, a block product is ``x @ dequantize(W).T`` computed one tile of W at a
-time (csrc/ops.cpp). In float32 that product uses the file's exact weights. On a CPU with AMX (Intel Xeon from
-Sapphire Rapids on) oneDNN multiplies bfloat16 tiles several times faster than float32 ones, so there a prompt's
-pass rounds the tiles, the activations and each product's output to bfloat16 (``oneblock::block_mm_bf16``): the
-prompt costs a fraction of its float32 time and its logits move as a bfloat16 model's do (docs/performance.md
-gives the KL divergence). Decoding never takes this path: its products stay on the integer kernels.
+time (csrc/ops.cpp). In float32 that product uses the file's exact weights. On a CPU that multiplies bfloat16 in
+hardware (AMX on Intel Xeon from Sapphire Rapids on; AVX-512 BF16 on AMD from Zen 4 on) oneDNN's bfloat16 GEMM
+runs several times float32's pace, so there a prompt's pass rounds the tiles, the activations and each product's
+output to bfloat16 (``oneblock::block_mm_bf16``): the prompt costs a fraction of its float32 time and its logits
+move as a bfloat16 model's do (docs/performance.md gives the KL divergence). Decoding never takes this path: its
+products stay on the integer kernels.
 
 What a prompt's pass uses is ``ONEBLOCK_TILES``: ``float32``, ``bfloat16``, or ``auto`` (unset: bfloat16 where the
-CPU lists AMX with bfloat16 and oneDNN is there, float32 elsewhere). Only the prompt passes of generation enter
-:func:`prompt_tiles` (``LeanDecode``'s prompt, ``Prefill``'s chunks); training, log-probabilities of given text
-and every direct product keep float32 tiles.
+CPU lists AMX with bfloat16 or AVX-512 BF16 and oneDNN is there, float32 elsewhere). Only the prompt passes of
+generation enter :func:`prompt_tiles` (``LeanDecode``'s prompt, ``Prefill``'s chunks); training,
+log-probabilities of given text and every direct product keep float32 tiles.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from contextvars import ContextVar
 import torch
 
 from oneblock.errors import ConfigError
-from oneblock.kernels.cpu import has_amx_bf16
+from oneblock.kernels.cpu import has_bf16_products
 
 ENV = "ONEBLOCK_TILES"
 CHOICES = ("auto", "float32", "bfloat16")
@@ -41,7 +42,7 @@ def prompt_dtype() -> torch.dtype:
     if value not in CHOICES:
         raise ConfigError(f"{ENV}={value!r} is not a tile dtype; use one of {', '.join(CHOICES)}, or unset it")
     if value == "auto":
-        fast = has_amx_bf16() and torch.backends.mkldnn.is_available()
+        fast = has_bf16_products() and torch.backends.mkldnn.is_available()
         return torch.bfloat16 if fast else torch.float32
     return torch.bfloat16 if value == "bfloat16" else torch.float32
 

@@ -10,8 +10,16 @@ tile at a time: up to ``ROW_CHUNK`` rows against a slice of the vocabulary, at m
   vocabulary's slices) and the target's logit; each row's logsumexp is kept (N floats). With a frozen head
   (LoRA's base, a 4-bit head) the same pass also gathers each row's gradient with respect to its hidden state,
   ``softmax(z_i) W - W[y_i]`` (N x C floats), and the backward pass only scales it by the row's incoming gradient.
-* backward, for a trained head: per tile, the logits again, then ``g = (softmax(z) - onehot(y)) * grad`` (the
-  softmax from the kept logsumexp), ``grad_h += g W_tile`` and ``grad_W[tile] += g^T h``.
+* a trained head whose rows all get one incoming gradient (a sum or a mean of the losses: every training
+  objective but a per-sequence one): the forward pass takes whole rows of logits, a chunk of rows at a time,
+  and computes both gradients for an incoming gradient of 1 as it goes, ``g = softmax(z) - onehot(y)``,
+  ``grad_h = g W`` and ``grad_W += g^T h``; the backward pass checks that the incoming gradient is one number
+  and scales them by it. That is three products with the head, as ``F.cross_entropy`` over the whole logits
+  takes, and keeps a (V, C) gradient from one pass to the other instead of the (N, V) logits.
+* backward, for a trained head otherwise (incoming gradients that differ by row, or whole rows of logits over
+  ``chunk_values``; :func:`per_row_gradients` skips the eager pass): per tile, the logits again, then
+  ``g = (softmax(z) - onehot(y)) * grad`` (the softmax from the kept logsumexp), ``grad_h += g W_tile`` and
+  ``grad_W[tile] += g^T h``.
 
 Slicing the vocabulary rather than the rows means each tile of ``W`` is read once per pass, whatever N: a 4-bit
 head (``BlockLinear``) dequantizes each slice once per step (frozen, the gradient gathered on the way), no more
@@ -23,6 +31,9 @@ Shape notation: N rows, C width, V vocabulary, m rows and v vocabulary entries o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -32,10 +43,24 @@ from torch import Tensor
 from oneblock.errors import InputError
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
-CHUNK_VALUES = 1 << 23  # logits computed at once: 32 MB of float32
+CHUNK_VALUES = 1 << 25  # logits computed at once: 128 MB of float32
 ROW_CHUNK = 8192  # rows at once, so that a tile spans at least CHUNK_VALUES / ROW_CHUNK = 1,024 words
 WEIGHT_TILE_VALUES = 1 << 21  # weights of a tile at once: 8 MB of float32 (3,640 words of width 576)
 REDUCTIONS = ("none", "sum", "mean")
+
+_per_row: ContextVar[bool] = ContextVar("oneblock_ce_per_row_gradients", default=False)
+
+
+@contextmanager
+def per_row_gradients() -> Iterator[None]:
+    """Within, a trained head's losses expect incoming gradients that differ by row (a per-sequence objective such
+    as DPO's): the forward pass keeps only the logsumexp and the backward pass computes the logits again, rather
+    than gathering gradients for one incoming number that the backward pass would then find unusable."""
+    token = _per_row.set(True)
+    try:
+        yield
+    finally:
+        _per_row.reset(token)
 
 
 @runtime_checkable
@@ -105,8 +130,13 @@ def chunked_cross_entropy(
     source = None if isinstance(weight, Tensor) else weight
     kept = (targets != ignore_index).nonzero().squeeze(1)  # (M,) rows with a loss
     # A frozen head under autograd: the hidden states' gradient is gathered in the forward pass (see below).
-    eager = torch.is_grad_enabled() and hidden.requires_grad and not (tensor is not None and tensor.requires_grad)
-    losses = _ChunkedCrossEntropy.apply(hidden, targets.long(), kept, tensor, source, bias, chunk_values, eager)
+    trained = tensor is not None and tensor.requires_grad
+    eager = torch.is_grad_enabled() and hidden.requires_grad and not trained
+    # A trained head under autograd: both gradients for one incoming number, when whole rows fit a chunk.
+    uniform = torch.is_grad_enabled() and trained and not _per_row.get() and vocab <= chunk_values
+    losses = _ChunkedCrossEntropy.apply(
+        hidden, targets.long(), kept, tensor, source, bias, chunk_values, eager, uniform
+    )
     if reduction == "sum":
         return losses.sum()
     if reduction == "mean":
@@ -144,10 +174,22 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         bias: Tensor | None,
         chunk_values: int,
         eager: bool,
+        uniform: bool,
     ) -> Tensor:
         dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32  # of the softmax
         head = _Head(weight, source, bias)
         m_rows = kept.shape[0]
+        ctx.uniform = None
+        if uniform and weight is not None:
+            lse, target_logit, ctx.uniform = _trained_head_pass(hidden, targets, kept, weight, bias, chunk_values)
+            losses = hidden.new_zeros(hidden.shape[0], dtype=dtype)  # (N,)
+            losses[kept] = lse - target_logit
+            head.weight = None
+            ctx.head, ctx.chunk_values = head, chunk_values
+            device = hidden.device.type
+            ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+            ctx.save_for_backward(hidden, targets, kept, lse, weight, None)
+            return losses
         lse = hidden.new_empty(m_rows, dtype=dtype)  # (M,)
         target_logit = hidden.new_zeros(m_rows, dtype=dtype)  # (M,)
         grad_rows = hidden.new_empty(m_rows, hidden.shape[1], dtype=dtype) if eager else None  # (M, C)
@@ -163,10 +205,10 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 logits = head.logits(h, v0, v1, tile).to(dtype)  # (m, v)
                 new_top = torch.maximum(top, logits.amax(dim=-1))
                 rescale = torch.exp(top - new_top)  # 0 at the first slice
-                weights = torch.exp_(logits - new_top[:, None])  # (m, v)
-                total = total * rescale + weights.sum(dim=-1)
                 here = ((y >= v0) & (y < v1)).nonzero().squeeze(1)  # rows whose target lies in this slice
                 target_logit[r0 + here] = logits[here, y[here] - v0]
+                weights = logits.sub_(new_top[:, None]).exp_()  # (m, v), in the logits' own fresh buffer
+                total = total * rescale + weights.sum(dim=-1)
                 if mixed is not None and target_rows is not None:
                     mixed = mixed * rescale[:, None] + (weights.to(tile.dtype) @ tile).to(dtype)  # (m, C)
                     target_rows[here] = tile[y[here] - v0].to(dtype)  # W[y_i]
@@ -187,10 +229,21 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         hidden, targets, kept, lse, weight, grad_rows = ctx.saved_tensors
+        none = (None,) * 6
         if grad_rows is not None:  # a frozen head: the forward pass gathered d loss_i / d h_i
             gathered = torch.zeros_like(hidden)
             gathered[kept] = (grad_rows * grad[kept, None].to(grad_rows.dtype)).to(hidden.dtype)
-            return gathered, None, None, None, None, None, None, None
+            return gathered, None, None, None, *none
+        eager, ctx.uniform = ctx.uniform, None  # used once: a second backward pass computes the logits again
+        incoming = grad[kept]  # (M,)
+        if eager is not None and (kept.numel() == 0 or bool((incoming == incoming[0]).all())):
+            eager_rows, eager_weight = eager
+            scale = incoming[0] if kept.numel() else grad.new_zeros(())
+            grad_in = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+            if grad_in is not None:
+                grad_in[kept] = (eager_rows * scale.to(eager_rows.dtype)).to(hidden.dtype)
+            scaled = eager_weight.mul_(scale.to(eager_weight.dtype)) if ctx.needs_input_grad[3] else None
+            return grad_in, None, None, scaled, *none
         head: _Head = ctx.head
         head.weight = weight
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
@@ -203,7 +256,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 for v0, v1 in slices:
                     tile = head.tile(v0, v1, h.dtype)  # (v, C)
                     # d loss_i / d z_i = softmax(z_i) - onehot(y_i), times row i's incoming gradient
-                    g = torch.exp_(head.logits(h, v0, v1, tile).to(lse.dtype) - lse[r0:r1, None])  # (m, v)
+                    g = head.logits(h, v0, v1, tile).to(lse.dtype).sub_(lse[r0:r1, None]).exp_()  # (m, v)
                     here = ((y >= v0) & (y < v1)).nonzero().squeeze(1)
                     g[here, y[here] - v0] -= 1.0
                     g.mul_(grad[rows, None].to(g.dtype))
@@ -212,7 +265,63 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                     if grad_weight is not None:
                         grad_weight[v0:v1] += (g.to(h.dtype).T @ h).to(weight.dtype)  # (v, C)
         head.weight = None
-        return grad_hidden, None, None, grad_weight, None, None, None, None
+        return grad_hidden, None, None, grad_weight, *none
+
+
+def _trained_head_pass(
+    hidden: Tensor, targets: Tensor, kept: Tensor, weight: Tensor, bias: Tensor | None, chunk_values: int
+) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
+    """A trained head's forward pass with both gradients for an incoming gradient of 1 on every row.
+
+    A chunk of rows at a time (as many as ``chunk_values`` logits hold), the chunk's logits tile by tile across
+    the vocabulary, all kept: their maximum and target logits, then ``e = exp(z - max)`` in place and its sum
+    ``s``, so that ``softmax(z) = e / s``. With ``g = softmax(z) - onehot(y)``: ``g W = (e W) / s - W[y]`` (m, C)
+    and ``g^T h = e^T (h / s) - onehot(y)^T h`` (V, C), one product each per tile.
+
+    Returns:
+        ``(lse, target_logit, (grad_rows, grad_weight))``: (M,), (M,), (M, C) and (V, C).
+    """
+    dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32  # of the softmax
+    m_rows, vocab, width = kept.shape[0], weight.shape[0], hidden.shape[1]
+    w = weight.detach().to(hidden.dtype)  # (V, C)
+    head = _Head(w, None, bias)  # the logits as the other passes compute them (the bias after the product)
+    lse = hidden.new_empty(m_rows, dtype=dtype)  # (M,)
+    target_logit = hidden.new_empty(m_rows, dtype=dtype)  # (M,)
+    grad_rows = hidden.new_zeros(m_rows, width, dtype=dtype)  # (M, C)
+    grad_weight = torch.zeros_like(weight)  # (V, C)
+    chunks = max(1, -(-m_rows // max(1, chunk_values // vocab)))
+    rows_at_once = max(1, -(-m_rows // chunks))  # chunks of equal size
+    slices = _tiles(1, vocab, width, vocab)[0][2]  # the vocabulary in weight tiles
+    device = hidden.device.type
+    in_place = not torch.is_autocast_enabled(device) and w.dtype == dtype == weight.dtype
+    for r0 in range(0, m_rows, rows_at_once):
+        r1 = min(r0 + rows_at_once, m_rows)
+        rows, y = kept[r0:r1], targets[kept[r0:r1]]  # (m,)
+        h = hidden[rows].detach()  # (m, C)
+        top = h.new_full((len(rows),), -torch.inf, dtype=dtype)  # (m,)
+        logits = []
+        for v0, v1 in slices:
+            z = head.logits(h, v0, v1, w[v0:v1]).to(dtype)  # (m, v), kept until the chunk is done
+            here = ((y >= v0) & (y < v1)).nonzero().squeeze(1)
+            target_logit[r0 + here] = z[here, y[here] - v0]
+            top = torch.maximum(top, z.amax(dim=-1))
+            logits.append(z)
+        total = sum(z.sub_(top[:, None]).exp_().sum(dim=-1) for z in logits)  # (m,)
+        assert isinstance(total, Tensor)
+        lse[r0:r1] = top + torch.log(total)
+        scaled = (h / total[:, None].to(h.dtype)).to(h.dtype)  # (m, C) h / s
+        mixed = grad_rows[r0:r1]  # (m, C) the sum of e W over the tiles
+        for (v0, v1), e in zip(slices, logits, strict=True):
+            if in_place:  # the products added where they land, no (m, C) or (v, C) temporary
+                mixed.addmm_(e, w[v0:v1])
+                grad_weight[v0:v1].addmm_(e.T, scaled)
+            else:  # autocast's products (bfloat16), or mixed dtypes
+                mixed += (e.to(w.dtype) @ w[v0:v1]).to(dtype)
+                grad_weight[v0:v1] += (e.to(h.dtype).T @ scaled).to(weight.dtype)
+        mixed.div_(total[:, None]).sub_(w[y].to(dtype))  # softmax(z) W - W[y]
+        grad_weight.index_add_(0, y, h.to(weight.dtype), alpha=-1)  # - onehot(y)^T h
+        del logits
+    return lse, target_logit, (grad_rows, grad_weight)
 
 
 class _Head:
