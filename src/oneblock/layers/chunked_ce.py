@@ -144,12 +144,22 @@ def chunked_cross_entropy(
     return losses
 
 
+def _softmax_dtype(hidden: Tensor) -> torch.dtype:
+    """The softmax's dtype: float64 for float64 hidden states, float32 otherwise (bfloat16 under autocast too)."""
+    return torch.float64 if hidden.dtype == torch.float64 else torch.float32
+
+
 def _tiles(n_rows: int, vocab: int, width: int, chunk_values: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """``(row start, row stop, [(word start, word stop), ...])``: chunks of rows, each across the vocabulary."""
     rows = min(max(n_rows, 1), ROW_CHUNK)
-    words = min(vocab, max(1, chunk_values // rows), max(1, WEIGHT_TILE_VALUES // max(width, 1)))
-    slices = [(v0, min(v0 + words, vocab)) for v0 in range(0, vocab, words)]
+    slices = _word_slices(vocab, width, max(1, chunk_values // rows))
     return [(r0, min(r0 + rows, n_rows), slices) for r0 in range(0, n_rows, rows)]
+
+
+def _word_slices(vocab: int, width: int, most: int) -> list[tuple[int, int]]:
+    """``[(word start, word stop), ...]`` across the vocabulary: at most ``most`` words, and a weight tile, each."""
+    words = min(vocab, most, max(1, WEIGHT_TILE_VALUES // max(width, 1)))
+    return [(v0, min(v0 + words, vocab)) for v0 in range(0, vocab, words)]
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
@@ -176,47 +186,14 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         eager: bool,
         uniform: bool,
     ) -> Tensor:
-        dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32  # of the softmax
+        dtype = _softmax_dtype(hidden)
         head = _Head(weight, source, bias)
-        m_rows = kept.shape[0]
         ctx.uniform = None
+        grad_rows: Tensor | None = None
         if uniform and weight is not None:
             lse, target_logit, ctx.uniform = _trained_head_pass(hidden, targets, kept, weight, bias, chunk_values)
-            losses = hidden.new_zeros(hidden.shape[0], dtype=dtype)  # (N,)
-            losses[kept] = lse - target_logit
-            head.weight = None
-            ctx.head, ctx.chunk_values = head, chunk_values
-            device = hidden.device.type
-            ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-            ctx.save_for_backward(hidden, targets, kept, lse, weight, None)
-            return losses
-        lse = hidden.new_empty(m_rows, dtype=dtype)  # (M,)
-        target_logit = hidden.new_zeros(m_rows, dtype=dtype)  # (M,)
-        grad_rows = hidden.new_empty(m_rows, hidden.shape[1], dtype=dtype) if eager else None  # (M, C)
-        for r0, r1, slices in _tiles(m_rows, head.vocab, hidden.shape[1], chunk_values):
-            rows, y = kept[r0:r1], targets[kept[r0:r1]]  # (m,)
-            h = hidden[rows]  # (m, C)
-            top = hidden.new_full((len(rows),), -torch.inf, dtype=dtype)  # (m,) the running maximum
-            total = hidden.new_zeros(len(rows), dtype=dtype)  # (m,) sum of exp(z - top)
-            mixed = hidden.new_zeros(len(rows), hidden.shape[1], dtype=dtype) if eager else None  # (m, C)
-            target_rows = torch.zeros_like(mixed) if mixed is not None else None  # (m, C)
-            for v0, v1 in slices:
-                tile = head.tile(v0, v1, h.dtype)  # (v, C)
-                logits = head.logits(h, v0, v1, tile).to(dtype)  # (m, v)
-                new_top = torch.maximum(top, logits.amax(dim=-1))
-                rescale = torch.exp(top - new_top)  # 0 at the first slice
-                here = ((y >= v0) & (y < v1)).nonzero().squeeze(1)  # rows whose target lies in this slice
-                target_logit[r0 + here] = logits[here, y[here] - v0]
-                weights = logits.sub_(new_top[:, None]).exp_()  # (m, v), in the logits' own fresh buffer
-                total = total * rescale + weights.sum(dim=-1)
-                if mixed is not None and target_rows is not None:
-                    mixed = mixed * rescale[:, None] + (weights.to(tile.dtype) @ tile).to(dtype)  # (m, C)
-                    target_rows[here] = tile[y[here] - v0].to(dtype)  # W[y_i]
-                top = new_top
-                del logits, weights
-            lse[r0:r1] = top + torch.log(total)
-            if grad_rows is not None and mixed is not None and target_rows is not None:
-                grad_rows[r0:r1] = mixed / total[:, None] - target_rows  # softmax(z_i) W - W[y_i]
+        else:
+            lse, target_logit, grad_rows = _tiled_pass(hidden, targets, kept, head, chunk_values, eager)
         losses = hidden.new_zeros(hidden.shape[0], dtype=dtype)  # (N,)
         losses[kept] = lse - target_logit
         head.weight = None  # the saved tensors hold it until the backward pass
@@ -268,6 +245,47 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return grad_hidden, None, None, grad_weight, *none
 
 
+def _tiled_pass(
+    hidden: Tensor, targets: Tensor, kept: Tensor, head: _Head, chunk_values: int, eager: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The tiles' forward pass: each kept row's logsumexp and target logit (an online softmax across the
+    vocabulary's slices) and, with ``eager`` (a frozen head), its gradient ``softmax(z) W - W[y]``.
+
+    Returns:
+        ``(lse, target_logit, grad_rows)``: (M,), (M,) and (M, C) or None.
+    """
+    dtype = _softmax_dtype(hidden)
+    m_rows = kept.shape[0]
+    lse = hidden.new_empty(m_rows, dtype=dtype)  # (M,)
+    target_logit = hidden.new_zeros(m_rows, dtype=dtype)  # (M,)
+    grad_rows = hidden.new_empty(m_rows, hidden.shape[1], dtype=dtype) if eager else None  # (M, C)
+    for r0, r1, slices in _tiles(m_rows, head.vocab, hidden.shape[1], chunk_values):
+        rows, y = kept[r0:r1], targets[kept[r0:r1]]  # (m,)
+        h = hidden[rows]  # (m, C)
+        top = hidden.new_full((len(rows),), -torch.inf, dtype=dtype)  # (m,) the running maximum
+        total = hidden.new_zeros(len(rows), dtype=dtype)  # (m,) sum of exp(z - top)
+        mixed = hidden.new_zeros(len(rows), hidden.shape[1], dtype=dtype) if eager else None  # (m, C)
+        target_rows = torch.zeros_like(mixed) if mixed is not None else None  # (m, C)
+        for v0, v1 in slices:
+            tile = head.tile(v0, v1, h.dtype)  # (v, C)
+            logits = head.logits(h, v0, v1, tile).to(dtype)  # (m, v)
+            new_top = torch.maximum(top, logits.amax(dim=-1))
+            rescale = torch.exp(top - new_top)  # 0 at the first slice
+            here = ((y >= v0) & (y < v1)).nonzero().squeeze(1)  # rows whose target lies in this slice
+            target_logit[r0 + here] = logits[here, y[here] - v0]
+            weights = logits.sub_(new_top[:, None]).exp_()  # (m, v), in the logits' own fresh buffer
+            total = total * rescale + weights.sum(dim=-1)
+            if mixed is not None and target_rows is not None:
+                mixed = mixed * rescale[:, None] + (weights.to(tile.dtype) @ tile).to(dtype)  # (m, C)
+                target_rows[here] = tile[y[here] - v0].to(dtype)  # W[y_i]
+            top = new_top
+            del logits, weights
+        lse[r0:r1] = top + torch.log(total)
+        if grad_rows is not None and mixed is not None and target_rows is not None:
+            grad_rows[r0:r1] = mixed / total[:, None] - target_rows  # softmax(z_i) W - W[y_i]
+    return lse, target_logit, grad_rows
+
+
 def _trained_head_pass(
     hidden: Tensor, targets: Tensor, kept: Tensor, weight: Tensor, bias: Tensor | None, chunk_values: int
 ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
@@ -281,7 +299,7 @@ def _trained_head_pass(
     Returns:
         ``(lse, target_logit, (grad_rows, grad_weight))``: (M,), (M,), (M, C) and (V, C).
     """
-    dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32  # of the softmax
+    dtype = _softmax_dtype(hidden)
     m_rows, vocab, width = kept.shape[0], weight.shape[0], hidden.shape[1]
     w = weight.detach().to(hidden.dtype)  # (V, C)
     head = _Head(w, None, bias)  # the logits as the other passes compute them (the bias after the product)
@@ -291,7 +309,7 @@ def _trained_head_pass(
     grad_weight = torch.zeros_like(weight)  # (V, C)
     chunks = max(1, -(-m_rows // max(1, chunk_values // vocab)))
     rows_at_once = max(1, -(-m_rows // chunks))  # chunks of equal size
-    slices = _tiles(1, vocab, width, vocab)[0][2]  # the vocabulary in weight tiles
+    slices = _word_slices(vocab, width, vocab)  # the vocabulary in weight tiles
     device = hidden.device.type
     in_place = not torch.is_autocast_enabled(device) and w.dtype == dtype == weight.dtype
     for r0 in range(0, m_rows, rows_at_once):
@@ -309,7 +327,7 @@ def _trained_head_pass(
         total = sum(z.sub_(top[:, None]).exp_().sum(dim=-1) for z in logits)  # (m,)
         assert isinstance(total, Tensor)
         lse[r0:r1] = top + torch.log(total)
-        scaled = (h / total[:, None].to(h.dtype)).to(h.dtype)  # (m, C) h / s
+        scaled = h / total[:, None].to(h.dtype)  # (m, C) h / s
         mixed = grad_rows[r0:r1]  # (m, C) the sum of e W over the tiles
         for (v0, v1), e in zip(slices, logits, strict=True):
             if in_place:  # the products added where they land, no (m, C) or (v, C) temporary
