@@ -3,7 +3,8 @@
     python benchmarks/bench_finetune.py [--quick] [--json PATH] [--methods lora full lora4 dpo]
 
 Every contender takes the same training step on the same batch (B=4 sequences of T=256 random tokens, next-token
-cross-entropy, AdamW), from the same weights (the GGUF file dequantized to float32), on 2 threads:
+cross-entropy, AdamW with torch's fused kernel: what ``oneblock finetune`` and transformers' ``Trainer`` both take
+by default), from the same weights (the GGUF file dequantized to float32), on 2 threads:
 
 * LoRA rank 8 on all seven Llama projections: oneblock ``apply_lora`` vs peft ``get_peft_model``;
 * full fine-tuning: oneblock vs transformers ``LlamaForCausalLM``;
@@ -84,7 +85,7 @@ def has_bf16() -> bool:
 
 
 def _adamw(model: torch.nn.Module) -> torch.optim.AdamW:
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0)
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0, fused=True)
 
 
 def _ours(model: torch.nn.Module, tokens: torch.Tensor, *, checkpoint: bool) -> Callable[[], torch.Tensor]:

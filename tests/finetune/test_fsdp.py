@@ -1,6 +1,7 @@
 """FSDP2 on the CPU: two gloo processes, each holding half of every parameter and half the batch, take the same
 fine-tuning step as one process with the whole batch; their checkpoint is an ordinary one that one process loads,
-and a run resumed from it under FSDP continues as an uninterrupted single-process run."""
+and a run resumed from it under FSDP continues as an uninterrupted single-process run. With the blocks'
+activations checkpointed (each block gathered again for its recomputation), full or LoRA, the step is the same."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from finetune_testing import pair_records, tiny_llama_checkpoint, write_jsonl
 from safetensors.torch import load_file
@@ -73,5 +75,21 @@ def test_fsdp_step_equals_single_process_step_and_resumes(tmp_path):
     assert not (sharded / "checkpoints" / "step-000002").exists()
     _torchrun(str(sharded), base, data, "2", "2", "resume")
     expected, got = _weights(single, 2), _weights(sharded, 2)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], atol=1e-6, rtol=0, msg=key)
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_fsdp_with_checkpointed_activations_takes_the_single_process_step(tmp_path, method):
+    base = str(tiny_llama_checkpoint(tmp_path / "base.safetensors"))
+    data = str(write_jsonl(tmp_path / "d.jsonl", pair_records()))
+    single = tmp_path / "single"
+    assert _worker().train(str(single), base, data, 4, 1, method=method) == 1
+    sharded = tmp_path / "sharded"
+    _torchrun(str(sharded), base, data, "2", "1", "-", method, "ckpt")
+    expected, got = _weights(single, 1), _weights(sharded, 1)
+    assert got.keys() == expected.keys() and got
+    if method == "lora":
+        assert all(".lora_" in key for key in got)
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], atol=1e-6, rtol=0, msg=key)

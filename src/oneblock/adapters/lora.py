@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.errors import ConfigError
+from oneblock.layers.lowrank import LowRankParts, has_hooks, lowrank_linears, parts_of
 
 DEFAULT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 ALL_LINEAR = "all-linear"
@@ -116,12 +117,29 @@ class LoraLinear(nn.Module):
         return f"rank={self.rank}, alpha={self.alpha:g}, scale={self.scale:g}{merged}"
 
     def forward(self, x: Tensor) -> Tensor:
+        parts = parts_of([self], x)
+        if parts is not None:
+            return lowrank_linears(parts, x)[0]  # base and update as one node
         y = self.base(x)  # (..., out)
         if self.merged or self.disabled:
             return y
         dtype = self.lora_A.weight.dtype
         update = self.lora_B(self.lora_A(self.lora_dropout(x.to(dtype)))) * self.scale  # (..., r) -> (..., out)
         return (y + update).to(y.dtype)
+
+    def lowrank_parts(self) -> LowRankParts | None:
+        """The tensors of ``forward`` for ``oneblock.layers.lowrank`` to compute it as one node with its neighbours:
+        ``None`` unless the adapter is active, the base a plain ``nn.Linear`` of the adapter's dtype without
+        hooks, and dropout off."""
+        dropout = self.lora_dropout
+        if self.merged or self.disabled or (isinstance(dropout, nn.Dropout) and dropout.training and dropout.p > 0):
+            return None
+        base, a, b = self.base, self.lora_A, self.lora_B
+        if type(base) is not nn.Linear or has_hooks(base) or has_hooks(a) or has_hooks(b):
+            return None
+        if base.weight.dtype != a.weight.dtype:
+            return None
+        return LowRankParts(base.weight, base.bias, a.weight, b.weight, self.scale)
 
     def delta_weight(self) -> Tensor:
         """``scale * B A``: the (out, in) float32 matrix the adapter adds to the base weight."""

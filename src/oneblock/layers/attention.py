@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from oneblock.errors import ConfigError, InputError
 from oneblock.layers.fusion import split_linear, stack_linears
 from oneblock.layers.kv_cache import KVCache
+from oneblock.layers.lowrank import project_all
 from oneblock.layers.masks import causal_mask, check_padding_mask, padding_to_attention_mask
 from oneblock.layers.rotary import apply_rotary
 from oneblock.layers.state import EMPTY, AttentionState
@@ -117,7 +118,7 @@ class MultiHeadAttention(nn.Module):
             sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
             q, k, v = self.qkv_proj(x).split(sizes, dim=-1)  # (B, T, H*Dh), (B, T, Hkv*Dh) x 2
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = project_all((self.q_proj, self.k_proj, self.v_proj), x)  # one node when all are adapted
         return (
             self.split_heads(q, self.n_heads),
             self.split_heads(k, self.n_kv_heads),
@@ -359,9 +360,8 @@ class CrossAttention(MultiHeadAttention):
         if memory is None:
             raise InputError("cross-attention needs `memory`, the encoder output (B, S, C)")
         self.check_input(memory, "memory", "S")
-        k = self.split_heads(self.k_proj(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
-        v = self.split_heads(self.v_proj(memory), self.n_kv_heads)
-        return k, v
+        k, v = project_all((self.k_proj, self.v_proj), memory)  # (B, S, Hkv*Dh) x 2
+        return self.split_heads(k, self.n_kv_heads), self.split_heads(v, self.n_kv_heads)
 
     def memory_attention_mask(self, memory_mask: Tensor | None, b: int, s: int) -> Tensor | None:
         """The (B, S) source padding mask as an attention mask (B, 1, 1, S)."""

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from oneblock.errors import ConfigError
 from oneblock.layers.activations import make_activation
 from oneblock.layers.fusion import split_linear, stack_linears
+from oneblock.layers.lowrank import project_all
 from oneblock.layers.quantized import BlockLinear
 
 
@@ -50,10 +51,9 @@ class FeedForward(nn.Module):
         if self.w13 is not None:
             gate, up = self.w13(x).chunk(2, dim=-1)  # (B, T, 2 d_ff) -> (B, T, d_ff) x 2
             return self.w2((F.silu(gate) if self.kind == "swiglu" else self.act(gate)) * up)  # (B, T, C)
-        if self.kind == "swiglu":
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, d_ff) -> (B, T, C)
-        if self.kind == "gated":
-            return self.w2(self.act(self.w1(x)) * self.w3(x))  # (B, T, d_ff) -> (B, T, C)
+        if self.kind != "mlp":
+            gate, up = project_all((self.w1, self.w3), x)  # (B, T, d_ff) x 2; one node when both are adapted
+            return self.w2((F.silu(gate) if self.kind == "swiglu" else self.act(gate)) * up)  # (B, T, C)
         return self.w2(self.act(self.w1(x)))  # (B, T, d_ff) -> (B, T, C)
 
     def fuse_gate_up(self) -> nn.Module:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused AdamW kernel runs
+
 
 def parameter_groups(module: nn.Module, weight_decay: float) -> list[dict]:
     """Two AdamW groups, ``decay`` (Linear weight matrices) and ``no_decay`` (everything else).
@@ -34,5 +36,13 @@ def parameter_groups(module: nn.Module, weight_decay: float) -> list[dict]:
 def make_optimizer(
     module: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.98)
 ) -> torch.optim.AdamW:
-    """AdamW over ``parameter_groups(module, weight_decay)``; the learning rate is set by the schedule each step."""
-    return torch.optim.AdamW(parameter_groups(module, weight_decay), lr=lr, betas=betas, eps=1e-8)
+    """AdamW over ``parameter_groups(module, weight_decay)``; the learning rate is set by the schedule each step.
+
+    The fused kernel (one pass over each parameter, its gradient and moments, as transformers' Trainer takes by
+    default) wherever every parameter is a floating-point tensor on the CPU or a GPU; the same update otherwise
+    computed by the multi-tensor (``foreach``) kernels, within float rounding.
+    """
+    groups = parameter_groups(module, weight_decay)
+    params = [p for group in groups for p in group["params"]]
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8, fused=fused or None)
