@@ -104,3 +104,32 @@ def test_segment_ids_refused_when_malformed():
         model(tokens, segment_ids=torch.zeros(5, dtype=torch.long))
     with pytest.raises(InputError, match=r"segment_ids must be an int64 tensor; got torch\.float32"):
         model(tokens, segment_ids=torch.zeros(2, 5))
+
+
+def test_held_out_scores_equal_those_of_the_whole_logits():
+    """``evaluate`` takes the head a tile at a time (its losses and argmax); the numbers are those of the whole
+    (b, T, V) logits: the loss within float64 rounding, the accuracy exactly."""
+    import torch.nn.functional as F
+
+    model = tiny()
+    held = []
+    for k, example in enumerate(examples([5, 9, 3, 7, 11, 4], seed=1)):
+        ids = list(example.ids)
+        for j in range(1, len(ids), 2):  # every other token the model's own guess: some labels are its argmax
+            with torch.no_grad():
+                ids[j] = int(model(torch.tensor([ids[:j]]))[0, -1].argmax())
+        held.append(Example(tuple(ids), example.trained, f"h{k}"))
+    cfg = TrainConfig(task="finetune", seq_len=16, steps=1, warmup_steps=0)
+    scores = SupervisedObjective(cfg, [], held, vocab_size=V, pad_id=0).evaluate(model, batch_size=4)
+    total, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for i in range(0, len(held), 4):
+            batch = pad_batch(held[i : i + 4], pad_id=0)
+            logits, labels = model(batch["tokens"]), batch["labels"]
+            chosen = labels != -100
+            total += float(F.cross_entropy(logits[chosen], labels[chosen], reduction="sum"))
+            correct += int((logits[chosen].argmax(-1) == labels[chosen]).sum())
+            count += int(chosen.sum())
+    assert 0 < correct < count  # a score that could be wrong either way
+    assert scores["accuracy"] == correct / count
+    assert abs(scores["loss"] - total / count) <= 1e-12

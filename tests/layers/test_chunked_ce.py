@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from oneblock.errors import InputError
 from oneblock.layers import chunked_ce
-from oneblock.layers.chunked_ce import IGNORE_INDEX, chunked_cross_entropy, per_row_gradients
+from oneblock.layers.chunked_ce import IGNORE_INDEX, chunked_cross_entropy, per_row_gradients, predictions
 from oneblock.layers.quantized import BlockLinear
 
 N, C, V = 41, 13, 103  # distinct odd sizes: a transposed tile cannot keep the shape
@@ -199,6 +199,31 @@ def test_it_never_computes_the_whole_logits_at_once(trained):
     with _Largest() as plain:
         F.cross_entropy(F.linear(h, w), y, reduction="sum").backward()
     assert plain.largest == n * v
+
+
+@pytest.mark.parametrize("chunk_values", [1, 97, 10_000])
+@pytest.mark.parametrize("grad", [False, True])
+def test_predictions_are_the_argmax_of_the_whole_logits(chunk_values, grad):
+    """Every row's most likely word, found slice by slice, is ``argmax`` of the whole logits; ignored rows get -1;
+    each call appends its own; the losses are those of a call without the context."""
+    h, w, b, y = case()
+    with torch.set_grad_enabled(grad), predictions() as found:
+        got = chunked_cross_entropy(h, y, w, b, chunk_values=chunk_values)
+        chunked_cross_entropy(h[:5], torch.arange(5), w, b, chunk_values=chunk_values)  # a second call
+    logits = F.linear(h, w, b)
+    want = torch.where(y == IGNORE_INDEX, -1, logits.argmax(-1))
+    assert len(found) == 2 and torch.equal(found[0], want)
+    assert torch.equal(found[1], logits[:5].argmax(-1))
+    torch.testing.assert_close(got, F.cross_entropy(logits, y, reduction="none"), atol=1e-10, rtol=0)
+
+
+def test_predictions_with_ties_at_the_maximum_take_the_first_word():
+    h = torch.ones(3, 4, dtype=torch.float64)
+    w = torch.zeros(10, 4, dtype=torch.float64)
+    w[[2, 5, 9]] = 1.0  # words 2, 5 and 9 tie at the maximum, in three slices of 3 words (9 logits a tile)
+    with predictions() as found:
+        chunked_cross_entropy(h, torch.tensor([0, 5, IGNORE_INDEX]), w, chunk_values=9)
+    assert found[0].tolist() == [2, 2, -1]
 
 
 @pytest.mark.parametrize(

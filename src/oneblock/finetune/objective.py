@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.finetune.batches import pack, packed_batch, pad_batch
 from oneblock.finetune.tokenize import Example
+from oneblock.layers.chunked_ce import predictions
 from oneblock.train.config import TrainConfig
 from oneblock.train.masking import IGNORE
 from oneblock.train.objectives import Objective, _eval_mode
@@ -109,6 +109,8 @@ class SupervisedObjective(Objective):
 
     @torch.no_grad()
     def evaluate(self, module: nn.Module, batch_size: int = 8) -> dict[str, float]:
+        """The held-out examples' loss (nats per trained token) and next-token accuracy (the label is the most
+        likely word), a batch at a time, the head's logits a tile at a time (never (b, T, V) whole)."""
         if not self.held_out:
             return {}
         device = next(module.parameters()).device
@@ -117,9 +119,10 @@ class SupervisedObjective(Objective):
             for i in range(0, len(self.held_out), batch_size):
                 batch = pad_batch(self.held_out[i : i + batch_size], pad_id=self.pad_id)
                 tokens, labels = batch["tokens"].to(device), batch["labels"].to(device)
-                logits = module(tokens).float()  # (b, T, V)
+                with predictions() as found:
+                    losses = module(tokens, targets=labels)  # (b, T), 0 where IGNORE
                 chosen = labels != IGNORE
-                total += float(F.cross_entropy(logits[chosen], labels[chosen], reduction="sum"))
-                correct += int((logits[chosen].argmax(-1) == labels[chosen]).sum())
+                total += float(losses[chosen].double().sum())
+                correct += int((found[-1].view(labels.shape)[chosen] == labels[chosen]).sum())
                 count += int(chosen.sum())
         return {"loss": total / count, "accuracy": correct / count}

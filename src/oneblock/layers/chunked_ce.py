@@ -49,6 +49,7 @@ WEIGHT_TILE_VALUES = 1 << 21  # weights of a tile at once: 8 MB of float32 (3,64
 REDUCTIONS = ("none", "sum", "mean")
 
 _per_row: ContextVar[bool] = ContextVar("oneblock_ce_per_row_gradients", default=False)
+_predicted: ContextVar[list[Tensor] | None] = ContextVar("oneblock_ce_predictions", default=None)
 
 
 @contextmanager
@@ -61,6 +62,20 @@ def per_row_gradients() -> Iterator[None]:
         yield
     finally:
         _per_row.reset(token)
+
+
+@contextmanager
+def predictions() -> Iterator[list[Tensor]]:
+    """Within, each call of :func:`chunked_cross_entropy` also appends to the list it yields every row's most
+    likely word, ``argmax(z_i)`` (N,) int64 (the first of equal maxima, as ``torch.argmax`` picks; -1 at ignored
+    rows), found tile by tile as the loss is: a held-out pass's accuracy without its (N, V) logits. The pass
+    takes the tiles (no trained head's one-pass gradients), so its numbers are those of any other call."""
+    found: list[Tensor] = []
+    token = _predicted.set(found)
+    try:
+        yield found
+    finally:
+        _predicted.reset(token)
 
 
 @runtime_checkable
@@ -133,9 +148,10 @@ def chunked_cross_entropy(
     trained = tensor is not None and tensor.requires_grad
     eager = torch.is_grad_enabled() and hidden.requires_grad and not trained
     # A trained head under autograd: both gradients for one incoming number, when whole rows fit a chunk.
-    uniform = torch.is_grad_enabled() and trained and not _per_row.get() and vocab <= chunk_values
+    found = _predicted.get()
+    uniform = torch.is_grad_enabled() and trained and not _per_row.get() and vocab <= chunk_values and found is None
     losses = _ChunkedCrossEntropy.apply(
-        hidden, targets.long(), kept, tensor, source, bias, chunk_values, eager, uniform
+        hidden, targets.long(), kept, tensor, source, bias, chunk_values, eager, uniform, found
     )
     if reduction == "sum":
         return losses.sum()
@@ -185,6 +201,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         chunk_values: int,
         eager: bool,
         uniform: bool,
+        found: list[Tensor] | None,
     ) -> Tensor:
         dtype = _softmax_dtype(hidden)
         head = _Head(weight, source, bias)
@@ -193,7 +210,13 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         if uniform and weight is not None:
             lse, target_logit, ctx.uniform = _trained_head_pass(hidden, targets, kept, weight, bias, chunk_values)
         else:
-            lse, target_logit, grad_rows = _tiled_pass(hidden, targets, kept, head, chunk_values, eager)
+            lse, target_logit, grad_rows, best = _tiled_pass(
+                hidden, targets, kept, head, chunk_values, eager, found is not None
+            )
+            if found is not None and best is not None:
+                predicted = torch.full_like(targets, -1)  # (N,)
+                predicted[kept] = best
+                found.append(predicted)
         losses = hidden.new_zeros(hidden.shape[0], dtype=dtype)  # (N,)
         losses[kept] = lse - target_logit
         head.weight = None  # the saved tensors hold it until the backward pass
@@ -206,7 +229,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         hidden, targets, kept, lse, weight, grad_rows = ctx.saved_tensors
-        none = (None,) * 6
+        none = (None,) * 6  # source, bias, chunk_values, eager, uniform, found
         if grad_rows is not None:  # a frozen head: the forward pass gathered d loss_i / d h_i
             gathered = torch.zeros_like(hidden)
             gathered[kept] = (grad_rows * grad[kept, None].to(grad_rows.dtype)).to(hidden.dtype)
@@ -246,19 +269,21 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 
 def _tiled_pass(
-    hidden: Tensor, targets: Tensor, kept: Tensor, head: _Head, chunk_values: int, eager: bool
-) -> tuple[Tensor, Tensor, Tensor | None]:
+    hidden: Tensor, targets: Tensor, kept: Tensor, head: _Head, chunk_values: int, eager: bool, argmax: bool = False
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """The tiles' forward pass: each kept row's logsumexp and target logit (an online softmax across the
-    vocabulary's slices) and, with ``eager`` (a frozen head), its gradient ``softmax(z) W - W[y]``.
+    vocabulary's slices), with ``eager`` (a frozen head) its gradient ``softmax(z) W - W[y]``, with ``argmax``
+    its most likely word (a later slice takes over only with a strictly larger maximum: the first of equals).
 
     Returns:
-        ``(lse, target_logit, grad_rows)``: (M,), (M,) and (M, C) or None.
+        ``(lse, target_logit, grad_rows, best)``: (M,), (M,), (M, C) or None, (M,) int64 or None.
     """
     dtype = _softmax_dtype(hidden)
     m_rows = kept.shape[0]
     lse = hidden.new_empty(m_rows, dtype=dtype)  # (M,)
     target_logit = hidden.new_zeros(m_rows, dtype=dtype)  # (M,)
     grad_rows = hidden.new_empty(m_rows, hidden.shape[1], dtype=dtype) if eager else None  # (M, C)
+    best = torch.zeros(m_rows, dtype=torch.int64, device=hidden.device) if argmax else None  # (M,)
     for r0, r1, slices in _tiles(m_rows, head.vocab, hidden.shape[1], chunk_values):
         rows, y = kept[r0:r1], targets[kept[r0:r1]]  # (m,)
         h = hidden[rows]  # (m, C)
@@ -269,7 +294,12 @@ def _tiled_pass(
         for v0, v1 in slices:
             tile = head.tile(v0, v1, h.dtype)  # (v, C)
             logits = head.logits(h, v0, v1, tile).to(dtype)  # (m, v)
-            new_top = torch.maximum(top, logits.amax(dim=-1))
+            if best is None:
+                new_top = torch.maximum(top, logits.amax(dim=-1))
+            else:
+                tile_top, tile_best = logits.max(dim=-1)  # (m,) the first index of the slice's maximum
+                best[r0:r1] = torch.where(tile_top > top, tile_best + v0, best[r0:r1])
+                new_top = torch.maximum(top, tile_top)
             rescale = torch.exp(top - new_top)  # 0 at the first slice
             here = ((y >= v0) & (y < v1)).nonzero().squeeze(1)  # rows whose target lies in this slice
             target_logit[r0 + here] = logits[here, y[here] - v0]
@@ -283,7 +313,7 @@ def _tiled_pass(
         lse[r0:r1] = top + torch.log(total)
         if grad_rows is not None and mixed is not None and target_rows is not None:
             grad_rows[r0:r1] = mixed / total[:, None] - target_rows  # softmax(z_i) W - W[y_i]
-    return lse, target_logit, grad_rows
+    return lse, target_logit, grad_rows, best
 
 
 def _trained_head_pass(
