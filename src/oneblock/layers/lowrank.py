@@ -6,12 +6,13 @@ backward, each of which writes a tensor as large as ``y`` or ``x``. Layers that 
 and value; gate and up) each read it again and each add their own gradient into ``dx``. Here the whole group is
 one node:
 
-* forward: ``h = x [A_1; A_2; ...]^T`` once for the group (M, R); each ``y_i = x W_i^T + b_i``, then
-  ``y_i += s_i h_i B_i^T`` in place (no update tensor, no separate add);
+* forward: ``h = x [A_1; A_2; ...]^T`` once for the group (M, R); each ``y_i = x W_i^T + b_i``, then the update
+  ``(h_i B_i^T) s_i`` added into it in place (peft's order of operations, so the outputs are the modules' bit for
+  bit);
 * backward: ``gh_i = s_i g_i B_i`` (M, r_i); ``dx = sum g_i W_i + gh [A_1; A_2; ...]`` accumulated in place into
   one tensor; ``dA = gh^T x`` once for the group; ``dB_i = s_i g_i^T h_i``; ``dW_i``, ``db_i`` only when asked.
 
-The numbers are those of the modules up to float rounding (the sums are ordered differently). Any layer that
+The gradients are the modules' up to float rounding (their sums are ordered differently). Any layer that
 offers no parts (a merged or disabled adapter, a quantized base, active dropout, hooks, autocast) makes the group
 run as the modules do.
 
@@ -111,16 +112,18 @@ class _LowRankLinears(torch.autograd.Function):
         weights, lora_b = rest[:n], rest[n:]
         gs = [g.reshape(-1, g.shape[-1]) for g in grads]  # (M, N_i)
         hs = h.split(ctx.ranks, dim=1)
-        gh = torch.cat([(g @ b_up).mul_(s) for g, b_up, s in zip(gs, lora_b, ctx.scales, strict=True)], dim=1)
         need = ctx.needs_input_grad
+        gh = None  # (M, R): d loss / d h, for dx and dA
+        if need[0] or any(need[4::4]):
+            gh = torch.cat([(g @ b_up).mul_(s) for g, b_up, s in zip(gs, lora_b, ctx.scales, strict=True)], dim=1)
         grad_x = None
-        if need[0]:
+        if need[0] and gh is not None:
             grad_x = gs[0] @ weights[0]  # (M, K)
             for g, w in zip(gs[1:], weights[1:], strict=True):
                 grad_x.addmm_(g, w)
             grad_x.addmm_(gh, a_all)
             grad_x = grad_x.view(ctx.x_shape)
-        grad_a = (gh.t() @ x2).split(ctx.ranks) if any(need[4::4]) else (None,) * n  # (r_i, K)
+        grad_a = (gh.t() @ x2).split(ctx.ranks) if gh is not None and any(need[4::4]) else (None,) * n  # (r_i, K)
         flat: list[Tensor | None] = []
         for i, (g, s) in enumerate(zip(gs, ctx.scales, strict=True)):
             grad_w = g.t() @ x2 if need[2 + 4 * i] else None  # (N_i, K)
