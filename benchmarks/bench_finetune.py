@@ -25,11 +25,18 @@ oneblock's step is its fine-tuning step: the model returns each target's loss (`
 tile at a time (``oneblock.layers.chunked_ce``), never the whole (B, T, V) logits. The contenders run interleaved,
 round after round, and a ratio is the median of the per-round ratios (see ``timing.py``). Tokens/s counts the
 B * T input tokens of a step.
+
+Each model trains in a process of its own, as a user's script or ``oneblock finetune`` has it (``--worker``: the
+parent sends the name of a step, the child takes it and answers; one step runs at a time), so that neither side
+inherits the heap the other left behind and a figure does not depend on the order of ``--methods``.
+``--same-process`` runs them all in this process instead; DPO's contenders always share one (oneblock trains on
+the rows trl collated).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -47,6 +54,8 @@ import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import workers  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 warnings.filterwarnings("ignore")
@@ -99,11 +108,16 @@ def _ours(model: torch.nn.Module, tokens: torch.Tensor, *, checkpoint: bool) -> 
 
 
 def contenders(
-    method: str, tokens: torch.Tensor, only: str | None = None, bf16: bool = False
+    method: str, tokens: torch.Tensor, only: str | None = None, bf16: bool = False, model: str | None = None
 ) -> dict[str, Callable[[], None]]:
     """``{"oneblock": step, "transformers": step}`` for ``method`` ``lora``, ``full`` or ``lora4`` (which adds
-    ``"oneblock+ckpt"``); ``only``: build that side alone; ``bf16``: add each side's step under bfloat16 autocast
-    (``"oneblock+bf16"``, ``"transformers+bf16"``), on the same model and optimizer."""
+    ``"oneblock+ckpt"``); ``only``: build that step alone; ``bf16``: add each side's step under bfloat16 autocast
+    (``"oneblock+bf16"``, ``"transformers+bf16"``), on the same model and optimizer; ``model``: ``"oneblock"`` or
+    ``"transformers"``, that model's steps alone."""
+
+    def wanted(name: str) -> bool:
+        return only in (None, name) and (model is None or name.split("+")[0] == model)
+
     import transformers
 
     from oneblock.adapters.apply import apply_lora
@@ -113,7 +127,7 @@ def contenders(
 
     path = smollm2_gguf_path()
     steps: dict[str, Callable[[], None]] = {}
-    ours_wanted = [s for s in ("oneblock", "oneblock+ckpt") if only in (None, s)]
+    ours_wanted = [s for s in ("oneblock", "oneblock+ckpt") if wanted(s)]
     if method != "lora4":
         ours_wanted = [s for s in ours_wanted if s == "oneblock"]
     if ours_wanted:
@@ -126,9 +140,9 @@ def contenders(
         optimizer = _adamw(ours)
         for side in ours_wanted:
             steps[side] = _update(_ours(ours, tokens, checkpoint=side.endswith("ckpt")), optimizer)
-        if bf16 and only is None:
+        if bf16 and wanted("oneblock+bf16"):
             steps["oneblock+bf16"] = _update(_bf16(_ours(ours, tokens, checkpoint=False)), optimizer)
-    if only in (None, "transformers"):
+    if wanted("transformers") or (bf16 and wanted("transformers+bf16")):
         theirs = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32
         ).train()
@@ -142,8 +156,9 @@ def contenders(
             return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
         theirs_optimizer = _adamw(theirs)
-        steps["transformers"] = _update(their_loss, theirs_optimizer)
-        if bf16 and only is None:
+        if wanted("transformers"):
+            steps["transformers"] = _update(their_loss, theirs_optimizer)
+        if bf16 and wanted("transformers+bf16"):
             steps["transformers+bf16"] = _update(_bf16(their_loss), theirs_optimizer)
     return steps
 
@@ -236,16 +251,43 @@ def _rss_child(method: str, side: str, batch: int, seq_len: int) -> None:
     print(int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024)
 
 
-def interleaved_steps(steps: dict[str, Callable[[], None]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds per step of each contender, alternating their order round by round (with autograd on)."""
+def _worker_child(method: str, model: str, batch: int, seq_len: int, bf16: bool) -> None:
+    """``--worker``: build ``model``'s steps, say their names (one JSON line), then take each step named on stdin
+    and answer its seconds; the protocol has stdout to itself (whatever the libraries print goes to stderr)."""
+    channel = workers.take_stdout()
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 49152, (batch, seq_len + 1))  # the parent's tokens: the same seed, the first draw
+    steps = contenders(method, tokens, bf16=bf16, model=model)
+    workers.serve(steps, channel)
+
+
+def separate_steps(method: str, batch: int, seq_len: int, bf16: bool, rounds: int) -> dict[str, list[float]]:
+    """:func:`interleaved_steps` of ``method``'s contenders, each model in a worker process of its own."""
+    arguments = ["--methods", method, "--batch", str(batch), "--seq-len", str(seq_len)]
+    arguments += [] if bf16 else ["--no-bf16"]
+    models = [workers.Worker([__file__, "--worker", model, *arguments]) for model in ("oneblock", "transformers")]
+    try:
+        steps = {name: functools.partial(w.step, name) for w in models for name in w.names}
+        return interleaved_steps(steps, rounds)
+    finally:
+        for w in models:
+            w.close()
+
+
+def interleaved_steps(
+    steps: dict[str, Callable[[], float | None]], rounds: int, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Seconds per step of each contender, alternating their order round by round (with autograd on); a step
+    that returns its own seconds (a worker's) is taken at its word."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
     for r in range(warmup + rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
-            steps[name]()
+            seconds = steps[name]()
             if r >= warmup:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(time.perf_counter() - start if seconds is None else seconds)
     return times
 
 
@@ -254,23 +296,35 @@ def _ratio(times: dict[str, list[float]], ours: str, theirs: str) -> float:
 
 
 def bench_finetune(
-    *, quick: bool = False, batch: int = B, seq_len: int = T, methods=METHODS, bf16: bool | None = None
+    *,
+    quick: bool = False,
+    batch: int = B,
+    seq_len: int = T,
+    methods=METHODS,
+    bf16: bool | None = None,
+    same_process: bool = False,
 ) -> dict:
     """The figures of every method; ``bf16`` (default: where the CPU has bfloat16 instructions) adds the
-    bfloat16-autocast steps."""
+    bfloat16-autocast steps; ``same_process``: every model in this process (DPO's always are)."""
     torch.set_num_threads(THREADS)
     bf16 = has_bf16() if bf16 is None else bf16
     torch.manual_seed(0)
     tokens = torch.randint(0, 49152, (batch, seq_len + 1))
     rounds = 2 if quick else 6
     report: dict = {"batch": batch, "seq_len": seq_len, "threads": THREADS, "rounds": rounds, "bf16": bf16}
+    report["processes"] = "same" if same_process else "one per model"
     for method in methods:
+        steps: dict[str, Callable[[], float | None]]
         if method == "dpo":
-            steps, n_tokens = dpo_contenders(batch, seq_len, bf16=bf16)
-            theirs = "trl"
+            dpo_steps, n_tokens = dpo_contenders(batch, seq_len, bf16=bf16)
+            steps, theirs = dict(dpo_steps), "trl"
+            times = interleaved_steps(steps, rounds)
+        elif same_process:
+            steps, n_tokens, theirs = dict(contenders(method, tokens, bf16=bf16)), batch * seq_len, "transformers"
+            times = interleaved_steps(steps, rounds)
         else:
-            steps, n_tokens, theirs = contenders(method, tokens, bf16=bf16), batch * seq_len, "transformers"
-        times = interleaved_steps(steps, rounds)
+            steps, n_tokens, theirs = {}, batch * seq_len, "transformers"
+            times = separate_steps(method, batch, seq_len, bf16, rounds)
         report[method] = {
             name: {"tokens_per_s": n_tokens / statistics.median(v), "seconds": v} for name, v in times.items()
         }
@@ -314,14 +368,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=T, help=f"tokens per sequence ({T})")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16-autocast steps")
+    parser.add_argument("--same-process", action="store_true", help="train every model in this one process")
     parser.add_argument("--rss", choices=RSS_SIDES, help=argparse.SUPPRESS)  # a child of lora4
+    parser.add_argument("--worker", choices=("oneblock", "transformers"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rss:
         _rss_child(args.methods[0], args.rss, args.batch, args.seq_len)
         return 0
+    if args.worker:
+        _worker_child(args.methods[0], args.worker, args.batch, args.seq_len, bf16=not args.no_bf16 and has_bf16())
+        return 0
     report = bench_finetune(
         quick=args.quick, batch=args.batch, seq_len=args.seq_len, methods=tuple(args.methods),
-        bf16=False if args.no_bf16 else None,
+        bf16=False if args.no_bf16 else None, same_process=args.same_process,
     )  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
