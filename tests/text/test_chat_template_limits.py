@@ -47,6 +47,18 @@ def test_an_endless_loop_stops_at_the_time_limit(monkeypatch):
     assert time.perf_counter() - start < 3
 
 
+def test_the_time_limit_counts_the_threads_cpu_time_not_its_waiting(monkeypatch):
+    # A loaded machine that keeps the rendering thread waiting must not make a normal template fail.
+    monkeypatch.setattr(chat_template, "MAX_SECONDS", 0.05)
+    start = time.monotonic()
+    out = render_chat(MESSAGES, template="{{ wait() }}ok", wait=lambda: time.sleep(0.3) or "")
+    assert out == "ok" and time.monotonic() - start >= 0.3
+    with pytest.raises(InputError, match=r"ran for more than 0\.05 s"):
+        render_chat(
+            MESSAGES, template="{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+        )
+
+
 def test_enormous_output_stops_at_the_output_limit(monkeypatch):
     monkeypatch.setattr(chat_template, "MAX_CHARS", 1000)
     with pytest.raises(InputError, match="wrote more than 1,000 characters"):

@@ -2,8 +2,9 @@
 
 A template comes from a downloaded file, so it is untrusted code: it runs in Jinja's immutable sandbox with every
 operation that builds a string or list bounded before it runs (``oneblock.text.template_bounds``), under a
-time limit (``MAX_SECONDS``, checked on every line the template executes, so an empty loop of 10^10 turns stops
-too) and an output limit (``MAX_CHARS``). The template itself is at most ``MAX_TEMPLATE_CHARS`` long (published
+time limit (``MAX_SECONDS`` of the rendering thread's CPU time, checked on every line the template executes, so
+an empty loop of 10^10 turns stops too, while a busy machine that keeps the thread waiting does not trip it) and
+an output limit (``MAX_CHARS``). The template itself is at most ``MAX_TEMPLATE_CHARS`` long (published
 ones are under 20 KB), its compilation is timed (``MAX_COMPILE_SECONDS``), and it is compiled once per process for
 each distinct text (a chat renders every turn). Whatever goes wrong inside (``{{ 1/0 }}``, a recursive macro, a
 template that does not parse) is an ``InputError``.
@@ -105,10 +106,10 @@ def _compile(template: str) -> Any:
     env = bounded_environment()
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    deadline = time.monotonic() + MAX_COMPILE_SECONDS
+    deadline = time.thread_time() + MAX_COMPILE_SECONDS
 
     def on_call(frame: Any, event: str, arg: Any) -> None:  # calls only: the lexer and parser call often
-        if time.monotonic() > deadline:
+        if time.thread_time() > deadline:
             raise _TimeUp("compiled")
 
     previous = sys.gettrace()
@@ -124,10 +125,10 @@ def _compile(template: str) -> Any:
 
 def _render_bounded(compiled: Any, **context: Any) -> str:
     """Render under the time and output limits."""
-    deadline = time.monotonic() + MAX_SECONDS
+    deadline = time.thread_time() + MAX_SECONDS
 
     def trace(frame: Any, event: str, arg: Any) -> Any:
-        if time.monotonic() > deadline:
+        if time.thread_time() > deadline:
             raise _TimeUp("ran")
         return trace if frame.f_code.co_filename == "<template>" else None
 
