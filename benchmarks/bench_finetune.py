@@ -295,6 +295,20 @@ def _ratio(times: dict[str, list[float]], ours: str, theirs: str) -> float:
     return statistics.median(t / o for o, t in zip(times[ours], times[theirs], strict=True))
 
 
+def _method_times(
+    method: str, tokens: torch.Tensor, bf16: bool, rounds: int, same_process: bool
+) -> tuple[dict[str, list[float]], int, str]:
+    """``(seconds per step of each contender, tokens per step, the name of the side compared with)``; the models
+    built here are gone when it returns."""
+    batch, seq_len = tokens.shape[0], tokens.shape[1] - 1
+    if method == "dpo":
+        steps, n_tokens = dpo_contenders(batch, seq_len, bf16=bf16)
+        return interleaved_steps(steps, rounds), n_tokens, "trl"
+    if same_process:
+        return interleaved_steps(contenders(method, tokens, bf16=bf16), rounds), batch * seq_len, "transformers"
+    return separate_steps(method, batch, seq_len, bf16, rounds), batch * seq_len, "transformers"
+
+
 def bench_finetune(
     *,
     quick: bool = False,
@@ -314,22 +328,11 @@ def bench_finetune(
     report: dict = {"batch": batch, "seq_len": seq_len, "threads": THREADS, "rounds": rounds, "bf16": bf16}
     report["processes"] = "same" if same_process else "one per model"
     for method in methods:
-        steps: dict[str, Callable[[], float | None]]
-        if method == "dpo":
-            dpo_steps, n_tokens = dpo_contenders(batch, seq_len, bf16=bf16)
-            steps, theirs = dict(dpo_steps), "trl"
-            times = interleaved_steps(steps, rounds)
-        elif same_process:
-            steps, n_tokens, theirs = dict(contenders(method, tokens, bf16=bf16)), batch * seq_len, "transformers"
-            times = interleaved_steps(steps, rounds)
-        else:
-            steps, n_tokens, theirs = {}, batch * seq_len, "transformers"
-            times = separate_steps(method, batch, seq_len, bf16, rounds)
+        times, n_tokens, theirs = _method_times(method, tokens, bf16, rounds, same_process)
         report[method] = {
             name: {"tokens_per_s": n_tokens / statistics.median(v), "seconds": v} for name, v in times.items()
         }
         report[method]["tokens_per_step"] = n_tokens
-        del steps
         for ours in [name for name in times if name.startswith("oneblock")]:
             report[method][ours]["speedup"] = ratio = _ratio(times, ours, theirs)
             print(
