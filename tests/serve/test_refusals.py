@@ -48,7 +48,7 @@ def assert_error(response: httpx.Response, status: int, match: str) -> None:
         ({"n": 17}, "n", "'n' must be an integer in [1, 16]"),
         ({"temperature": 3.0}, "temperature", "'temperature' must be a number in [0, 2]; got 3.0"),
         ({"temperature": -1}, "temperature", "got -1"),
-        ({"top_p": 0}, "top_p", "'top_p' must be in (0, 1]"),
+        ({"top_p": -0.5}, "top_p", "'top_p' must be a number in [0, 1]"),
         ({"max_tokens": 0}, "max_tokens", "'max_tokens' must be an integer >= 1"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "a list of 1 to 4"),
         ({"messages": []}, "messages", "non-empty list"),

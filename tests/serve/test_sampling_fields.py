@@ -64,6 +64,18 @@ def test_top_k_1_equals_greedy(served):
     assert greedy == reference(served, greedy=True)
 
 
+def test_top_p_0_is_greedy_on_both_endpoints(served):
+    greedy = complete(served, n=40, temperature=0)
+    assert greedy == reference(served, n=40, greedy=True)
+    for seed in (1, 2):  # sampling at temperature 1 would draw differently with each seed
+        assert complete(served, n=40, temperature=1.0, seed=seed, top_p=0) == greedy
+    assert complete(served, n=40, temperature=1.0, seed=1) != greedy
+    chat = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 30}
+    want = client(served).chat.completions.create(**chat, temperature=0).choices[0].message.content
+    got = client(served).chat.completions.create(**chat, temperature=1.5, seed=4, top_p=0).choices[0].message.content
+    assert got == want and len(want or "") > 0
+
+
 @pytest.mark.parametrize(
     "settings",
     [

@@ -78,9 +78,7 @@ def sampling(body: Mapping[str, Any], vocab: int) -> Sampling:
     Raises:
         ApiError: 400 naming the field, its range and the value.
     """
-    top_p = number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0:
-        raise bad("top_p", "'top_p' must be in (0, 1]; got 0 (use temperature 0 for greedy decoding)")
+    top_p = number(body, "top_p", 1.0, 0.0, 1.0)  # 0 keeps only the most likely token: greedy, as llama-server
     top_k = integer(body, "top_k", -1, MAX_ID, " (0 or -1: every token)")
     min_p = number(body, "min_p", 0.0, 0.0, 1.0)
     repetition = number(body, "repetition_penalty", 1.0, 0.0, MAX_REPETITION)
@@ -94,13 +92,14 @@ def sampling(body: Mapping[str, Any], vocab: int) -> Sampling:
     return Sampling(
         temperature=number(body, "temperature", 1.0, 0.0, 2.0),
         top_k=top_k if top_k is not None and top_k > 0 else None,
-        top_p=None if top_p == 1 else top_p,
+        top_p=None if top_p in (0, 1) else top_p,
         min_p=min_p or None,
         presence_penalty=number(body, "presence_penalty", 0.0, -PENALTY_RANGE, PENALTY_RANGE),
         frequency_penalty=number(body, "frequency_penalty", 0.0, -PENALTY_RANGE, PENALTY_RANGE),
         repetition_penalty=repetition,
         logit_bias=logit_bias(body.get("logit_bias"), vocab),
         seed=seed,
+        greedy=top_p == 0,
     )
 
 
