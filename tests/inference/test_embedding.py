@@ -162,6 +162,16 @@ def test_bad_inputs(model):
         embed("\udcff", model=model)
 
 
+def test_token_ids_embed_as_their_text(model):
+    ids = model.tokenize(TEXTS)
+    assert torch.equal(model.encode_ids(ids), model.encode(TEXTS))
+    assert torch.allclose(model.encode_ids(ids, batch_size=2), model.encode(TEXTS), atol=ATOL)
+    with pytest.raises(InputError, match=r"ids\[1\] holds token id 30522, outside the vocabulary \[0, 30522\)"):
+        model.encode_ids([[101, 102], [101, 30522, 102]])
+    with pytest.raises(InputError, match=r"ids\[0\] holds 0 tokens; the model reads 1 to 256"):
+        model.encode_ids([[]])
+
+
 def test_bad_model_directories(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist or is not a directory"):
         embed(["a"], model=tmp_path / "missing")

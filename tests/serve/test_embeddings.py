@@ -81,3 +81,38 @@ def test_dimensions_equal_to_the_width_is_accepted(served):
     answer = client(served).embeddings.create(model="e", input="a cat", dimensions=384)
     assert len(answer.data[0].embedding) == 384
     assert torch.allclose(torch.tensor(answer.data[0].embedding), ob.embed(["a cat"])[0], atol=1e-6)
+
+
+def test_token_ids_embed_as_the_text_they_tokenize_from(served):
+    from oneblock.inference.embedding import load_sentence_model
+
+    texts = ["a cat sat on the mat", "tokens"]
+    ids = load_sentence_model().tokenize(texts)  # [CLS] ... [SEP], the model's input as the text gives it
+    want = ob.embed(texts)
+    one = client(served).embeddings.create(model="e", input=ids[0])
+    assert torch.allclose(torch.tensor(one.data[0].embedding), want[0], atol=1e-6)
+    assert one.usage.prompt_tokens == len(ids[0]) and len(one.data) == 1
+    several = client(served).embeddings.create(model="e", input=ids)
+    got = torch.tensor([d.embedding for d in several.data])
+    assert torch.allclose(got, want, atol=1e-6) and several.usage.prompt_tokens == sum(map(len, ids))
+    assert not torch.allclose(got[0], got[1], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ([101, 30522, 102], "'input' holds token id 30522, outside the embedding model's vocabulary [0, 30522)"),
+        ([[101, 102], [101, -1, 102]], "'input[1]' holds token id -1, outside the embedding model's vocabulary"),
+        ([[101, 102], []], "'input[1]' is an empty list"),
+        ([[101], "a"], "'input' must be a string, a non-empty list of strings, a list of token ids"),
+        ([101, True], "a list of token ids or a list of such lists"),
+    ],
+)
+def test_bad_token_ids_are_refused_naming_them(served, value, match):
+    error = refusal(served, {"model": "e", "input": value})
+    assert error["param"] == "input" and match in error["message"], error
+
+
+def test_token_ids_longer_than_the_window_are_refused(served):
+    error = refusal(served, {"model": "e", "input": [[101, 102], [101] + [1000] * 300 + [102]]})
+    assert error["code"] == "context_length_exceeded" and "'input[1]' is 302 tokens" in error["message"], error

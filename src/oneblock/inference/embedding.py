@@ -94,6 +94,11 @@ class SentenceEncoder:
         """Embedding width ``C`` (384 for MiniLM)."""
         return self.encoder.config.d_model
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the encoder embeds: ``[0, vocab_size)``."""
+        return self.encoder.config.vocab_size
+
     @classmethod
     def from_directory(cls, directory: str | os.PathLike[str]) -> SentenceEncoder:
         """Load a sentence-transformers directory (``modules.json``, the BERT weights, ``tokenizer.json``).
@@ -156,16 +161,36 @@ class SentenceEncoder:
     ) -> Tensor:
         """Embed ``texts``; see ``embed``."""
         texts = _check_texts(texts)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise InputError(f"batch_size must be a positive integer; got {batch_size!r}")
-        ids = self.tokenize(texts, max_length=max_length)
+        _check_batch_size(batch_size)
+        return self.encode_ids(self.tokenize(texts, max_length=max_length), batch_size=batch_size, normalize=normalize)
+
+    def encode_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int = 32, normalize: bool = True) -> Tensor:
+        """Embed sequences of token ids read as the encoder's input as given, special tokens included (what
+        ``tokenize`` returns: ``[CLS] ... [SEP]``), so ``encode_ids(tokenize(texts))`` equals ``encode(texts)``.
+
+        Returns:
+            (N, C) float32 on the CPU.
+
+        Raises:
+            InputError: an empty sequence, an id outside ``[0, vocab_size)``, a sequence longer than
+                ``max_length``, a bad ``batch_size``.
+        """
+        _check_batch_size(batch_size)
+        for i, row in enumerate(ids):
+            if not 0 < len(row) <= self.max_length:
+                raise InputError(f"ids[{i}] holds {len(row)} tokens; the model reads 1 to {self.max_length}")
+            outside = [t for t in row if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+            if outside:
+                raise InputError(
+                    f"ids[{i}] holds token id {outside[0]!r:.40}, outside the vocabulary [0, {self.vocab_size})"
+                )
         device = self.encoder.embed.tok.weight.device
-        out = torch.empty(len(texts), self.dim, dtype=torch.float32)
+        out = torch.empty(len(ids), self.dim, dtype=torch.float32)
         # Longest first, as sentence-transformers does: similar lengths share a batch, so little is padding.
-        order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            tokens, mask = _pad([ids[i] for i in rows], self.pad_id)  # (B, T), (B, T)
+            tokens, mask = _pad([list(ids[i]) for i in rows], self.pad_id)  # (B, T), (B, T)
             with torch.inference_mode():
                 hidden = self.encoder(tokens.to(device), padding_mask=mask.to(device))  # (B, T, C)
                 pooled = pool(hidden.float(), mask.to(device), self.pooling)  # (B, C)
@@ -254,6 +279,11 @@ def _check_texts(texts: object) -> list[str]:
             raise InputError(f"texts[{i}] must be a string; got {type(text).__name__} {text!r:.40}")
         check_text(text, f"texts[{i}]")
     return list(texts)
+
+
+def _check_batch_size(batch_size: object) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise InputError(f"batch_size must be a positive integer; got {batch_size!r}")
 
 
 def _check_max_length(max_length: object, limit: int) -> int:

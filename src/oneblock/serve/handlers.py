@@ -228,12 +228,14 @@ class Service:
                 raise ApiError(404, "this server has no embedding model; start it with --embedding-model minilm",
                                code="model_not_found")  # fmt: skip
             raw = await read_body(request, self.limits.max_body, seconds=self.limits.body_seconds)
-            name, texts, encoding = await run_in_threadpool(lambda: parse_embeddings(parse_json(raw), embedder.dim))
-            if len(texts) > self.limits.max_inputs:
+            name, inputs, encoding = await run_in_threadpool(
+                lambda: parse_embeddings(parse_json(raw), embedder.dim, embedder.vocab_size)
+            )
+            if len(inputs) > self.limits.max_inputs:
                 raise ApiError(
-                    400, f"'input' holds {len(texts)} texts; the limit is {self.limits.max_inputs}", param="input"
+                    400, f"'input' holds {len(inputs)} inputs; the limit is {self.limits.max_inputs}", param="input"
                 )
-            body = await self.embed_gate.run(lambda: _embed(embedder, name, texts, encoding))
+            body = await self.embed_gate.run(lambda: _embed(embedder, name, inputs, encoding))
         except ApiError as error:
             return error_response(error)
         except (BodyTooLarge, BodyTooSlow, BadField) as error:
@@ -370,11 +372,14 @@ def _failure(event: Failed) -> ApiError:
     return ApiError(event.status, event.message, kind="server_error", code=code)
 
 
-def _embed(embedder: SentenceEncoder, name: str, texts: list[str], encoding: str) -> Any:
-    """Under the embedding gate (the tokenizer's truncation setting is shared): refuse a text longer than the
-    model's window, then embed."""
-    lengths = embedder.lengths(texts)
-    check_window(texts, lengths, embedder.max_length)
+def _embed(embedder: SentenceEncoder, name: str, inputs: list[str] | list[list[int]], encoding: str) -> Any:
+    """Under the embedding gate (the tokenizer's truncation setting is shared): refuse an input longer than the
+    model's window, then embed texts, or token ids as given."""
+    texts = [t for t in inputs if isinstance(t, str)]
+    ids = [row for row in inputs if isinstance(row, list)]
+    lengths = embedder.lengths(texts) if texts else [len(row) for row in ids]
+    check_window(inputs, lengths, embedder.max_length)
+    # (N, C), L2-normalized: what ob.embed returns
+    vectors = embedder.encode(texts) if texts else embedder.encode_ids(ids)
     tokens = sum(lengths)
-    vectors = embedder.encode(texts)  # (N, C), L2-normalized: what ob.embed returns
     return embeddings_body(name, vectors, encoding, tokens)

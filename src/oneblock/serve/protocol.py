@@ -7,7 +7,7 @@ refusal is an ``ApiError`` in OpenAI's shape (``checks``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -271,16 +271,21 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(text("stop", s) for s in stops)
 
 
-def parse_embeddings(body: Any, dim: int | None = None) -> tuple[str, list[str], str]:
-    """``(model, texts, encoding_format)`` of an embeddings request.
+def parse_embeddings(
+    body: Any, dim: int | None = None, vocab: int | None = None
+) -> tuple[str, list[str] | list[list[int]], str]:
+    """``(model, inputs, encoding_format)`` of an embeddings request; the inputs are texts, or token ids of the
+    embedding model's tokenizer read as its input as given (special tokens included: ``[CLS] ... [SEP]``).
 
     Args:
         body: the decoded JSON.
         dim: the embedding model's width C; ``dimensions`` is accepted only equal to it.
+        vocab: the embedding model's vocabulary; token ids must lie in ``[0, vocab)``.
 
     Raises:
-        ApiError: 400 for a missing model, an input that is not a string or a list of non-empty strings, an
-            unknown encoding format, a ``dimensions`` other than the model's width, or any other field.
+        ApiError: 400 for a missing model, an input that is not a string, a list of non-empty strings, a list of
+            token ids or a list of such lists, an id outside the vocabulary, an unknown encoding format, a
+            ``dimensions`` other than the model's width, or any other field.
     """
     if not isinstance(body, dict):
         raise bad("body", f"the request body must be a JSON object; got {type(body).__name__}")
@@ -288,15 +293,7 @@ def parse_embeddings(body: Any, dim: int | None = None) -> tuple[str, list[str],
     for name in body:
         if name not in EMBEDDING_FIELDS:
             raise bad(name, f"'{name}' is not supported by this server's /v1/embeddings; leave it out")
-    texts = body.get("input")
-    texts = [texts] if isinstance(texts, str) else texts
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise bad("input", "'input' must be a string or a non-empty list of strings (token ids are not accepted)")
-    texts = [text("input", t, f"input[{i}]") for i, t in enumerate(texts)]
-    empty = [i for i, t in enumerate(texts) if not t]
-    if empty:
-        where = "input" if isinstance(body["input"], str) else f"input[{empty[0]}]"
-        raise bad("input", f"'{where}' is an empty string; every input needs text to embed")
+    inputs = _embedding_inputs(body.get("input"), vocab)
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
         raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64'; got {shown(encoding)}")
@@ -310,10 +307,47 @@ def parse_embeddings(body: Any, dim: int | None = None) -> tuple[str, list[str],
             f"{shown(dimensions)}: the model was not trained for shortened vectors (Matryoshka), so cutting them "
             "would lose accuracy silently",
         )  # fmt: skip
-    return model, texts, encoding
+    return model, inputs, encoding
 
 
-def check_window(texts: list[str], lengths: list[int], window: int) -> None:
+def _embedding_inputs(value: Any, vocab: int | None) -> list[str] | list[list[int]]:
+    """OpenAI's four forms of ``input``: a string, a list of strings, a list of token ids (one input), a list of
+    such lists; each non-empty, ids in ``[0, vocab)``."""
+    if isinstance(value, list) and value and all(_is_ids(i) for i in value):
+        rows: list[list[int]] = value
+        where = [f"input[{i}]" for i in range(len(rows))]
+    elif isinstance(value, list) and value and _is_ids(value):
+        rows, where = [value], ["input"]
+    else:
+        texts = [value] if isinstance(value, str) else value
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise bad(
+                "input", f"'input' must be a string, a non-empty list of strings, a list of token ids or a list "
+                f"of such lists; got {shown(value)}",
+            )  # fmt: skip
+        texts = [text("input", t, f"input[{i}]") for i, t in enumerate(texts)]
+        empty = [i for i, t in enumerate(texts) if not t]
+        if empty:
+            name = "input" if isinstance(value, str) else f"input[{empty[0]}]"
+            raise bad("input", f"'{name}' is an empty string; every input needs text to embed")
+        return texts
+    for name, row in zip(where, rows, strict=True):
+        if not row:
+            raise bad("input", f"'{name}' is an empty list; every input needs a token to embed")
+        outside = [t for t in row if vocab is not None and not 0 <= t < vocab]
+        if outside:
+            raise bad(
+                "input", f"'{name}' holds token id {shown(outside[0])}, outside the embedding model's vocabulary "
+                f"[0, {vocab}) ({vocab} ids)",
+            )  # fmt: skip
+    return rows
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
+def check_window(texts: Sequence[str | list[int]], lengths: list[int], window: int) -> None:
     """Refuse a text longer than the embedding model's window, which would otherwise be cut silently.
 
     Raises:
