@@ -2,6 +2,8 @@
 
 * ``POST /v1/chat/completions`` and ``POST /v1/completions``: whole answers, or server-sent events
   (``data: {chunk}`` ... ``data: [DONE]``) with ``"stream": true``;
+* ``POST /v1/responses``: OpenAI's Responses API, answered as the chat completion of the same conversation
+  (``responses_api``);
 * ``POST /v1/embeddings``: sentence embeddings from the embedding model, when one is loaded;
 * ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``: llama.cpp's and vLLM's shapes (``tokens``);
 * ``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no key needed);
@@ -15,6 +17,7 @@ methods. Nothing here computes on the event loop, so ``/health`` answers while t
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 from collections.abc import Sequence
@@ -30,6 +33,7 @@ from oneblock.serve.engine import Engine
 from oneblock.serve.handlers import Limits, Service
 from oneblock.serve.metrics import CountResponses, Metrics
 from oneblock.serve.protocol import ApiError
+from oneblock.serve.responses_api import create_response
 from oneblock.web.cors import CORS
 from oneblock.web.guards import HostCheck, HostPolicy, JSONOnly, refuse
 
@@ -98,6 +102,7 @@ def create_app(
     routes = [
         Route("/v1/chat/completions", service.chat, methods=["POST"]),
         Route("/v1/completions", service.text, methods=["POST"]),
+        Route("/v1/responses", functools.partial(create_response, service), methods=["POST"]),
         Route("/v1/embeddings", service.embeddings, methods=["POST"]),
         Route("/v1/models", service.model_list, methods=["GET"]),
         Route("/v1/models/{name:path}", service.model, methods=["GET"]),

@@ -142,8 +142,8 @@ class Service:
     async def completion(self, request: HTTPRequest, kind: Literal["chat", "text"]) -> Response:
         try:
             raw = await read_body(request, self.limits.max_body, seconds=self.limits.body_seconds)
-            parsed = await run_in_threadpool(self._parse_completion, raw, kind)
-            adapter = self._adapter(parsed.model)
+            parsed = await run_in_threadpool(lambda: self.check_completion(parse_json(raw), kind))
+            adapter = self.adapter(parsed.model)
         except ApiError as error:
             return error_response(error)
         except InputError as error:
@@ -151,16 +151,8 @@ class Service:
         except ClientDisconnect:
             return Response(status_code=499)  # nobody reads it
         events = Events()
-        jobs = [
-            Job(
-                parsed.prompts[i // parsed.n].ids, parsed.max_new[i // parsed.n], parsed.sampling, events.emitter(i),
-                stop=parsed.stop, eos_ids=self.eos_ids, seconds=self.limits.request_seconds, row=i % parsed.n,
-                top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint, adapter=adapter,
-                cache_prompt=parsed.cache_prompt,
-            )
-            for i in range(parsed.choices)
-        ]  # fmt: skip
-        refusal = self._submit(jobs)
+        jobs = self.jobs(parsed, events, adapter)
+        refusal = self.submit(jobs)
         if refusal is not None:
             return error_response(refusal)
         answer = Answer(parsed, self.engine.tokenizer)
@@ -169,10 +161,21 @@ class Service:
             return StreamingResponse(stream(answer, jobs, events), media_type="text/event-stream", headers=headers)
         return await whole(request, answer, jobs, events)
 
-    def _parse_completion(self, raw: bytes, kind: Literal["chat", "text"]) -> Request:
-        """In a worker thread: the JSON, the fields, the rendered and tokenized prompt."""
+    def jobs(self, parsed: Request, events: Events, adapter: int) -> list[Job]:
+        """One job per choice, choice ``i`` emitting to ``events`` with its index."""
+        return [
+            Job(
+                parsed.prompts[i // parsed.n].ids, parsed.max_new[i // parsed.n], parsed.sampling, events.emitter(i),
+                stop=parsed.stop, eos_ids=self.eos_ids, seconds=self.limits.request_seconds, row=i % parsed.n,
+                top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint, adapter=adapter,
+                cache_prompt=parsed.cache_prompt,
+            )
+            for i in range(parsed.choices)
+        ]  # fmt: skip
+
+    def check_completion(self, body: Any, kind: Literal["chat", "text"]) -> Request:
+        """In a worker thread: the fields, the rendered and tokenized prompt."""
         engine = self.engine
-        body = parse_json(raw)
         parsed = parse_completion(
             body, kind, engine.tokenizer, context=engine.context, default_max=self.limits.default_max_tokens,
             vocab=engine.vocab,
@@ -185,7 +188,7 @@ class Service:
             )  # fmt: skip
         return parsed
 
-    def _adapter(self, model: str) -> int:
+    def adapter(self, model: str) -> int:
         """The adapter a completion's ``model`` names (0: the base; any name when no adapter is served).
 
         Raises:
@@ -200,7 +203,7 @@ class Service:
             )  # fmt: skip
         return self.generators[model]
 
-    def _submit(self, jobs: list[Job]) -> ApiError | None:
+    def submit(self, jobs: list[Job]) -> ApiError | None:
         engine = self.engine
         try:
             engine.submit_all(jobs)
@@ -317,7 +320,7 @@ async def whole(request: HTTPRequest, answer: Answer, jobs: list[Job], events: E
                 return Response(status_code=499)  # nobody reads it
             index, event = item
             if isinstance(event, Failed):
-                return error_response(_failure(event))
+                return error_response(failure(event))
             if isinstance(event, Done):
                 answer.finish(index, event)
                 if answer.finished:
@@ -350,7 +353,7 @@ async def stream(answer: Answer, jobs: list[Job], events: Events) -> AsyncIterat
                 break
             index, event = item
             if isinstance(event, Failed):
-                yield sse(_failure(event).body())
+                yield sse(failure(event).body())
                 break
             if isinstance(event, Done):
                 for chunk in answer.finish(index, event):
@@ -367,7 +370,7 @@ async def stream(answer: Answer, jobs: list[Job], events: Events) -> AsyncIterat
             job.cancel()  # the client went away (or the answer ended): the rows are freed at the next step
 
 
-def _failure(event: Failed) -> ApiError:
+def failure(event: Failed) -> ApiError:
     code = {503: "server_shutting_down", 507: "insufficient_memory"}.get(event.status)
     return ApiError(event.status, event.message, kind="server_error", code=code)
 
