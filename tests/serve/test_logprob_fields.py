@@ -94,6 +94,33 @@ def test_echo_scores_the_prompt_with_a_null_first_and_legacy_shapes(exact):
         assert all(abs(lp.top_logprobs[t][k] - want[k]) < TOL for k in want)
 
 
+def test_n_choices_with_echo_share_one_scoring_of_each_prompt(exact, monkeypatch):
+    model = exact.engine.decoder.model
+    forwards = []
+    run = model.run
+
+    def counted(ids, *args, **kwargs):
+        forwards.append(ids.shape)
+        return run(ids, *args, **kwargs)
+
+    monkeypatch.setattr(model, "run", counted)  # the scoring forward (max_tokens 0: nothing is prefilled)
+    for prompts, n in (([PROMPT], 4), ([PROMPT, "Another prompt"], 2)):
+        forwards.clear()
+        answer = client(exact).completions.create(model="m", prompt=prompts, max_tokens=0, echo=True, logprobs=2, n=n)
+        assert forwards == [(1, len(p)) for p in prompts]  # each prompt once, not once per choice
+        for k, prompt in enumerate(prompts):
+            choices = answer.choices[n * k : n * k + n]
+            assert [c.text for c in choices] == [prompt] * n
+            first = choices[0].logprobs
+            assert all(c.logprobs == first for c in choices[1:]) and first.token_logprobs[1] is not None
+    monkeypatch.undo()
+    sampled = client(exact).completions.create(
+        model="m", prompt=PROMPT, max_tokens=5, echo=True, logprobs=1, n=4, temperature=1.0, seed=3
+    )
+    prompt_part = [c.logprobs.token_logprobs[: len(PROMPT)] for c in sampled.choices]
+    assert all(p == prompt_part[0] for p in prompt_part) and len({c.text for c in sampled.choices}) > 1
+
+
 def test_echo_with_a_reply_offsets_the_reply_after_the_prompt(exact):
     c = client(exact)
     plain = c.completions.create(model="m", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1)

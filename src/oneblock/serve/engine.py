@@ -350,11 +350,7 @@ class Engine:
         job.deadline = time.monotonic() + job.seconds
         self._use([job])  # the prompt is scored and read with the request's adapter
         if job.echo:  # the prompt's text starts the choice; with logprobs, its scores
-            scores: tuple[Scored, ...] = ()
-            if job.top is not None:  # the first token has none; each other given those before it
-                rows = prompt_logprobs(self.decoder.model, job.prompt, job.top)
-                scores = (Scored(job.prompt[0], None), *Scored.rows(job.prompt[1:], rows))
-            job.emit(Echoed(scores))
+            job.emit(Echoed(self._prompt_scores(job) if job.top is not None else ()))
         if job.max_new == 0:  # the prompt scored, nothing generated
             self.observer.prefilled(job)
             self._end(job, Done("length", len(job.prompt), 0))
@@ -365,6 +361,19 @@ class Engine:
         )  # the keys and values of an adapter's prompt are its own: its name is part of their blocks' names
         with self.wake:
             self.reading.append(job)
+
+    def _prompt_scores(self, job: Job) -> tuple[Scored, ...]:
+        """The prompt's tokens scored (the first has none; each other given those before it), from one forward
+        shared by the choices of the prompt (``job.scores``)."""
+        shared = job.scores
+        if shared is not None and shared.tokens is not None:
+            return shared.tokens
+        assert job.top is not None  # asked by _start only with logprobs
+        rows = prompt_logprobs(self.decoder.model, job.prompt, job.top)
+        tokens = (Scored(job.prompt[0], None), *Scored.rows(job.prompt[1:], rows))
+        if shared is not None:
+            shared.tokens = tokens
+        return tokens
 
     def _take(self, job: Job, logits: Tensor) -> None:
         """Sample the request's next token from its (1, V) logits; hand out its text; end it when done."""

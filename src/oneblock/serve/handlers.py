@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from oneblock.errors import InputError, OneBlockError
 from oneblock.inference.embedding import SentenceEncoder
 from oneblock.serve.engine import Engine
-from oneblock.serve.jobs import CacheFull, Done, Event, Failed, Job, QueueFull, Stopping
+from oneblock.serve.jobs import CacheFull, Done, Event, Failed, Job, PromptScores, QueueFull, Stopping
 from oneblock.serve.protocol import ApiError, Request, check_window, parse_completion, parse_embeddings
 from oneblock.serve.responses import Answer, embeddings_body, model_entry
 from oneblock.serve.tokens import parse_detokenize, parse_tokenize, tokenizer_info
@@ -162,12 +162,15 @@ class Service:
         return await whole(request, answer, jobs, events)
 
     def jobs(self, parsed: Request, events: Events, adapter: int) -> list[Job]:
-        """One job per choice, choice ``i`` emitting to ``events`` with its index."""
+        """One job per choice, choice ``i`` emitting to ``events`` with its index; the ``n`` choices of a prompt
+        share its scores (``echo`` with ``logprobs``)."""
+        scores = [PromptScores() for _ in parsed.prompts]
         return [
             Job(
                 parsed.prompts[i // parsed.n].ids, parsed.max_new[i // parsed.n], parsed.sampling, events.emitter(i),
                 stop=parsed.stop, eos_ids=self.eos_ids, seconds=self.limits.request_seconds, row=i % parsed.n,
-                top=parsed.logprobs, echo=parsed.echo, constraint=parsed.constraint, adapter=adapter,
+                top=parsed.logprobs, echo=parsed.echo, scores=scores[i // parsed.n], constraint=parsed.constraint,
+                adapter=adapter,
                 cache_prompt=parsed.cache_prompt,
             )
             for i in range(parsed.choices)

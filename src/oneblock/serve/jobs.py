@@ -39,6 +39,14 @@ class Scored:
         ]
 
 
+@dataclass(eq=False)
+class PromptScores:
+    """A prompt's scored tokens (``echo`` with ``logprobs``), shared by its ``n`` choices: the first to start
+    computes them, the others read them, so a prompt is scored once per request, not once per choice."""
+
+    tokens: tuple[Scored, ...] | None = None
+
+
 @dataclass(frozen=True)
 class Delta:
     """New text of a request, and the tokens generated since the last ``Delta`` (with their log-probabilities
@@ -111,6 +119,7 @@ class Job:
         row: the choice's index among its prompt's ``n`` (choice ``j`` draws with ``seed + j``).
         top: alternatives per token to report with each token's log-probability; ``None`` reports none.
         echo: start with the prompt's text (an ``Echoed`` event), scored when ``top`` is set.
+        scores: where the choices of one prompt share its scores (``None``: this job scores its prompt itself).
         constraint: a grammar the reply must follow; each job gets its own state, applied to its row's logits.
         adapter: the LoRA adapter its row runs with: 0 the base, k the engine's k-th adapter.
         cache_prompt: read the prompt's leading blocks from the prefix cache and keep its own there (``False``:
@@ -127,6 +136,7 @@ class Job:
     row: int = 0
     top: int | None = None
     echo: bool = False
+    scores: PromptScores | None = None
     constraint: Constraint | None = None
     adapter: int = 0
     cache_prompt: bool = True
