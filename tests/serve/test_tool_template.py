@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import pytest
 from serve_testing import Running
 from tool_testing import (
+    AUTO,
     DAY,
+    NONE,
     QUESTION,
     RESULT,
     TIME,
@@ -171,11 +173,11 @@ def test_the_round_trip_with_the_openai_client(hermes):
     round_trip(hermes, OPENAI_ID, written)
 
 
-def test_several_blocks_and_text_before_them_are_read():
-    text = ('Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "get_day", "arguments": {"short": true}}\n</tool_call>')  # fmt: skip
-    content, calls = read_hermes(text)
-    assert content == "Let me check." and calls is not None
+def test_several_blocks_are_read_and_only_where_the_grammar_puts_calls():
+    calls_text = ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n'
+                  '<tool_call>\n{"name": "get_day", "arguments": {"short": true}}\n</tool_call>')  # fmt: skip
+    content, calls = read_hermes(calls_text, AUTO)
+    assert content is None and calls is not None
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_time", {"zone": "UTC"}), ("get_day", {"short": True})
     ]  # fmt: skip
@@ -188,8 +190,16 @@ def test_several_blocks_and_text_before_them_are_read():
         '<tool_call>\n{"name": 3, "arguments": {}}\n</tool_call>',  # no name
         '<tool_call>\n{"name": "get_time", "arguments": {}} x\n</tool_call>',  # not JSON
         '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_day", "a',
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',  # a required argument missing
+        '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>',  # not a declared tool
+        "Sure.\n" + calls_text,  # text that goes on to spell calls: the grammar allows calls only at the start
+        calls_text + "\nDone.",  # text after the calls
     ):
-        assert read_hermes(text) == (text, None), text
+        assert read_hermes(text, AUTO) == (text, None), text
+    assert read_hermes(calls_text, NONE) == (calls_text, None)  # tool_choice "none": never a call
+    only_day = parse_tools({"tools": [TIME, DAY], "tool_choice": {"type": "function", "function": {"name": "get_day"}}})
+    # a call of get_time, which the choice does not allow
+    assert read_hermes(calls_text, only_day) == (calls_text, None)
 
 
 def test_a_template_without_tools_uses_the_generic_format(plain):

@@ -69,6 +69,24 @@ class Tools:
             for f in allowed
         ]
 
+    def allows(self, name: Any, arguments: Any) -> bool:
+        """Whether a call read back from an answer is one this request may return: never under ``none``; a
+        function ``choice`` allows; its arguments an object holding the keys its schema requires and, where the
+        schema allows no others, no other key. (The grammar checked the arguments whole where it produced them.)"""
+        allowed = {f["name"]: f for f in self.functions if self.choice in ("auto", "required", f["name"])}
+        if self.choice == "none" or name not in allowed or not isinstance(arguments, dict):
+            return False
+        schema = allowed[name].get("parameters") or {}
+        required = schema.get("required", [])
+        if isinstance(required, list) and not set(required) <= set(arguments):
+            return False
+        known = schema.get("properties")
+        return (
+            schema.get("additionalProperties") is not False
+            or not isinstance(known, dict)
+            or set(arguments) <= set(known)
+        )
+
     def schema(self) -> dict[str, Any]:
         """The JSON schema of an answer: a call of the allowed tools, a reply (``none``), or either (``auto``)."""
         reply = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
@@ -201,16 +219,19 @@ def written_result(content: str, call_id: str, name: str | None) -> str:
     return f"The tool {name or call_id} returned: {content}"
 
 
-def read_answer(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+def read_answer(text: str, tools: Tools) -> tuple[str | None, list[dict[str, Any]] | None]:
     """An answer's ``(content, tool_calls)``: the calls in OpenAI's shape (ids made here, arguments as JSON
-    text), or the reply's text; an answer cut short (not one JSON object) is its text as it stands."""
+    text), or the reply's text; an answer cut short (not one JSON object), or with a call ``tools`` does not
+    allow (``Tools.allows``), is its text as it stands."""
     try:
         answer = jsontext.loads(text, what="the model's answer")
     except ValueError:
         return text, None
     if isinstance(answer, dict) and isinstance(answer.get("response"), str):
         return answer["response"], None
-    if not isinstance(answer, dict) or not isinstance(answer.get("tool_calls"), list):
+    if not isinstance(answer, dict) or not isinstance(answer.get("tool_calls"), list) or not answer["tool_calls"]:
+        return text, None
+    if not all(isinstance(c, dict) and tools.allows(c.get("name"), c.get("arguments")) for c in answer["tool_calls"]):
         return text, None
     calls = [
         {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
