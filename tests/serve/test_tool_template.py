@@ -212,3 +212,40 @@ def test_a_template_without_tools_uses_the_generic_format(plain):
         assert choice.finish_reason == "tool_calls", choice
         [call] = choice.message.tool_calls
         check_call(call)
+
+
+def test_a_pydantic_tool_with_nested_models_is_called_with_valid_arguments(hermes, plain):
+    """``openai.pydantic_function_tool`` sends ``$defs`` and ``"$ref": "#/$defs/Zone"``: the references are
+    rewritten to resolve inside the call's schema, in a template's format and in the generic one."""
+    from typing import Literal
+
+    import openai
+    import pydantic
+
+    class Zone(pydantic.BaseModel):
+        name: Literal["UTC", "CET"]
+
+    class AskTime(pydantic.BaseModel):
+        zone: Zone
+        short: bool
+
+    tool = openai.pydantic_function_tool(AskTime, name="ask_time")
+    assert "$defs" in tool["function"]["parameters"]  # the shape that nested in a call schema would not resolve
+    for running, limit in ((hermes, 160), (plain, 200)):
+        answer = ask(running, tools=[tool, TIME], tool_choice="required", parallel_tool_calls=False, n=3,
+                     max_tokens=limit)  # fmt: skip
+        for choice in answer.choices:
+            assert choice.finish_reason == "tool_calls", choice
+            [call] = choice.message.tool_calls
+            if call.function.name == "ask_time":
+                AskTime.model_validate_json(call.function.arguments)  # raises on arguments that do not validate
+            else:
+                check_call(call)
+        named = {"type": "function", "function": {"name": "ask_time"}}
+        [call] = (
+            ask(running, tools=[tool], tool_choice=named, parallel_tool_calls=False, max_tokens=limit)
+            .choices[0]
+            .message.tool_calls
+        )
+        assert call.function.name == "ask_time"
+        assert isinstance(AskTime.model_validate_json(call.function.arguments).zone, Zone)
