@@ -69,3 +69,44 @@ def test_a_grammar_that_cannot_be_served_is_400_naming_it(smollm2, kind, extra, 
             )
     assert caught.value.body["param"] == "grammar" and match in caught.value.body["message"], caught.value.body
     assert c.completions.create(model="m", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+def _chained_rules(n: int) -> str:
+    return "start: r0\n" + "".join(f'r{i}: r{i + 1} "a"\n' for i in range(n)) + f'r{n}: "b"\n'
+
+
+def _nested_refs(n: int) -> dict:
+    defs = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)}
+    return {"$ref": "#/$defs/d0", "$defs": {**defs, f"d{n}": {"type": "string"}}}
+
+
+def _schema(schema: dict) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "param", "match"),
+    [
+        ("text", {"grammar": _chained_rules(6000)}, "grammar", "has 6,002 rules; the limit is 2,000"),
+        ("chat", _schema(_nested_refs(1500)), "response_format", r"nests $ref references 1,501 deep; the limit is 256"),
+        ("chat", _schema({"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}},
+                                     "required": [f"k{i}"]} for i in range(2100)]}),
+         "response_format", "an anyOf of 2,100 branches; the limit is 1,000"),
+        ("text", {"grammar": 'start: start "a"'}, "grammar", "is unsatisfiable"),
+        ("chat", _schema({"$ref": "#"}), "response_format", "is unsatisfiable"),
+    ],
+)  # fmt: skip
+def test_a_grammar_past_a_bound_or_without_a_sentence_is_a_short_400_and_the_server_goes_on(
+    smollm2, kind, extra, param, match
+):
+    c = client(smollm2)
+    with pytest.raises(openai.BadRequestError) as caught:
+        if kind == "text":
+            c.completions.create(model="m", prompt="x", max_tokens=4, extra_body=extra)
+        else:
+            c.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}], max_tokens=4, extra_body=extra
+            )
+    body = caught.value.body
+    assert body["param"] == param and match in body["message"] and len(body["message"]) < 400, body
+    assert c.completions.create(model="m", prompt="hi", max_tokens=2).usage.completion_tokens >= 1

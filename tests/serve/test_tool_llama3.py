@@ -10,7 +10,9 @@ from collections.abc import Iterator
 import pytest
 from serve_testing import Running
 from tool_testing import (
+    AUTO,
     DAY,
+    NONE,
     OPENAI_ID,
     QUESTION,
     RESULT,
@@ -177,15 +179,16 @@ def test_the_round_trip_with_the_openai_client(llama3):
 
 
 def test_the_reader_takes_one_call_or_the_text():
-    content, calls = read_llama3('{"name": "get_time", "parameters": {"zone": "UTC"}}')
+    content, calls = read_llama3('{"name": "get_time", "parameters": {"zone": "UTC"}}', AUTO)
     assert content is None and calls is not None
     [call] = calls
     assert OPENAI_ID.fullmatch(call["id"]) and call["type"] == "function"
     assert call["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
-    # "arguments" as well, after the built-in tools' tag, with spaces around
-    content, calls = read_llama3(' <|python_tag|>{"name": "get_day", "arguments": {"short": false}}\n')
+    # "arguments" as well
+    content, calls = read_llama3('{"name": "get_day", "arguments": {"short": false}}', AUTO)
     assert content is None and calls is not None
     assert calls[0]["function"] == {"name": "get_day", "arguments": '{"short": false}'}
+    assert read_llama3('{"name": "get_time", "parameters": {"zone": "UTC"}}', NONE)[1] is None  # never under none
     for text in (
         "It is 14:05.",  # text
         '{"name": "get_time", "parameters": {"zo',  # cut short
@@ -194,5 +197,9 @@ def test_the_reader_takes_one_call_or_the_text():
         '{"name": "get_time", "parameters": "UTC"}',  # arguments not an object
         '[{"name": "get_time", "parameters": {}}]',  # a list
         '{"name": "get_time", "parameters": {}} and more',  # text after the object
+        '{"name": "delete_everything", "parameters": {}}',  # not a declared tool
+        '<|python_tag|>{"name": "get_day", "arguments": {"short": false}}',  # the grammar writes no tag
+        ' {"name": "get_day", "arguments": {"short": false}}',  # nor a space before a call
+        'Text first. {"name": "get_day", "arguments": {"short": false}}',
     ):
-        assert read_llama3(text) == (text, None), text
+        assert read_llama3(text, AUTO) == (text, None), text

@@ -11,7 +11,9 @@ from collections.abc import Iterator
 import pytest
 from serve_testing import Running
 from tool_testing import (
+    AUTO,
     DAY,
+    NONE,
     QUESTION,
     RESULT,
     TIME,
@@ -251,18 +253,20 @@ def test_the_round_trip_with_the_openai_client(mistral):
 
 
 def test_the_reader_takes_the_calls_and_their_ids_or_the_text():
-    text = ('Checking.[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}, "id": "a1B2c3D4e"}, '
+    text = ('[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}, "id": "a1B2c3D4e"}, '
             '{"name": "get_day", "arguments": {"short": true}, "id": "a1B2c3D4e"}, '
             '{"name": "get_day", "arguments": {"short": false}}]')  # fmt: skip
-    content, calls = read_mistral(text)
-    assert content == "Checking." and calls is not None
+    content, calls = read_mistral(text, AUTO)
+    assert content is None and calls is not None
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
         ("get_time", '{"zone": "UTC"}'), ("get_day", '{"short": true}'), ("get_day", '{"short": false}')
     ]  # fmt: skip
     # the model's id where it wrote a fresh valid one; a repeated or missing one replaced by a made one
     assert calls[0]["id"] == "a1B2c3D4e" and len({c["id"] for c in calls}) == 3
     assert all(MISTRAL_ID.fullmatch(c["id"]) for c in calls)
-    assert read_mistral('[TOOL_CALLS][{"name": "f", "arguments": {}, "id": "short"}]')[1][0]["id"] != "short"
+    short = '[TOOL_CALLS][{"name": "get_day", "arguments": {"short": true}, "id": "short"}]'
+    assert read_mistral(short, AUTO)[1][0]["id"] != "short"
+    assert read_mistral(text, NONE) == (text, None)  # tool_choice "none": never a call
     for text in (
         "It is 14:05.",  # text
         '[TOOL_CALLS][{"name": "get_time", "arguments": {"zo',  # cut short
@@ -271,5 +275,8 @@ def test_the_reader_takes_the_calls_and_their_ids_or_the_text():
         '[TOOL_CALLS][{"name": "get_time"}]',  # no arguments
         '[TOOL_CALLS][{"name": "get_time", "arguments": "UTC"}]',  # arguments not an object
         '[TOOL_CALLS][{"name": "get_time", "arguments": {}}] and more',  # text after the list
+        '[TOOL_CALLS][{"name": "delete_everything", "arguments": {"all": true}}]',  # not a declared tool
+        '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC", "more": 1}}]',  # an argument not allowed
+        'Checking. [TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',  # the tag after text
     ):
-        assert read_mistral(text) == (text, None), text
+        assert read_mistral(text, AUTO) == (text, None), text

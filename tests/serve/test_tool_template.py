@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import pytest
 from serve_testing import Running
 from tool_testing import (
+    AUTO,
     DAY,
+    NONE,
     QUESTION,
     RESULT,
     TIME,
@@ -171,11 +173,11 @@ def test_the_round_trip_with_the_openai_client(hermes):
     round_trip(hermes, OPENAI_ID, written)
 
 
-def test_several_blocks_and_text_before_them_are_read():
-    text = ('Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "get_day", "arguments": {"short": true}}\n</tool_call>')  # fmt: skip
-    content, calls = read_hermes(text)
-    assert content == "Let me check." and calls is not None
+def test_several_blocks_are_read_and_only_where_the_grammar_puts_calls():
+    calls_text = ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n'
+                  '<tool_call>\n{"name": "get_day", "arguments": {"short": true}}\n</tool_call>')  # fmt: skip
+    content, calls = read_hermes(calls_text, AUTO)
+    assert content is None and calls is not None
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_time", {"zone": "UTC"}), ("get_day", {"short": True})
     ]  # fmt: skip
@@ -188,8 +190,16 @@ def test_several_blocks_and_text_before_them_are_read():
         '<tool_call>\n{"name": 3, "arguments": {}}\n</tool_call>',  # no name
         '<tool_call>\n{"name": "get_time", "arguments": {}} x\n</tool_call>',  # not JSON
         '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_day", "a',
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',  # a required argument missing
+        '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>',  # not a declared tool
+        "Sure.\n" + calls_text,  # text that goes on to spell calls: the grammar allows calls only at the start
+        calls_text + "\nDone.",  # text after the calls
     ):
-        assert read_hermes(text) == (text, None), text
+        assert read_hermes(text, AUTO) == (text, None), text
+    assert read_hermes(calls_text, NONE) == (calls_text, None)  # tool_choice "none": never a call
+    only_day = parse_tools({"tools": [TIME, DAY], "tool_choice": {"type": "function", "function": {"name": "get_day"}}})
+    # a call of get_time, which the choice does not allow
+    assert read_hermes(calls_text, only_day) == (calls_text, None)
 
 
 def test_a_template_without_tools_uses_the_generic_format(plain):
@@ -202,3 +212,40 @@ def test_a_template_without_tools_uses_the_generic_format(plain):
         assert choice.finish_reason == "tool_calls", choice
         [call] = choice.message.tool_calls
         check_call(call)
+
+
+def test_a_pydantic_tool_with_nested_models_is_called_with_valid_arguments(hermes, plain):
+    """``openai.pydantic_function_tool`` sends ``$defs`` and ``"$ref": "#/$defs/Zone"``: the references are
+    rewritten to resolve inside the call's schema, in a template's format and in the generic one."""
+    from typing import Literal
+
+    import openai
+    import pydantic
+
+    class Zone(pydantic.BaseModel):
+        name: Literal["UTC", "CET"]
+
+    class AskTime(pydantic.BaseModel):
+        zone: Zone
+        short: bool
+
+    tool = openai.pydantic_function_tool(AskTime, name="ask_time")
+    assert "$defs" in tool["function"]["parameters"]  # the shape that nested in a call schema would not resolve
+    for running, limit in ((hermes, 160), (plain, 200)):
+        answer = ask(running, tools=[tool, TIME], tool_choice="required", parallel_tool_calls=False, n=3,
+                     max_tokens=limit)  # fmt: skip
+        for choice in answer.choices:
+            assert choice.finish_reason == "tool_calls", choice
+            [call] = choice.message.tool_calls
+            if call.function.name == "ask_time":
+                AskTime.model_validate_json(call.function.arguments)  # raises on arguments that do not validate
+            else:
+                check_call(call)
+        named = {"type": "function", "function": {"name": "ask_time"}}
+        [call] = (
+            ask(running, tools=[tool], tool_choice=named, parallel_tool_calls=False, max_tokens=limit)
+            .choices[0]
+            .message.tool_calls
+        )
+        assert call.function.name == "ask_time"
+        assert isinstance(AskTime.model_validate_json(call.function.arguments).zone, Zone)

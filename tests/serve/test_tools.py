@@ -167,3 +167,17 @@ def test_refusals_name_the_field(smollm2, change, param, match):
         client(smollm2).chat.completions.create(model="m", max_tokens=4, extra_body=body, messages=body["messages"])
     assert caught.value.body["param"] == param and match in caught.value.body["message"], caught.value.body
     assert ask(smollm2, QUESTION, max_tokens=2, tools=[]).usage.completion_tokens >= 1
+
+
+def test_the_generic_reader_returns_only_calls_the_request_allows():
+    from oneblock.serve.tools import parse_tools, read_answer
+
+    auto, none = parse_tools({"tools": [WEATHER, TIME]}), parse_tools({"tools": [WEATHER, TIME], "tool_choice": "none"})
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    text = json.dumps({"tool_calls": [call]})
+    content, calls = read_answer(text, auto)
+    assert content is None and calls is not None and calls[0]["function"]["name"] == "get_weather"
+    assert read_answer(text, none) == (text, None)
+    for wrong in ({"name": "delete_everything", "arguments": {}}, {"name": "get_weather", "arguments": {}}):
+        other = json.dumps({"tool_calls": [call, wrong]})
+        assert read_answer(other, auto) == (other, None)

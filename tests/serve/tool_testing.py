@@ -13,6 +13,7 @@ from serve_testing import Running, tiny_model
 
 from oneblock.io.gguf.tokenizer import GGUFTokenizer
 from oneblock.serve.engine import Engine
+from oneblock.serve.tools import parse_tools
 
 TIME = {
     "type": "function",
@@ -30,6 +31,8 @@ DAY = {
                        "additionalProperties": False},
     },
 }  # fmt: skip
+AUTO = parse_tools({"tools": [TIME, DAY]})  # the checked tools a reader is given
+NONE = parse_tools({"tools": [TIME, DAY], "tool_choice": "none"})
 QUESTION = [{"role": "user", "content": "What time is it in Paris?"}]
 RESULT = "14:05"
 VOCAB = 640  # the model's ids; the tokenizer has at most 600

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from oneblock.errors import InputError
+from oneblock.inference.grammar_bounds import check_lark, check_schema, on_large_stack
 
 INSTALL = "pip install llguidance"
 # JSON is written as json.dumps writes it: ", " and ": " between items, no other whitespace. llguidance's default
@@ -37,6 +38,7 @@ INSTALL = "pip install llguidance"
 # "x-guidance" options still override this.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # tokenizer -> LLTokenizer
+UNSATISFIABLE = "NoExtensionBias"  # llguidance's error where no byte can extend the text: the grammar has no sentence
 
 
 def _llguidance() -> Any:
@@ -68,6 +70,19 @@ def _cached(tokenizer: Any) -> Any:
 
 def _shown(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _reason(matcher: Any) -> str:
+    """llguidance's error, without the marker its short errors end with."""
+    return str(matcher.get_error()).replace("<non-verbose/>", "").strip()
+
+
+def _loaded(text: str) -> Any:
+    """A schema's JSON text as a value, for measuring (``None`` for text that is not JSON: llguidance says why)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def lark_literal(tokenizer: Any, text: str) -> str:
@@ -119,9 +134,22 @@ class Constraint:
         self.tokenizer = cached
         self.vocab_size = int(cached.vocab_size)
         self.name = name
-        self._matcher = llg.LLMatcher(cached, grammar, log_level=0)
+        # Compiled on a large stack (llguidance recurses per rule and per reference; see grammar_bounds), with
+        # short errors (verbose ones quote the parser's state and the whole grammar), and its first step taken
+        # once so that a grammar with no sentence, or one past llguidance's own limits, is refused here.
+        limits = llg.LLParserLimits(verbose_errors=False)
+        self._matcher = on_large_stack(lambda: llg.LLMatcher(cached, grammar, log_level=0, limits=limits))
         if self._matcher.is_error():
-            raise InputError(f"the grammar {name} cannot be compiled: {self._matcher.get_error().strip()}")
+            raise InputError(f"the grammar {name} cannot be compiled: {_shown(_reason(self._matcher), 300)}")
+        probe = self._matcher.deep_copy()
+        on_large_stack(probe.compute_bitmask)
+        if probe.is_error():
+            if UNSATISFIABLE in probe.get_error():
+                raise InputError(
+                    f"the grammar {name} is unsatisfiable: no text is a sentence of it (a rule or a schema that "
+                    "only refers to itself, with no way out); give it an alternative that ends"
+                )
+            raise InputError(f"the grammar {name} cannot be used: {_shown(_reason(probe), 300)}")
 
     @classmethod
     def json_schema(cls, tokenizer: Any, schema: Mapping[str, Any] | str, **options: Any) -> Constraint:
@@ -139,6 +167,7 @@ class Constraint:
                 text = json.dumps(schema)
             except (TypeError, ValueError) as error:
                 raise InputError(f"the JSON schema is not JSON: {error}") from error
+        check_schema(_loaded(schema) if isinstance(schema, str) else schema, text)
         try:
             grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
         except ValueError as error:
@@ -159,6 +188,7 @@ class Constraint:
         """
         if not isinstance(grammar, str):
             raise InputError(f"a Lark grammar must be a string; got {type(grammar).__name__}")
+        check_lark(grammar)
         text = _llguidance().LLMatcher.grammar_from_lark(grammar)
         return cls(tokenizer, text, name=f"Lark grammar {_shown(grammar)!r}", **options)
 
@@ -222,7 +252,7 @@ class ConstraintState:
     @property
     def finished(self) -> bool:
         """Whether the text so far is complete and nothing but an end-of-text id may follow."""
-        return self.ended or bool(self.matcher.is_stopped())
+        return self.ended or (bool(self.matcher.is_stopped()) and not self.matcher.is_error())
 
     @property
     def accepting(self) -> bool:
@@ -243,9 +273,9 @@ class ConstraintState:
             mask = torch.zeros(vocab_size, dtype=torch.bool)
             mask[self.constraint.eos_ids] = True
             return mask
-        if self.matcher.is_error():
-            raise InputError(f"the grammar {self.constraint.name} is in an error state: {self.matcher.get_error()}")
         words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)  # (ceil(n / 32) * 4,)
+        if self.matcher.is_error():  # a limit of llguidance's reached, or a text with no way on
+            raise InputError(f"the grammar {self.constraint.name} failed: {_shown(_reason(self.matcher), 300)}")
         # Token 8 i + j is bit j of byte i; ids past the tokenizer's (a padded head) are never allowed.
         bits = np.unpackbits(words[: (n + 7) // 8], count=vocab_size, bitorder="little")  # (V,) uint8
         bits[n:] = 0  # the last byte's bits past n
@@ -261,8 +291,7 @@ class ConstraintState:
             self.ended = True
             return
         if not self.matcher.consume_token(int(token)):
-            raise InputError(
-                f"token {token} is not allowed by the grammar {self.constraint.name} here: {self.matcher.get_error()}"
-            )
+            reason = _shown(_reason(self.matcher), 300)
+            raise InputError(f"token {token} is not allowed by the grammar {self.constraint.name} here: {reason}")
         if token in self.constraint.eos_ids:
             self.ended = True

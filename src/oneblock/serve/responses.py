@@ -99,8 +99,8 @@ class Answer:
             return [self._chunk({"index": index, "text": "", "finish_reason": done.finish_reason, "logprobs": None})]
         chunks = []
         if self.request.tools is not None:
-            name, text = self.request.tools.format, "".join(choice.pieces)
-            content, calls = read_answer(text) if name == GENERIC else read_template_answer(name, text)
+            tools, text = self.request.tools, "".join(choice.pieces)
+            content, calls = read_answer(text, tools) if tools.format == GENERIC else read_template_answer(text, tools)
             choice.message = {"role": "assistant", "content": content}
             if calls is not None:
                 choice.message["tool_calls"] = calls

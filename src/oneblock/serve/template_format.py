@@ -6,7 +6,9 @@ A format (``tool_hermes``, ``tool_mistral``, ``tool_llama3``; the registry is ``
   by the markers llama.cpp's ``common/chat.cpp`` looks for;
 - ``grammar``: the Lark grammar (llguidance's dialect) of an answer, text or calls as ``tool_choice`` allows, each
   call's JSON valid against its function's schema (``%json`` with ``JSON_LAYOUT``, as ``json.dumps`` writes);
-- ``read``: an answer's text as ``(content, tool_calls)`` in OpenAI's shape, or the text as it stands;
+- ``read``: an answer's text as ``(content, tool_calls)`` in OpenAI's shape, or the text as it stands: a call
+  only where the grammar puts one (at the start of the answer, never under ``tool_choice: "none"``), of a
+  function the request allows (``Tools.allows``), so text that merely spells a call stays text;
 - ``template_ids``: the ids the template is shown for the conversation's calls (most templates take any id;
   Mistral's insist on 9 letters and digits).
 """
@@ -40,14 +42,15 @@ class TemplateFormat:
         name: the format's name, ``Tools.format``.
         detect: template source -> whether the template writes calls in this format.
         grammar: ``(tools, tokenizer)`` -> the Lark grammar of an answer (the tokenizer spells special tokens).
-        read: answer text -> ``(content, tool_calls)``; ``(text, None)`` for text that holds no whole call.
+        read: ``(answer text, tools)`` -> ``(content, tool_calls)``; ``(text, None)`` for text that holds no whole
+            call where the grammar puts calls, or a call ``tools`` does not allow.
         template_ids: the conversation's call ids, in order -> the id the template is shown for each.
     """
 
     name: str
     detect: Callable[[str], bool]
     grammar: Callable[[Tools, Any], str]
-    read: Callable[[str], Answer]
+    read: Callable[[str, Tools], Answer]
     template_ids: Callable[[Sequence[str]], dict[str, str]] = field(default=same_ids)
 
 

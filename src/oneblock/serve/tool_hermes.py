@@ -42,23 +42,23 @@ def hermes_grammar(tools: Tools, tokenizer: Any = None) -> str:
     return "\n".join([start_rule(tools), *lines]) + "\n"
 
 
-def read_hermes(text: str) -> Answer:
-    """An answer's ``(content, tool_calls)``: its ``<tool_call>`` blocks in OpenAI's shape (ids made here,
-    arguments as JSON text) and the text before them (``None`` when empty); without a block that parses, or
-    for a block cut short, the text as it stands."""
+def read_hermes(text: str, tools: Tools) -> Answer:
+    """An answer's ``(content, tool_calls)``: an answer that is ``<tool_call>`` blocks from its start (where the
+    grammar puts them) as calls in OpenAI's shape (ids made here, arguments as JSON text), each of a function
+    ``tools`` allows; any other text (tags after text, a block cut short, an undeclared function, anything
+    under ``tool_choice: "none"``) as it stands."""
+    if tools.choice == "none" or not text.startswith(TAGS[0]) or BLOCK.sub("", text).strip():
+        return text, None
     calls = []
     for block in BLOCK.finditer(text):
         try:
             call = jsontext.loads(block.group(1), what="a tool call")
         except ValueError:
             return text, None
-        if not (isinstance(call, dict) and isinstance(call.get("name"), str) and "arguments" in call):
+        if not (isinstance(call, dict) and tools.allows(call.get("name"), call.get("arguments"))):
             return text, None
         calls.append(openai_call(call["name"], call["arguments"]))
-    if not calls or text.count("<tool_call>") != len(calls):
-        return text, None
-    before = text[: text.index("<tool_call>")].strip()
-    return before or None, calls
+    return None, calls
 
 
 HERMES_FORMAT = TemplateFormat(HERMES, is_hermes, hermes_grammar, read_hermes)

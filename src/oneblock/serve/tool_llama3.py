@@ -51,21 +51,20 @@ def llama3_grammar(tools: Tools, tokenizer: Any = None) -> str:
     return "\n".join([start_rule(tools), *lines]) + "\n"
 
 
-def read_llama3(text: str) -> Answer:
-    """An answer's ``(content, tool_calls)``: one JSON object ``{"name", "parameters"}`` (or ``"arguments"``),
-    perhaps after ``<|python_tag|>``, as one call in OpenAI's shape (``content`` ``None``); any other text, or
-    an object cut short or of another shape, as it stands."""
-    body = text.strip().removeprefix(PYTHON_TAG).strip()
-    if not body.startswith("{"):
+def read_llama3(text: str, tools: Tools) -> Answer:
+    """An answer's ``(content, tool_calls)``: an answer that is one JSON object ``{"name", "parameters"}`` (or
+    ``"arguments"``) from its first character (where the grammar puts a call; text may begin with neither ``{``
+    nor a space), a call of a function ``tools`` allows, as one call in OpenAI's shape (``content`` ``None``); any
+    other text (``<|python_tag|>`` and an object, which the grammar never writes, an object cut short or of
+    another shape, an undeclared function, anything under ``tool_choice: "none"``) as it stands."""
+    if tools.choice == "none" or not text.startswith("{"):
         return text, None
     try:
-        call = jsontext.loads(body, what="a tool call")
+        call = jsontext.loads(text, what="a tool call")
     except ValueError:
         return text, None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return text, None
-    arguments = call.get("parameters", call.get("arguments"))
-    if not isinstance(arguments, dict):
+    arguments = call.get("parameters", call.get("arguments")) if isinstance(call, dict) else None
+    if not isinstance(call, dict) or not tools.allows(call.get("name"), arguments):
         return text, None
     return None, [openai_call(call["name"], arguments)]
 

@@ -62,14 +62,15 @@ def new_id() -> str:
     return "".join(secrets.choice(ALPHANUMERIC) for _ in range(9))
 
 
-def read_mistral(text: str) -> Answer:
-    """An answer's ``(content, tool_calls)``: the list after ``[TOOL_CALLS]`` as calls in OpenAI's shape, each
-    with the id the model wrote (a fresh one where it wrote none, an invalid or a repeated one), and the text
-    before the tag (``None`` when empty); text without the tag, or a list cut short or of another shape, as it
+def read_mistral(text: str, tools: Tools) -> Answer:
+    """An answer's ``(content, tool_calls)``: an answer that begins with ``[TOOL_CALLS]`` (where the grammar puts
+    it) and a list of calls of functions ``tools`` allows, as calls in OpenAI's shape, each with the id the model
+    wrote (a fresh one where it wrote none, an invalid or a repeated one); any other text (the tag after text, a
+    list cut short or of another shape, an undeclared function, anything under ``tool_choice: "none"``) as it
     stands."""
-    if TAG not in text:
+    if tools.choice == "none" or not text.startswith(TAG):
         return text, None
-    before, _, after = text.partition(TAG)
+    after = text[len(TAG) :]
     try:
         listed = jsontext.loads(after.strip(), what="tool calls")
     except ValueError:
@@ -78,14 +79,13 @@ def read_mistral(text: str) -> Answer:
         return text, None
     calls, seen = [], set()
     for call in listed:
-        if not (isinstance(call, dict) and isinstance(call.get("name"), str)
-                and isinstance(call.get("arguments"), dict)):  # fmt: skip
+        if not (isinstance(call, dict) and tools.allows(call.get("name"), call.get("arguments"))):
             return text, None
         given = call.get("id")
         call_id = given if isinstance(given, str) and ID.fullmatch(given) and given not in seen else new_id()
         seen.add(call_id)
         calls.append(openai_call(call["name"], call["arguments"], call_id))
-    return before.strip() or None, calls
+    return None, calls
 
 
 def mistral_ids(ids: Sequence[str]) -> dict[str, str]:

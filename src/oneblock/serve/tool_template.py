@@ -55,9 +55,9 @@ def template_grammar(tools: Tools, tokenizer: Any) -> str:
     return _BY_NAME[tools.format].grammar(tools, tokenizer)
 
 
-def read_template_answer(name: str, text: str) -> Answer:
-    """An answer's ``(content, tool_calls)`` read in the template format ``name``."""
-    return _BY_NAME[name].read(text)
+def read_template_answer(text: str, tools: Tools) -> Answer:
+    """An answer's ``(content, tool_calls)`` read in the template format ``tools.format``."""
+    return _BY_NAME[tools.format].read(text, tools)
 
 
 def conversation_ids(messages: list[Any]) -> list[str]:

@@ -59,15 +59,31 @@ class Tools:
         if self.choice == "none":
             return []
         allowed = [f for f in self.functions if self.choice in ("auto", "required", f["name"])]
-        return [
-            {
-                "type": "object",
-                "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for f in allowed
-        ]
+        schemas = []
+        for f in allowed:
+            arguments, defs = hoisted(f["name"], f.get("parameters") or {"type": "object"})
+            schema = {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": arguments},
+                      "required": ["name", "arguments"], "additionalProperties": False}  # fmt: skip
+            schemas.append({**schema, "$defs": defs} if defs else schema)
+        return schemas
+
+    def allows(self, name: Any, arguments: Any) -> bool:
+        """Whether a call read back from an answer is one this request may return: never under ``none``; a
+        function ``choice`` allows; its arguments an object holding the keys its schema requires and, where the
+        schema allows no others, no other key. (The grammar checked the arguments whole where it produced them.)"""
+        allowed = {f["name"]: f for f in self.functions if self.choice in ("auto", "required", f["name"])}
+        if self.choice == "none" or name not in allowed or not isinstance(arguments, dict):
+            return False
+        schema = allowed[name].get("parameters") or {}
+        required = schema.get("required", [])
+        if isinstance(required, list) and not set(required) <= set(arguments):
+            return False
+        known = schema.get("properties")
+        return (
+            schema.get("additionalProperties") is not False
+            or not isinstance(known, dict)
+            or set(arguments) <= set(known)
+        )
 
     def schema(self) -> dict[str, Any]:
         """The JSON schema of an answer: a call of the allowed tools, a reply (``none``), or either (``auto``)."""
@@ -76,11 +92,13 @@ class Tools:
         if self.choice == "none":
             return reply
         calls = self.call_schemas()
+        defs = {k: v for c in calls for k, v in c.pop("$defs", {}).items()}  # each function's, at the root
         array: dict[str, Any] = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
         array.update(minItems=1, **({} if self.parallel else {"maxItems": 1}))
         call = {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"],
                 "additionalProperties": False}  # fmt: skip
-        return {"anyOf": [call, reply]} if self.choice == "auto" else call
+        answer = {"anyOf": [call, reply]} if self.choice == "auto" else call
+        return {**answer, "$defs": defs} if defs else answer
 
     def instructions(self) -> str:
         """What the system message says: the tools, and the answer's format."""
@@ -99,6 +117,26 @@ class Tools:
         else:
             how = f"Respond in JSON with a call of the tool {self.choice}: {call}."
         return f"You can call these tools: {listed}\n{how}"
+
+
+def hoisted(name: str, parameters: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A function's ``parameters`` as the ``arguments`` of a call schema, and the definitions that schema's root
+    must hold. Parameters that refer to themselves (pydantic's ``$defs`` and ``"$ref": "#/$defs/Inner"``) would
+    point at the call schema once nested in it: they become the definition ``name`` (``#/$defs/<name>``), each
+    local reference ``#<pointer>`` rewritten to ``#/$defs/<name><pointer>``; other parameters stay as they are."""
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, dict):
+            out = {k: moved(v) for k, v in value.items()}
+            ref = value.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                out["$ref"] = f"#/$defs/{name}{ref[1:]}"
+            return out
+        return [moved(v) for v in value] if isinstance(value, list) else value
+
+    if '"$ref"' not in json.dumps(parameters):
+        return parameters, {}
+    return {"$ref": f"#/$defs/{name}"}, {name: moved(parameters)}
 
 
 def parse_tools(body: Mapping[str, Any]) -> Tools | None:
@@ -201,16 +239,19 @@ def written_result(content: str, call_id: str, name: str | None) -> str:
     return f"The tool {name or call_id} returned: {content}"
 
 
-def read_answer(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+def read_answer(text: str, tools: Tools) -> tuple[str | None, list[dict[str, Any]] | None]:
     """An answer's ``(content, tool_calls)``: the calls in OpenAI's shape (ids made here, arguments as JSON
-    text), or the reply's text; an answer cut short (not one JSON object) is its text as it stands."""
+    text), or the reply's text; an answer cut short (not one JSON object), or with a call ``tools`` does not
+    allow (``Tools.allows``), is its text as it stands."""
     try:
         answer = jsontext.loads(text, what="the model's answer")
     except ValueError:
         return text, None
     if isinstance(answer, dict) and isinstance(answer.get("response"), str):
         return answer["response"], None
-    if not isinstance(answer, dict) or not isinstance(answer.get("tool_calls"), list):
+    if not isinstance(answer, dict) or not isinstance(answer.get("tool_calls"), list) or not answer["tool_calls"]:
+        return text, None
+    if not all(isinstance(c, dict) and tools.allows(c.get("name"), c.get("arguments")) for c in answer["tool_calls"]):
         return text, None
     calls = [
         {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
