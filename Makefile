@@ -22,6 +22,7 @@ LLAMATOOLS_HOME   := $(HOME)/.cache/oneblock/llama.cpp
 LLAMATOOLS_SDIST  := $(LLAMATOOLS_HOME)/llama_cpp_python-$(LLAMACPP_VERSION)
 LLAMATOOLS_BUILD  := $(LLAMATOOLS_HOME)/build-$(LLAMATOOLS_ISA)
 LLAMATOOLS_STAMP  := $(LLAMATOOLS_BUILD)/.oneblock-built
+LLAMATOOLS_CONVERTER := $(LLAMATOOLS_SDIST)/vendor/llama.cpp/convert_hf_to_gguf.py
 LLAMATOOLS_CMAKE  := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
                      $(if $(filter avx512%,$(LLAMATOOLS_ISA)),-DGGML_AVX512=ON,-DGGML_AVX512=OFF) \
                      $(if $(filter avx512_vnni,$(LLAMATOOLS_ISA)),-DGGML_AVX512_VNNI=ON,-DGGML_AVX512_VNNI=OFF) \
@@ -56,7 +57,7 @@ browser:
 	else echo "note: the browser tests need Chromium: sudo apt-get install -y chromium (without it they skip; under CI=true they fail)"; fi
 
 # Lint, format and types first: a change that breaks any of them fails `make test` (and so CI) before pytest runs.
-test: setup browser lint $(LLAMACPP_STAMP)
+test: setup browser lint $(LLAMACPP_STAMP) $(LLAMATOOLS_CONVERTER)
 	$(PY) -m pytest -n 2 --durations=15
 
 lint: setup
@@ -82,16 +83,20 @@ $(LLAMACPP_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --no-deps diskcache
 	touch $(LLAMACPP_STAMP)
 
-# The tools take 15-25 minutes on 2 cores, once; `make test` does not build them.
-$(LLAMATOOLS_STAMP): | $(STAMP)
+# The same sdist's vendored tree, unpacked once: `make test` runs its convert_hf_to_gguf.py (the reference for the
+# files of each architecture, tests/io/gguf/converter_testing.py); `make bench-llamacpp` builds its tools.
+$(LLAMATOOLS_CONVERTER): | $(STAMP)
 	@set -e; mkdir -p $(LLAMATOOLS_HOME); \
-	if [ ! -d $(LLAMATOOLS_SDIST)/vendor/llama.cpp ]; then \
-		if ! ls $(LLAMATOOLS_SDIST).tar.gz >/dev/null 2>&1; then \
-			$(PY) -m pip download --quiet --no-deps --no-binary :all: -d $(LLAMATOOLS_HOME) \
-				llama-cpp-python==$(LLAMACPP_VERSION); \
-		fi; \
-		tar -xzf $(LLAMATOOLS_SDIST).tar.gz -C $(LLAMATOOLS_HOME); \
+	if ! ls $(LLAMATOOLS_SDIST).tar.gz >/dev/null 2>&1; then \
+		$(PY) -m pip download --quiet --no-deps --no-binary :all: -d $(LLAMATOOLS_HOME) \
+			llama-cpp-python==$(LLAMACPP_VERSION); \
 	fi; \
+	tar -xzf $(LLAMATOOLS_SDIST).tar.gz -C $(LLAMATOOLS_HOME); \
+	touch $@
+
+# The tools take 15-25 minutes on 2 cores, once; `make test` does not build them.
+$(LLAMATOOLS_STAMP): $(LLAMATOOLS_CONVERTER) | $(STAMP)
+	@set -e; \
 	echo "building llama.cpp's tools for $(LLAMATOOLS_ISA) into $(LLAMATOOLS_BUILD) (once)"; \
 	cmake -S $(LLAMATOOLS_SDIST)/vendor/llama.cpp -B $(LLAMATOOLS_BUILD) -DCMAKE_BUILD_TYPE=Release \
 		$(LLAMATOOLS_CMAKE) >/dev/null; \

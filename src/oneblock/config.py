@@ -97,6 +97,13 @@ class ModelConfig:
     rope_theta: float = 10000.0
     n_kv_heads: int = None  # type: ignore[assignment]  # grouped-query attention; None means n_heads
     d_head: int = None  # type: ignore[assignment]  # width of one head, Dh; None means d_model // n_heads
+    # Options of the later decoders: the block stays the same, these switch its parts (Qwen2, Qwen3, Llama 3).
+    qkv_bias: bool = None  # type: ignore[assignment]  # biases on q, k and v only (Qwen2); None means `bias`
+    qk_norm: bool = False  # RMSNorm (Dh,) over each head of q and of k, before rotary (Qwen3)
+    # Rotary frequencies rescaled: {} plain; {"type": "linear", "factor": f}; {"type": "llama3", "factor",
+    # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}; {"type": "factors",
+    # "factors": [Dh/2 divisors]} (a GGUF file's rope_freqs). See oneblock.layers.rotary.
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
     # T5. position="relative" learns one (relative_buckets, H) table of score biases per stack, indexed by the
     # bucketed distance key - query: exact for small distances, logarithmic up to relative_max_distance, beyond
     # which all distances share the last bucket (Raffel et al., 2020).
@@ -155,6 +162,7 @@ class ModelConfig:
                 f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}); "
                 f"choose n_kv_heads from {_divisors(self.n_heads)}"
             )
+        _check_rope_scaling(self.rope_scaling, self.d_head)
         if self.position == "rope" and self.d_head % 2 != 0:
             raise ConfigError(f"rotary positions need an even head width; got d_head {self.d_head}")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
@@ -253,7 +261,40 @@ _DERIVED: dict[str, Callable[[ModelConfig], int]] = {
     "d_head": lambda cfg: cfg.d_model // cfg.n_heads,
     "n_kv_heads": lambda cfg: cfg.n_heads,
     "n_decoder_layers": lambda cfg: cfg.n_layers,
+    "qkv_bias": lambda cfg: cfg.bias,
 }
+
+_ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "factors": ("factors",),
+}
+
+
+def _check_rope_scaling(scaling: dict[str, Any], d_head: int) -> None:
+    """``rope_scaling`` is empty or one of the kinds of ``_ROPE_SCALING_KEYS`` with exactly its keys, numbers > 0."""
+    if not scaling:
+        return
+    kind = scaling.get("type")
+    if kind not in _ROPE_SCALING_KEYS:
+        raise ConfigError(f"rope_scaling['type'] must be one of {sorted(_ROPE_SCALING_KEYS)}; got {kind!r}")
+    wanted = {"type", *_ROPE_SCALING_KEYS[kind]}
+    if set(scaling) != wanted:
+        raise ConfigError(
+            f"rope_scaling of type {kind!r} needs exactly the keys {sorted(wanted)}; got {sorted(scaling)}"
+        )
+    values = scaling["factors"] if kind == "factors" else [scaling[k] for k in _ROPE_SCALING_KEYS[kind]]
+    if not isinstance(values, list) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values
+    ):
+        raise ConfigError(f"rope_scaling {kind!r} needs positive finite numbers; got {scaling!r}")
+    if kind == "factors" and len(values) != d_head // 2:
+        raise ConfigError(f"rope_scaling 'factors' needs d_head / 2 = {d_head // 2} values; got {len(values)}")
+    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ConfigError(
+            f"rope_scaling llama3 needs high_freq_factor ({scaling['high_freq_factor']}) above low_freq_factor "
+            f"({scaling['low_freq_factor']})"
+        )
 
 
 def _divisors(n: int) -> list[int]:

@@ -48,7 +48,15 @@ from oneblock.models.inputs import config_of
 
 ROLES = (*DEFAULT_TARGETS, "pooler")
 # The module prefix of the transformers class ``to_hf`` builds, per family (``model.layers.0...``).
-HF_PREFIX = {"llama": "model.", "gpt2": "transformer.", "bart": "model.", "bert": "", "t5": ""}
+HF_PREFIX = {
+    "llama": "model.",
+    "qwen2": "model.",
+    "qwen3": "model.",
+    "gpt2": "transformer.",
+    "bart": "model.",
+    "bert": "",
+    "t5": "",
+}
 FUSED_FAMILIES = ("gpt2",)  # families whose q, k and v are one matrix, adapted as one
 
 

@@ -17,11 +17,12 @@ from oneblock.layers.norms import norm_parameters
 
 
 def attention_parameters(cfg: ModelConfig) -> int:
-    """Q, K, V and output projections: ``4 C^2 + 4 C`` with biases when ``Hkv == H``."""
+    """Q, K, V and output projections: ``4 C^2 + 4 C`` with biases when ``Hkv == H``; Qwen2's biases on q, k, v
+    alone (``qkv_bias``); Qwen3's two per-head norms (``qk_norm``, ``2 Dh``)."""
     c, q_width, kv_width = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
     weights = c * q_width + 2 * c * kv_width + q_width * c
-    biases = q_width + 2 * kv_width + c if cfg.bias else 0
-    return weights + biases
+    biases = (q_width + 2 * kv_width if cfg.qkv_bias else 0) + (c if cfg.bias else 0)
+    return weights + biases + (2 * norm_parameters("rmsnorm", cfg.d_head) if cfg.qk_norm else 0)
 
 
 def feedforward_parameters(cfg: ModelConfig) -> int:

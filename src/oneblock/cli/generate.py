@@ -150,13 +150,18 @@ def run(args: argparse.Namespace) -> int:
             out.write(text)
             out.flush()
 
-    stats: dict[str, float] = {}
+    stats: dict[str, Any] = {}
     start = time.perf_counter()
     ids = generate(
         model, prompt, n, sampling=sampling, eos_id=eos, crop=args.crop, stream=show, compile=args.compile,
         cache_dtype=_torch_dtype(args.cache_dtype), stats=stats,
     )  # fmt: skip  # (T + n,)
     seconds = time.perf_counter() - start
+    if stats.get("decode_step_reason"):
+        print(
+            f"note: decoding with the {stats['decode_step']} step, slower: {stats['decode_step_reason']}",
+            file=sys.stderr,
+        )
     new = ids[len(prompt) :].tolist()
     decoded = max(len(new) - 1, 0)  # the first token comes from the prompt's pass; the rest from decoding steps
     rate = decoded / stats["decode_seconds"] if decoded and stats.get("decode_seconds") else None
@@ -176,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
                 "prefill_seconds": stats.get("prefill_seconds"),
                 "decode_tokens_per_second": rate,
                 "compile_seconds": stats.get("compile_seconds"),
+                "decode_step": stats.get("decode_step"),
+                "decode_step_reason": stats.get("decode_step_reason"),
                 "peak_rss_bytes": peak_rss_bytes(),
                 "threads": _threads(),
             }

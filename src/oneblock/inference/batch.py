@@ -183,7 +183,7 @@ class BatchDecoder:
         if model.rope is not None:
             cos, sin = model.rope(positions, x.dtype)  # (B, 1, 1, Dh): each row's own position
         for i, (block, qkv) in enumerate(zip(self.blocks, self.qkv, strict=True)):
-            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, cos, sin)
+            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, cos, sin, block.attn)
             out = torch.cat([self._attend(block, slot, i, q[r : r + 1], k[r : r + 1], v[r : r + 1])
                              for r, slot in enumerate(slots)])  # (B, H, 1, Dh)  # fmt: skip
             x = x + block.attn.merge(out)  # heads side by side, then the output projection

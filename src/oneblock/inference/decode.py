@@ -139,8 +139,17 @@ class LeanDecode:
         self._step = self.step if backend is None else torch.compile(self.step, dynamic=True, backend=backend)
         self._compiled = backend is not None
         self.native: NativeStep | None = None
-        if native is not False and backend is None and self.cache.layers[0].k.dtype == torch.float32:
-            self.native = NativeStep.of(model)
+        self.python_reason: str | None = None  # why ``step`` runs rather than the native step, for the user
+        cache_type = self.cache.layers[0].k.dtype
+        if native is False:
+            self.python_reason = "the Python step was asked for (native=False)"
+        elif backend is not None:
+            self.python_reason = "torch.compile compiles the Python step"
+        elif cache_type != torch.float32:
+            self.python_reason = f"the native step keeps a float32 cache, and this one is {cache_type}"
+        else:
+            found = NativeStep.plan(model)
+            self.native, self.python_reason = (found, None) if isinstance(found, NativeStep) else (None, found)
         if self.native is not None:
             self._native_rows(run, total)
             self._step = self.native_step
@@ -209,7 +218,7 @@ class LeanDecode:
         cos = self.cos[:, :, position : position + 1] if self.cos is not None else None  # (B or 1, 1, 1, Dh)
         sin = self.sin[:, :, position : position + 1] if self.sin is not None else None
         for block, qkv, layer in zip(self.blocks, self.qkv, self.cache.layers, strict=True):
-            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, cos, sin)
+            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, cos, sin, block.attn)
             keys, values = layer.write(position, k, v)  # (B, Hkv, end, Dh) views; a write past the end is refused
             if keys.dtype != q.dtype:  # a narrower cache (bfloat16 for a float32 model): widened as read
                 keys, values = keys.to(q.dtype), values.to(q.dtype)

@@ -112,7 +112,7 @@ def generate_stream(
     return_logits: bool = False,
     compile: bool | str = False,
     cache_dtype: torch.dtype | None = None,
-    stats: dict[str, float] | None = None,
+    stats: dict[str, Any] | None = None,
     **sampling_options: Any,
 ) -> Generator[Tensor, None, Tensor | tuple[Tensor, Tensor]]:
     """Generation as an iterator: yields each step's (B,) new ids; its return value is ``generate``'s.
@@ -149,8 +149,10 @@ def generate_stream(
             so on stderr (``ONEBLOCK_COMPILE=force`` overrides; see :mod:`oneblock.inference.compile_policy`).
         cache_dtype: dtype of the stored keys and values (default the model's; ``torch.bfloat16`` halves a float32
             model's cache); pre-LN decoders with a cache only.
-        stats: a dict to fill with ``prefill_seconds``, ``decode_seconds``, ``new_tokens`` and, with
-            ``compile``, ``compile_seconds`` (the first compiled step, compilation included).
+        stats: a dict to fill with ``prefill_seconds``, ``decode_seconds``, ``new_tokens``, ``decode_step``
+            (``"native"``, ``"python"`` or ``"full"``: which step decoded), ``decode_step_reason`` (why not the
+            native one, in words, or ``None``) and, with ``compile``, ``compile_seconds`` (the first compiled
+            step, compilation included).
         **sampling_options: ``Sampling``'s fields as keywords (``temperature=0.7``), instead of ``sampling``.
 
     Raises:
@@ -184,6 +186,17 @@ def generate_stream(
     return _steps(run, samplers, logprobs, eos_id, pad_id, use_cache, return_logits, options, stats)
 
 
+def decode_path(decode: FullDecode | LeanDecode | None) -> dict[str, Any]:
+    """``{"decode_step": "native" | "python" | "full", "decode_step_reason": why not native, or None}``."""
+    if isinstance(decode, LeanDecode):
+        return {
+            "decode_step": "native" if decode.native is not None else "python",
+            "decode_step_reason": decode.python_reason,
+        }
+    reason = None if decode is None else "the model is not a pre-LN decoder-only model decoding with a cache"
+    return {"decode_step": "full", "decode_step_reason": reason}
+
+
 def decoder_for(run: DecodeRequest, use_cache: bool, options: dict[str, Any]) -> FullDecode | LeanDecode:
     if use_cache and run.src is None and lean_supported(run.model):
         return LeanDecode(run, **options)
@@ -199,7 +212,7 @@ def _steps(
     use_cache: bool,
     return_logits: bool,
     options: dict[str, Any],
-    stats: dict[str, float] | None,
+    stats: dict[str, Any] | None,
 ) -> Generator[Tensor, None, Tensor | tuple[Tensor, Tensor]]:
     """The generation loop: pick a token from each step's logits, hand it out, feed it back."""
     model, prompt = run.model, run.prompt
@@ -240,6 +253,8 @@ def _steps(
             stats["new_tokens"] = n
             if isinstance(decode, LeanDecode) and decode.compile_seconds is not None:
                 stats["compile_seconds"] = decode.compile_seconds
+        if stats is not None:
+            stats.update(decode_path(decode))
     out = torch.cat([prompt, new[:, :n]], dim=1)  # (B, T + n)
     if not return_logits:
         return out[0] if run.flat else out

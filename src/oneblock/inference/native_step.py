@@ -70,7 +70,7 @@ def _floats(t: Tensor | None) -> Tensor:
     if t is None:
         return _NONE
     if t.dtype != torch.float32 or t.device.type != "cpu":
-        raise _Unsupported(f"a {t.dtype} tensor on {t.device}")
+        raise _Unsupported(f"{t.dtype} weights on {t.device} (it reads float32 on the CPU)")
     return t.detach().contiguous()
 
 
@@ -141,12 +141,22 @@ class NativeStep:
     @classmethod
     def of(cls, model: nn.Module) -> NativeStep | None:
         """The plan of ``model``, or ``None`` where the Python step must run (see the module's docstring)."""
-        if type(model) is not Decoder or not enabled():
-            return None
+        plan = cls.plan(model)
+        return plan if isinstance(plan, NativeStep) else None
+
+    @classmethod
+    def plan(cls, model: nn.Module) -> NativeStep | str:
+        """The plan of ``model``, or, where the Python step must run, why, in a sentence for the user."""
+        if type(model) is not Decoder:
+            return f"the native step runs decoder-only models; this is a {type(model).__name__}"
+        if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
+            return f"{ENV}={os.environ[ENV]} turns it off"
+        if not enabled():
+            return "the C++ kernels are not built here (no C++ compiler was found, or the build failed)"
         try:
             return cls._gather(model)
-        except _Unsupported:
-            return None
+        except _Unsupported as error:
+            return f"the native step does not compute {error}"
 
     @classmethod
     def _gather(cls, model: Decoder) -> NativeStep:
@@ -179,6 +189,8 @@ class NativeStep:
             block = model.block(i)
             if type(block.attn) is not MultiHeadAttention or type(block.ffn) is not FeedForward:
                 raise _Unsupported("a block with other attention or feed-forward modules")
+            if block.attn.q_norm is not None:
+                raise _Unsupported("per-head query and key norms (qk_norm, as in Qwen3)")
             kind, eps, n1_w, n1_b = _norm(block.attn_norm, kind, eps)
             _, _, n2_w, n2_b = _norm(block.ffn_norm, kind, eps)
             a, ffn = block.attn, block.ffn

@@ -30,15 +30,22 @@ def lean_supported(model: nn.Module) -> bool:
 
 
 def heads_of_one_token(
-    qkv: Tensor, sizes: tuple[int, int, int], d_head: int, cos: Tensor | None, sin: Tensor | None
+    qkv: Tensor,
+    sizes: tuple[int, int, int],
+    d_head: int,
+    cos: Tensor | None,
+    sin: Tensor | None,
+    attn: MultiHeadAttention | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """One new token's queries, keys and values as heads, rotated to its position.
+    """One new token's queries, keys and values as heads, each head normalized where ``attn`` has per-head q/k
+    norms (Qwen3), then rotated to its position.
 
     Args:
         qkv: (B, 1, (H + 2 Hkv) Dh), the fused projection's output.
         sizes: (H Dh, Hkv Dh, Hkv Dh).
         d_head: Dh.
         cos, sin: (B or 1, 1, 1, Dh) rotary tables of the token's position, or ``None`` (no rotary positions).
+        attn: the block's attention, whose ``q_norm`` and ``k_norm`` apply when set.
 
     Returns:
         q (B, H, 1, Dh), k and v (B, Hkv, 1, Dh).
@@ -48,6 +55,8 @@ def heads_of_one_token(
     q = q.view(b, 1, sizes[0] // d_head, d_head).transpose(1, 2)  # (B, H, 1, Dh)
     k = k.view(b, 1, sizes[1] // d_head, d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
     v = v.view(b, 1, sizes[2] // d_head, d_head).transpose(1, 2)
+    if attn is not None and attn.q_norm is not None and attn.k_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
     if cos is not None and sin is not None:  # set together
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     return q, k, v

@@ -30,6 +30,7 @@ from oneblock.layers.fusion import split_linear, stack_linears
 from oneblock.layers.kv_cache import KVCache
 from oneblock.layers.lowrank import project_all
 from oneblock.layers.masks import causal_mask, check_padding_mask, padding_to_attention_mask
+from oneblock.layers.norms import RMSNorm
 from oneblock.layers.rotary import apply_rotary
 from oneblock.layers.state import EMPTY, AttentionState
 
@@ -45,6 +46,9 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: key/value heads ``Hkv`` (must divide ``H``); ``None`` means ``H``.
         d_head: ``Dh``; ``None`` means ``C // H``.
         bias: biases on the four projections (4 C^2 + 4 C parameters with ``Hkv == H``).
+        qkv_bias: biases on q, k and v alone (Qwen2); ``None`` means ``bias``.
+        qk_norm: an RMSNorm (Dh,) over each head of the queries and of the keys, before rotary (Qwen3).
+        norm_eps: the epsilon of those norms.
         dropout: dropout on the attention weights while training.
         scale: the factor on ``q k^T``; ``None`` means ``1 / sqrt(Dh)`` (T5 uses 1.0, its weights absorb it).
         causal: hide later keys unless a call says otherwise (decoder blocks).
@@ -65,9 +69,13 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         scale: float | None = None,
         causal: bool = False,
+        qkv_bias: bool | None = None,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        qkv_bias = bias if qkv_bias is None else qkv_bias
         if d_head is None:
             if d_model % n_heads:
                 raise ConfigError(f"n_heads ({n_heads}) must divide d_model ({d_model})")
@@ -76,10 +84,12 @@ class MultiHeadAttention(nn.Module):
             raise ConfigError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.dropout, self.scale, self.causal = dropout, scale, causal
-        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=qkv_bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=qkv_bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=qkv_bias)
         self.o_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        self.q_norm = RMSNorm(d_head, eps=norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(d_head, eps=norm_eps) if qk_norm else None
         # After ``fuse_qkv``: one product (B, T, C) -> (B, T, (H + 2 Hkv) Dh) in place of the three above.
         self.qkv_proj: nn.Module | None = None
 
@@ -126,7 +136,10 @@ class MultiHeadAttention(nn.Module):
         )
 
     def position(self, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """Rotate queries and keys by their positions (RoPE), before any of them enters the cache."""
+        """Normalize each head (``qk_norm``), then rotate queries and keys by their positions (RoPE), before any of
+        them enters the cache."""
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is None:
             return q, k
         return apply_rotary(q, *rope), apply_rotary(k, *rope)

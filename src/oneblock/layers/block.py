@@ -13,7 +13,7 @@ queries come from the decoder and whose keys and values come from the encoder ou
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
@@ -41,7 +41,9 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.attn = _attention(MultiHeadAttention, cfg, causal=causal)
+        self.attn = _attention(
+            MultiHeadAttention, cfg, causal=causal, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps
+        )
         self.cross_norm: nn.Module | None = None
         self.cross_attn: CrossAttention | None = None
         if cross_attention:
@@ -74,7 +76,7 @@ class Block(nn.Module):
         return self.ffn_norm(x + self.drop(self.ffn(x)))
 
 
-def _attention(kind: type[A], cfg: ModelConfig, **options: bool) -> A:
+def _attention(kind: type[A], cfg: ModelConfig, **options: Any) -> A:
     """A self- or cross-attention layer with the config's heads, widths, biases, dropout and score scale."""
     return kind(
         cfg.d_model,

@@ -4,9 +4,18 @@ Instead of adding a position vector to the token, RoPE rotates each query and ke
 ``(i, i + Dh/2)`` of the vector at position ``p`` is turned by the angle ``p * theta^(-2i/Dh)``. A query-key dot
 product then depends only on the distance between their positions. This is the "rotate half" layout of Hugging
 Face's Llama code (features split in two halves, not interleaved pairs).
+
+Models trained for long contexts rescale the frequencies (``ModelConfig.rope_scaling``): linear scaling divides
+every frequency by one factor; Llama 3 divides the low frequencies (wavelengths beyond ``original / low_freq_factor``)
+by ``factor``, keeps the high ones (below ``original / high_freq_factor``) and blends between; a GGUF file stores
+the same as one divisor per frequency (``rope_freqs.weight``).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -39,15 +48,19 @@ class RotaryEmbedding(nn.Module):
     cos: Tensor  # (L, Dh)
     sin: Tensor
 
-    def __init__(self, d_head: int, max_seq_len: int, *, theta: float = 10000.0) -> None:
+    def __init__(
+        self, d_head: int, max_seq_len: int, *, theta: float = 10000.0, scaling: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__()
         self.d_head = d_head
         self.theta = theta
+        self.scaling = dict(scaling or {})
         if torch.get_default_device().type == "meta":  # a skeleton to load into: shapes only, nothing to compute
             self.register_buffer("cos", torch.empty(max_seq_len, d_head), persistent=False)
             self.register_buffer("sin", torch.empty(max_seq_len, d_head), persistent=False)
             return
         inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
+        inv_freq = inv_freq / frequency_divisors(inv_freq, self.scaling)
         t = torch.arange(max_seq_len, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)  # (L, Dh/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (L, Dh)
@@ -69,3 +82,23 @@ class RotaryEmbedding(nn.Module):
         if positions.dim() == 1:
             return cos[None, None], sin[None, None]  # (1, 1, T, Dh)
         return cos[:, None], sin[:, None]  # (B, 1, T, Dh)
+
+
+def frequency_divisors(inv_freq: Tensor, scaling: Mapping[str, Any]) -> Tensor:
+    """What each rotary frequency (Dh/2,) is divided by under ``scaling`` (``ModelConfig.rope_scaling``): ones when
+    it is empty. The Llama 3 blend is transformers' ``_compute_llama3_parameters`` written as a divisor, as
+    llama.cpp's converter stores it."""
+    kind = scaling.get("type")
+    if not kind:
+        return torch.ones_like(inv_freq)
+    if kind == "linear":
+        return torch.full_like(inv_freq, float(scaling["factor"]))
+    if kind == "factors":
+        return torch.tensor(scaling["factors"], dtype=inv_freq.dtype)
+    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / inv_freq  # (Dh/2,)
+    smooth = (original / wavelength - low) / (high - low)  # 0 at the long end of the blend, 1 at the short end
+    blended = 1.0 / ((1 - smooth) / factor + smooth)
+    divisors = torch.where(wavelength > original / low, torch.full_like(inv_freq, factor), blended)
+    return torch.where(wavelength < original / high, torch.ones_like(inv_freq), divisors)

@@ -56,7 +56,9 @@ class Stack(nn.Module):
         self.cross_attention = cross_attention
         self.embed = Embeddings(cfg, tok=tok)
         self.rope = (
-            RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta) if cfg.position == "rope" else None
+            RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
+            if cfg.position == "rope"
+            else None
         )
         self.relative_bias = (
             RelativePositionBias(

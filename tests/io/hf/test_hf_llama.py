@@ -90,8 +90,8 @@ def test_legacy_rope_theta_key(tmp_path):
         ({"attention_bias": True}, "attention_bias=True is not supported"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
         (
-            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}},
-            "rope_parameters=.*linear.* is not supported",
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 500.0}},
+            "rope_type='yarn' is not supported",
         ),
     ],
 )

@@ -1,8 +1,9 @@
-"""Loading Llama-family models from GGUF files (llama.cpp's format) into oneblock's ``Decoder``.
+"""Loading decoders from GGUF files (llama.cpp's format) into oneblock's ``Decoder``.
 
 Three things happen between the file and the model:
 
-1. The config comes from the ``llama.*`` metadata keys (width, depth, heads, RoPE base, RMSNorm epsilon, ...).
+1. The config comes from the ``<arch>.*`` metadata keys (width, depth, heads, RoPE base, RMSNorm epsilon, ...),
+   with the options of the file's architecture (:mod:`oneblock.io.gguf.archs`: one module each, one table).
 2. Each tensor is renamed (``blk.3.ffn_gate.weight`` -> ``blocks.3.ffn.w1.weight``) and either dequantized to
    float (see :mod:`oneblock.io.gguf.dequant`) or, on the default path, kept as stored and multiplied by
    oneblock's block kernels (see :mod:`oneblock.io.gguf.quantized`). The file is memory-mapped and parsed once
@@ -12,20 +13,23 @@ Three things happen between the file and the model:
    rotates *adjacent* feature pairs ``(2i, 2i+1)`` of each head, while oneblock (like Hugging Face's Llama)
    rotates the pairs ``(i, i + Dh/2)``. llama.cpp's converter therefore interleaves the two halves of each
    head's rows of ``W_q`` and ``W_k``; :func:`unpermute_rows` undoes that, so ``rotate_half`` sees the
-   features it expects. (Values, outputs and the FFN do not rotate and are stored unchanged.)
+   features it expects. (Values, outputs and the FFN do not rotate and are stored unchanged.) Only the
+   ``llama`` layout is stored so; Qwen and the others rotate halves, and their rows are used as stored.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
-from oneblock.errors import ConfigError, ConversionError
+from oneblock.errors import ConversionError
+from oneblock.io.gguf.archs import ARCHITECTURES, architecture_of
+from oneblock.io.gguf.archs.base import Architecture, decoder_config
 from oneblock.io.gguf.block_cache import cached_modules
 from oneblock.io.gguf.dequant import check_supported, dequantize
 from oneblock.io.gguf.file import is_reader
@@ -40,7 +44,7 @@ from oneblock.models.decoder import Decoder
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 # GGUF name -> oneblock name, for the tensors outside the blocks.
 _GLOBAL_NAMES = {
@@ -54,6 +58,11 @@ _BLOCK_NAMES = {
     "attn_q.weight": "attn.q_proj.weight",
     "attn_k.weight": "attn.k_proj.weight",
     "attn_v.weight": "attn.v_proj.weight",
+    "attn_q.bias": "attn.q_proj.bias",
+    "attn_k.bias": "attn.k_proj.bias",
+    "attn_v.bias": "attn.v_proj.bias",
+    "attn_q_norm.weight": "attn.q_norm.weight",
+    "attn_k_norm.weight": "attn.k_norm.weight",
     "attn_output.weight": "attn.o_proj.weight",
     "ffn_norm.weight": "ffn_norm.weight",
     "ffn_gate.weight": "ffn.w1.weight",
@@ -83,114 +92,18 @@ def unpermute_rows(weight: Tensor, n_heads: int) -> Tensor:
     return w.reshape(rows, width)  # (H * Dh, C)
 
 
-def _need(metadata: dict[str, Any], key: str) -> Any:
-    if metadata.get(key) is None:
-        raise ConversionError(f"GGUF metadata lacks {key!r}, which a Llama-family file must have")
-    return metadata[key]
-
-
-def _per_model(key: str, value: Any) -> int:
-    """A value llama.cpp may store per layer; oneblock needs it equal in every layer."""
-    if isinstance(value, list):
-        if len(set(value)) != 1:
-            raise ConversionError(f"{key} differs between layers ({value}); oneblock needs one value for all")
-        value = value[0]
-    return int(value)
-
-
-def _check_llama_features(arch: str, metadata: dict[str, Any], tensor_names: set[str]) -> None:
-    """Refuse Llama variants whose computation oneblock's block does not reproduce."""
-    if _per_model(f"{arch}.expert_count", metadata.get(f"{arch}.expert_count") or 0) > 0:
-        raise ConversionError(
-            f"mixture-of-experts models ({arch}.expert_count={metadata[f'{arch}.expert_count']}) are not "
-            "supported: oneblock's feed-forward is one dense SwiGLU"
-        )
-    scaling = metadata.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise ConversionError(
-            f"RoPE scaling {arch}.rope.scaling.type={scaling!r} is not supported: oneblock's RotaryEmbedding "
-            "uses the plain frequencies theta^(-2i/Dh)"
-        )
-    if "rope_freqs.weight" in tensor_names:
-        raise ConversionError(
-            "the file has a rope_freqs.weight tensor (Llama 3.1-style rescaled RoPE frequencies), which "
-            "oneblock's RotaryEmbedding does not support"
-        )
-
-
-def config_from_metadata(metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
-    """The ``ModelConfig`` a Llama-family GGUF file describes.
-
-    Args:
-        metadata: the file's key/value metadata (see :func:`oneblock.io.gguf.file.read_metadata`).
-        shapes: tensor name -> PyTorch shape; the token embedding gives the vocabulary size, and a missing
-            ``output.weight`` means the head is tied to the embedding.
+def config_from_layout(layout: GGUFLayout) -> ModelConfig:
+    """The ``ModelConfig`` a GGUF file describes (its architecture's module reads the options).
 
     Raises:
-        ConversionError: for a non-Llama architecture, a missing key or a variant oneblock cannot run.
+        ConversionError: for an architecture oneblock does not run, a missing key or a variant it cannot run.
     """
-    arch = metadata.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ConversionError(
-            f"GGUF architecture {arch!r} is not supported; oneblock loads {list(SUPPORTED_ARCHITECTURES)} "
-            "(Llama, Mistral, SmolLM, TinyLlama and others that llama.cpp writes as 'llama')"
-        )
-    _check_llama_features(arch, metadata, set(shapes))
-    d_model = int(_need(metadata, f"{arch}.embedding_length"))
-    n_heads = _per_model(f"{arch}.attention.head_count", _need(metadata, f"{arch}.attention.head_count"))
-    n_kv_heads = _per_model(f"{arch}.attention.head_count_kv", metadata.get(f"{arch}.attention.head_count_kv", n_heads))
-    if n_heads <= 0 or d_model <= 0:
-        raise ConversionError(f"{arch}.attention.head_count ({n_heads}) and embedding_length ({d_model}) must be > 0")
-    d_head = int(metadata.get(f"{arch}.attention.key_length", d_model // n_heads))
-    value_length = int(metadata.get(f"{arch}.attention.value_length", d_head))
-    if value_length != d_head:
-        raise ConversionError(
-            f"{arch}.attention.value_length ({value_length}) differs from key_length ({d_head}); "
-            "oneblock's attention uses one head width for keys and values"
-        )
-    rope_dims = int(metadata.get(f"{arch}.rope.dimension_count", d_head))
-    if rope_dims != d_head:
-        raise ConversionError(
-            f"{arch}.rope.dimension_count ({rope_dims}) differs from the head width ({d_head}); "
-            "oneblock rotates the whole head, not a part of it"
-        )
-    if "token_embd.weight" not in shapes:
-        raise ConversionError("the GGUF file has no token_embd.weight tensor")
-    vocab_size = shapes["token_embd.weight"][0]
-    stated_vocab = metadata.get(f"{arch}.vocab_size")
-    if stated_vocab is not None and int(stated_vocab) != vocab_size:
-        raise ConversionError(
-            f"{arch}.vocab_size ({stated_vocab}) disagrees with token_embd.weight ({vocab_size} rows)"
-        )
-    d_ff = _per_model(f"{arch}.feed_forward_length", _need(metadata, f"{arch}.feed_forward_length"))
-    try:
-        return ModelConfig(
-            arch="decoder",
-            vocab_size=vocab_size,
-            d_model=d_model,
-            n_heads=n_heads,
-            n_layers=int(_need(metadata, f"{arch}.block_count")),
-            d_ff=d_ff,
-            max_seq_len=int(_need(metadata, f"{arch}.context_length")),
-            norm_position="pre",
-            norm="rmsnorm",
-            activation="silu",  # unused by SwiGLU, which always gates with SiLU; recorded for readers
-            bias=False,
-            tie_embeddings="output.weight" not in shapes,
-            dropout=0.0,
-            norm_eps=float(_need(metadata, f"{arch}.attention.layer_norm_rms_epsilon")),
-            ffn="swiglu",
-            position="rope",
-            rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
-            n_kv_heads=n_kv_heads,
-            d_head=d_head,
-            pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
-            bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
-            eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
-            extra={"source": "gguf", "name": metadata.get("general.name")},
-        )
-    except ConfigError as error:
-        raise ConversionError(f"the GGUF metadata describes an impossible model: {error}") from error
+    return decoder_config(architecture_of(layout.metadata), layout)
+
+
+def _keep_rows(weight: Tensor, n_heads: int) -> Tensor:
+    """The rows of a family stored in ``rotate_half`` order already."""
+    return weight
 
 
 def oneblock_name(gguf_name: str) -> str:
@@ -225,26 +138,33 @@ def open_layout(source: Source) -> GGUFLayout:
     return read_layout(source)
 
 
-def _checked(source: Source) -> tuple[ModelConfig, GGUFLayout]:
+def _checked(source: Source) -> tuple[ModelConfig, GGUFLayout, Architecture]:
     layout = open_layout(source)
-    shapes = {name: t.shape for name, t in layout.tensors.items()}
-    cfg = config_from_metadata(layout.metadata, shapes)
+    arch = architecture_of(layout.metadata)
+    cfg = decoder_config(arch, layout)
     check_model_size(cfg, what="the GGUF metadata", error=ConversionError)  # before any allocation
-    for t in layout.tensors.values():  # fail before the slow part if anything is unreadable
+    for t in _weights(layout, arch):  # fail before the slow part if anything is unreadable
         oneblock_name(t.name)
         check_supported(t.name, t.ggml_type)
-    return cfg, layout
+    return cfg, layout, arch
 
 
-def _decoded(t: TensorRecord, cfg: ModelConfig, layout: GGUFLayout | None = None) -> Tensor:
-    """A tensor's float32 values, query/key rows in ``rotate_half`` order."""
+def _weights(layout: GGUFLayout, arch: Architecture) -> list[TensorRecord]:
+    """The file's tensors that are the model's weights (not those the config was read from)."""
+    return [t for t in layout.tensors.values() if t.name not in arch.consumed]
+
+
+def _decoded(t: TensorRecord, cfg: ModelConfig, arch: Architecture, layout: GGUFLayout | None = None) -> Tensor:
+    """A tensor's float32 values, query/key rows (and biases) in ``rotate_half`` order."""
     weight = dequantize(t)
     if layout is not None:
         layout.release(t)
-    if t.name.endswith(".attn_q.weight"):
-        weight = unpermute_rows(weight, cfg.n_heads)
-    elif t.name.endswith(".attn_k.weight"):
-        weight = unpermute_rows(weight, cfg.n_kv_heads)
+    if not arch.permuted:
+        return weight
+    if ".attn_q." in t.name and not t.name.endswith("_norm.weight"):
+        weight = unpermute_rows(weight.view(weight.shape[0], -1), cfg.n_heads).view(weight.shape)
+    elif ".attn_k." in t.name:
+        weight = unpermute_rows(weight.view(weight.shape[0], -1), cfg.n_kv_heads).view(weight.shape)
     return weight
 
 
@@ -263,8 +183,8 @@ def read_gguf(source: Source, *, dtype: torch.dtype = torch.float32) -> tuple[Mo
         CheckpointError: if the file is missing, not GGUF or corrupt.
         ConversionError: for an unsupported architecture, variant or quantization type, or NaN/inf weights.
     """
-    cfg, layout = _checked(source)
-    return cfg, {oneblock_name(t.name): _decoded(t, cfg).to(dtype) for t in layout.tensors.values()}
+    cfg, layout, arch = _checked(source)
+    return cfg, {oneblock_name(t.name): _decoded(t, cfg, arch).to(dtype) for t in _weights(layout, arch)}
 
 
 def from_gguf(
@@ -302,29 +222,31 @@ def from_gguf(
         ConversionError: for an unsupported architecture, variant or quantization type, NaN or infinite weights,
             or tensors whose shapes disagree with the metadata.
     """
-    cfg, layout = _checked(path)
+    cfg, layout, arch = _checked(path)
     on_cpu = device is None or torch.device(device).type == "cpu"
     model = _uninitialized(cfg)
     expected = model.state_dict()
-    state = {oneblock_name(t.name): t for t in layout.tensors.values()}
+    state = {oneblock_name(t.name): t for t in _weights(layout, arch)}
     if cfg.tie_embeddings and "lm_head.weight" in expected:
         state["lm_head.weight"] = state["embed.tok.weight"]
     _check_names_and_shapes(cfg, expected, state)
-    names = {t.name: oneblock_name(t.name) for t in layout.tensors.values()}
+    names = {t.name: oneblock_name(t.name) for t in _weights(layout, arch)}
+    rows = unpermute_rows if arch.permuted else _keep_rows
     modules = {}
     if dtype is None and on_cpu:
         modules = cached_modules(
-            layout, lambda: block_modules(cfg, layout, names, unpermute_rows), interleaved=interleaves(), enabled=cache
+            layout, lambda: block_modules(cfg, layout, names, rows), interleaved=interleaves(), enabled=cache
         )
     for name, (module, _) in modules.items():
         _put(model, name, module)
     covered = {name for _, names_covered in modules.values() for name in names_covered}
     tied = cfg.tie_embeddings and "lm_head" not in modules
     decoded = {
-        name: _decoded(t, cfg, layout).to(dtype or torch.float32)
+        name: _decoded(t, cfg, arch, layout).to(dtype or torch.float32)
         for name, t in state.items()
         if name not in covered and not (tied and name == "lm_head.weight")
     }
+    _stack_biases(model, decoded)
     model.load_state_dict(decoded, strict=False, assign=True)
     if tied:
         model.lm_head.weight = model.embed.tok.weight
@@ -344,6 +266,15 @@ def _put(model: Decoder, name: str, module: nn.Module) -> None:
         parent.q_proj = parent.k_proj = parent.v_proj = None  # type: ignore[assignment]
     elif child == "w13":
         parent.w1 = parent.w3 = None  # type: ignore[assignment]
+
+
+def _stack_biases(model: Decoder, decoded: dict[str, Tensor]) -> None:
+    """Give each stacked q/k/v projection the file's three biases (Qwen2), taking them out of ``decoded``."""
+    for i, block in enumerate(model.blocks):
+        fused = getattr(block.attn, "qkv_proj", None)
+        names = [f"blocks.{i}.attn.{p}_proj.bias" for p in "qkv"]
+        if fused is not None and all(name in decoded for name in names):
+            fused.bias = torch.cat([decoded.pop(name) for name in names])  # ((H + 2 Hkv) Dh,)
 
 
 def _check_names_and_shapes(cfg: ModelConfig, expected: dict[str, Tensor], state: dict[str, TensorRecord]) -> None:
@@ -366,7 +297,7 @@ def _uninitialized(cfg: ModelConfig) -> Decoder:
     if not isinstance(model, Decoder):
         raise ConversionError(f"a GGUF file describes a decoder; its config has arch={cfg.arch!r}")
     if model.rope is not None:
-        model.rope = RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta)
+        model.rope = RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
     return model
 
 

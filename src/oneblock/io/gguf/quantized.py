@@ -107,7 +107,8 @@ def block_modules(
     Args:
         cfg: the model's config.
         layout: the parsed file.
-        names: GGUF tensor name -> oneblock state_dict name (``blk.0.ffn_up.weight`` -> ``blocks.0.ffn.w3.weight``).
+        names: GGUF tensor name -> oneblock state_dict name (``blk.0.ffn_up.weight`` -> ``blocks.0.ffn.w3.weight``)
+            of every tensor that is a weight of the model.
         unpermute: :func:`oneblock.io.gguf.load.unpermute_rows`.
 
     Returns:
@@ -133,8 +134,8 @@ def block_modules(
                 )
     done = {name for _, covered in modules.values() for name in covered}
     for t in tensors.values():
-        fmt, name = block_format(t), names[t.name]
-        if fmt is None or name in done:
+        fmt, name = block_format(t), names.get(t.name)
+        if fmt is None or name is None or name in done:  # a name that is not the model's: read into the config
             continue
         module = name.removesuffix(".weight")
         if module == "embed.tok" and not cfg.tie_embeddings:

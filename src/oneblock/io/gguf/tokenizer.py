@@ -42,6 +42,9 @@ _LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# Qwen2 and Qwen3 (llama.cpp's "qwen2"): Llama 3's regex with every digit on its own.
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+
 
 def _gpt2_split() -> pre_tokenizers.PreTokenizer:
     # GPT-2's own regex ('s|'t|...| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+) followed by the byte map.
@@ -53,13 +56,21 @@ def _smollm_split() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_split()])
 
 
-def _llama3_split() -> pre_tokenizers.PreTokenizer:
+def _regex_split(regex: str) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.Split(Regex(regex), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
+
+
+def _llama3_split() -> pre_tokenizers.PreTokenizer:
+    return _regex_split(_LLAMA3_SPLIT)
+
+
+def _qwen2_split() -> pre_tokenizers.PreTokenizer:
+    return _regex_split(_QWEN2_SPLIT)
 
 
 # tokenizer.ggml.pre -> how text is cut into words before BPE. A missing key means "default" (GPT-2's regex).
@@ -70,6 +81,7 @@ PRE_TOKENIZERS = {
     "llama-bpe": _llama3_split,
     "llama3": _llama3_split,
     "llama-v3": _llama3_split,
+    "qwen2": _qwen2_split,
     "smaug-bpe": _llama3_split,
 }
 

@@ -235,10 +235,19 @@ def take_head(cfg: ModelConfig, source: TensorSource, out: dict[str, Tensor], em
 
 
 def config_mismatches(
-    cfg: ModelConfig, family: str, wanted: Mapping[str, Any], *, plain_heads: bool = True
+    cfg: ModelConfig,
+    family: str,
+    wanted: Mapping[str, Any],
+    *,
+    plain_heads: bool = True,
+    options: Iterable[str] = (),
 ) -> list[str]:
-    """Why ``cfg`` cannot be written as a ``family`` checkpoint: each field that differs from ``wanted``, and,
-    for families with ordinary multi-head attention (``plain_heads``), grouped or resized heads."""
+    """Why ``cfg`` cannot be written as a ``family`` checkpoint: each field that differs from ``wanted``; each
+    option of the later decoders (``qkv_bias``, ``qk_norm``, ``rope_scaling``) switched on that the family does
+    not list in ``options``; and, for families with ordinary multi-head attention (``plain_heads``), grouped or
+    resized heads."""
+    off = {"qkv_bias": cfg.bias, "qk_norm": False, "rope_scaling": {}}
+    wanted = {**{k: v for k, v in off.items() if k not in options}, **wanted}
     out = [f"{k}={getattr(cfg, k)!r} ({family} has {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]
     if plain_heads and cfg.n_kv_heads != cfg.n_heads:
         out.append(f"n_kv_heads={cfg.n_kv_heads} ({family} has one key/value head per query head)")

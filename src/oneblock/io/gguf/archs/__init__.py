@@ -1,0 +1,24 @@
+"""The GGUF architectures oneblock runs, one module each, registered in one table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oneblock.errors import ConversionError
+from oneblock.io.gguf.archs import llama, qwen2, qwen3
+from oneblock.io.gguf.archs.base import Architecture
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH)}
+
+
+def architecture_of(metadata: dict[str, Any]) -> Architecture:
+    """The file's architecture.
+
+    Raises:
+        ConversionError: ``general.architecture`` names one oneblock does not run (the message lists those it does).
+    """
+    name = metadata.get("general.architecture")
+    if name not in ARCHITECTURES:
+        runs = ", ".join(f"{a.name} ({a.family})" for a in ARCHITECTURES.values())
+        raise ConversionError(f"GGUF architecture {name!r} is not supported; oneblock runs {runs}")
+    return ARCHITECTURES[name]

@@ -1,0 +1,99 @@
+"""Small models of each architecture, made as a user's files are made: transformers builds one from a config with
+every parameter randomised (norm weights around 1, biases nonzero: default initialisation hides the bugs that
+matter), ``save_pretrained`` writes it, and llama.cpp's own ``convert_hf_to_gguf.py`` (from the llama-cpp-python
+sdist that ``make test`` unpacks) converts it. The vocabulary is the sdist's ``models/ggml-vocab-<pre>.gguf``,
+rebuilt by oneblock's GGUF tokenizer, so the converter recognises the pre-tokenizer as the real model's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+SDIST = Path.home() / ".cache" / "oneblock" / "llama.cpp" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}  # fmt: skip
+# family -> (transformers config class, its sizes beyond the shared ones, the sdist's vocabulary)
+FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}, "qwen2"),
+    "qwen3": ("Qwen3Config", {"head_dim": 48, "tie_word_embeddings": False}, "qwen2"),
+    "llama3": ("LlamaConfig", {"tie_word_embeddings": True, "rope_parameters": LLAMA3_ROPE}, "llama-bpe"),
+}
+SHARED = {
+    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+}  # fmt: skip
+
+
+def converter() -> Path:
+    """``convert_hf_to_gguf.py``, or a skip (a failure under ``CI=true``, where ``make test`` unpacks it)."""
+    script = SDIST / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        message = f"llama.cpp's converter is not at {script} (make test unpacks the llama-cpp-python sdist there)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return script
+
+
+def make_hf(directory: Path, family: str, seed: int = 0) -> Path:
+    """A randomised ``family`` model and its tokenizer, saved in ``directory``."""
+    import transformers
+
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+
+    converter()
+    config_class, sizes, vocab = FAMILIES[family]
+    tokenizer = GGUFTokenizer.from_gguf(SDIST / "models" / f"ggml-vocab-{vocab}.gguf")
+    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
+    config = getattr(transformers, config_class)(vocab_size=tokenizer.vocab_size, **SHARED, **sizes, **ids)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    tokenizer.tokenizer.save(str(directory / "tokenizer.json"))
+    special = {k.removesuffix("_id"): tokenizer.token(v) for k, v in ids.items() if v is not None}
+    (directory / "tokenizer_config.json").write_text(json.dumps(special))
+    return directory
+
+
+def convert(directory: Path, out: Path, outtype: str = "f32") -> Path:
+    """``directory`` converted by llama.cpp's ``convert_hf_to_gguf.py`` into ``out``."""
+    script = converter()
+    env = {**os.environ, "PYTHONPATH": str(SDIST / "gguf-py"), "NO_LOCAL_GGUF": ""}
+    done = subprocess.run(
+        [sys.executable, str(script), str(directory), "--outtype", outtype, "--outfile", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise AssertionError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+    return out
+
+
+def made(root: Path, family: str) -> Path:
+    """The HF directory of ``family`` with its F32 (``f32.gguf``) and Q8_0 (``q8_0.gguf``) conversions, made once
+    under ``root`` for every test worker (the first one to ask makes it, the others wait on a lock)."""
+    import fcntl
+
+    directory = root / family
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{family}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (directory / "q8_0.gguf").is_file():
+            directory.mkdir(exist_ok=True)
+            make_hf(directory, family)
+            convert(directory, directory / "f32.gguf", "f32")
+            convert(directory, directory / "q8_0.gguf", "q8_0")
+    return directory

@@ -1,0 +1,145 @@
+"""Every architecture of :mod:`oneblock.io.gguf.archs` against references nobody here wrote.
+
+Each family (Qwen2 with its q/k/v biases, Qwen3 with its per-head q/k norms and a head width of its own, Llama 3
+with its rescaled rotary frequencies) is made as a user's files are (``converter_testing``): transformers from a
+config with every parameter randomised, then llama.cpp's own converter, to F32 and to Q8_0. Sequences run to 300
+positions, past Llama 3's ``original_max_position_embeddings`` of 64, so the scaled frequencies matter.
+
+* the Hugging Face directory: oneblock's logits equal transformers' within 1e-5 of the logits' range;
+* the F32 GGUF file: within 1e-4 of the range (llama.cpp's converter wrote it: names, row order, rope_freqs);
+* the Q8_0 file in llama.cpp (llama-cpp-python) and in oneblock, each against the float32 model: oneblock's mean
+  KL divergence at most 1.1x llama.cpp's, top-1 agreement no more than a point lower;
+* cached decoding (the native step where it applies, the Python step otherwise) equals the full forward;
+* the file's tokenizer, rebuilt by oneblock, equals transformers' on the directory.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from converter_testing import FAMILIES, made
+from llamacpp_testing import llama_cpp_module, llama_cpp_windows
+
+from oneblock.errors import ConversionError
+from oneblock.inference.fidelity import fidelity, full_logits, stepwise_logits
+from oneblock.inference.generation import generate
+from oneblock.io.gguf.archs import ARCHITECTURES, architecture_of
+from oneblock.io.gguf.load import from_gguf
+from oneblock.io.gguf.tokenizer import GGUFTokenizer
+from oneblock.io.hf.convert import from_hf
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+LENGTH = 300
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    """(name, directory holding the HF model, f32.gguf and q8_0.gguf, transformers' model, ids, its logits)."""
+    import transformers
+
+    directory = made(tmp_path_factory.getbasetemp().parent / "architectures", request.param)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    ids = torch.randint(0, reference.config.vocab_size, (1, LENGTH), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = reference(ids).logits[0]  # (T, V)
+    return request.param, directory, ids, logits
+
+
+def _spread(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest difference as a fraction of the reference logits' range."""
+    return float((got - want).abs().max() / (want.max() - want.min()))
+
+
+def test_the_hugging_face_directory_computes_transformers_logits(family):
+    _, directory, ids, want = family
+    with torch.no_grad():
+        got = from_hf(directory)(ids)[0]
+    assert _spread(got, want) < 1e-5
+
+
+def test_the_converted_f32_file_computes_transformers_logits(family):
+    name, directory, ids, want = family
+    model = from_gguf(directory / "f32.gguf", dtype=torch.float32)
+    assert model.config.extra["gguf_architecture"] == {"llama3": "llama"}.get(name, name)
+    with torch.no_grad():
+        got = model(ids)[0]
+    assert _spread(got, want) < 1e-4
+
+
+def test_each_family_sets_its_options_of_the_block(family):
+    name, directory, _, _ = family
+    cfg = from_gguf(directory / "f32.gguf", dtype=torch.float32).config
+    assert cfg.qkv_bias == (name == "qwen2")
+    assert cfg.qk_norm == (name == "qwen3")
+    assert (cfg.rope_scaling.get("type") == "factors") == (name == "llama3")
+    assert cfg.d_head == (48 if name == "qwen3" else 16)
+
+
+def test_cached_decoding_equals_the_full_forward(family):
+    name, directory, ids, _ = family
+    model = from_gguf(directory / "f32.gguf", dtype=torch.float32)
+    stats: dict = {}
+    out, logits = generate(model, ids[:, :40], 24, greedy=True, return_logits=True, stats=stats)
+    with torch.no_grad():
+        full = model(out[:, :-1])[0, 39:]  # (24, V): the same positions in one forward
+    assert _spread(logits[0], full) < 1e-5
+    assert stats["decode_step"] == ("python" if name == "qwen3" else "native")
+
+
+def test_the_native_step_equals_the_python_step_or_says_why_it_does_not_run(family, monkeypatch):
+    name, directory, ids, _ = family
+    model = from_gguf(directory / "f32.gguf", dtype=torch.float32)
+    native: dict = {}
+    _, fast = generate(model, ids[:, :40], 16, greedy=True, return_logits=True, stats=native)
+    if name == "qwen3":  # per-head q/k norms: the Python step decodes, and says so
+        assert native["decode_step"] == "python"
+        assert "qk_norm" in native["decode_step_reason"]
+        return
+    monkeypatch.setenv("ONEBLOCK_NATIVE_STEP", "0")
+    python: dict = {}
+    _, slow = generate(model, ids[:, :40], 16, greedy=True, return_logits=True, stats=python)
+    assert (native["decode_step"], python["decode_step"]) == ("native", "python")
+    assert native["decode_step_reason"] is None
+    assert "ONEBLOCK_NATIVE_STEP" in python["decode_step_reason"]
+    assert _spread(fast, slow) < 1e-5
+
+
+def test_the_q8_0_file_is_as_faithful_as_in_llama_cpp(family):
+    llama_cpp_module()
+    _, directory, ids, _ = family
+    exact = from_gguf(directory / "f32.gguf", dtype=torch.float32)
+    window = ids[0, :129].tolist()
+    reference = [full_logits(exact, window)]
+    ours = fidelity(reference, [stepwise_logits(from_gguf(directory / "q8_0.gguf"), window)])
+    theirs = fidelity(reference, llama_cpp_windows(directory / "q8_0.gguf", [window], stepwise=True))
+    print(f"oneblock KLD {ours.kld:.6f} top-1 {ours.top1:.2%}; llama.cpp KLD {theirs.kld:.6f} top-1 {theirs.top1:.2%}")
+    assert ours.kld <= 1.1 * theirs.kld
+    assert ours.top1 >= theirs.top1 - 0.01
+
+
+def test_the_f32_file_is_the_float32_model_in_llama_cpp(family):
+    llama_cpp_module()
+    _, directory, ids, _ = family
+    window = ids[0, :65].tolist()
+    exact = from_gguf(directory / "f32.gguf", dtype=torch.float32)
+    figures = fidelity(
+        [full_logits(exact, window)], llama_cpp_windows(directory / "f32.gguf", [window], stepwise=False)
+    )
+    assert figures.kld < 1e-6
+    assert figures.top1 == 1.0
+
+
+def test_the_files_tokenizer_is_transformers(family):
+    from transformers import AutoTokenizer
+
+    _, directory, _, _ = family
+    ours = GGUFTokenizer.from_gguf(directory / "f32.gguf")
+    theirs = AutoTokenizer.from_pretrained(directory)
+    text = "Hello world 12345, it's  a\n\n test of 3.14159 \u00e9t\u00e9 \U0001f680!"
+    assert ours.encode(text, add_bos=False) == theirs.encode(text, add_special_tokens=False)
+
+
+def test_an_architecture_oneblock_does_not_run_is_refused_naming_those_it_does():
+    with pytest.raises(ConversionError, match=r"'gemma2' is not supported; oneblock runs llama .*qwen2 .*qwen3"):
+        architecture_of({"general.architecture": "gemma2"})
+    assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3"}
