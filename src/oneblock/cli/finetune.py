@@ -170,6 +170,7 @@ FLAG_NAMES = {
     "dtype='float32'": "--dtype float32",
     "method='lora'": "--method lora",
     "device 'cpu'": "--device cpu",
+    "lr": "--lr",
 }
 
 

@@ -29,7 +29,7 @@ from oneblock.errors import CheckpointError, ConfigError
 from oneblock.finetune.examples import build_examples
 from oneblock.finetune.objective import SupervisedObjective
 from oneblock.finetune.pairs import PairExample, build_pairs, read_pairs
-from oneblock.finetune.preference import DEFAULT_BETA, PreferenceObjective
+from oneblock.finetune.preference import DEFAULT_BETA, PreferenceObjective, check_beta
 from oneblock.finetune.records import Dataset, read_data
 from oneblock.finetune.tokenize import Example
 from oneblock.text.tokenizer import Tokenizer
@@ -91,8 +91,7 @@ class FinetuneConfig:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if not 0.0 <= self.eval_share < 1.0:
             raise ConfigError(f"eval_share must lie in [0, 1); got {self.eval_share!r}")
-        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0 < self.beta < float("inf"):
-            raise ConfigError(f"beta must be a finite number > 0; got {self.beta!r}")
+        check_beta(self.beta)
         if self.preference and (self.pack or self.truncate):
             raise ConfigError("DPO keeps every pair whole in its own rows; drop pack=True and truncate=True")
         if self.eval_data is not None and self.eval_share:
@@ -165,7 +164,8 @@ def prepare(
         run_dir: the run directory (None: in memory).
         expect_base: the ``base_identity`` a resumed run recorded; another base is refused.
         fit_context: shorten a ``seq_len`` longer than the model's context to it (a default, not a user's value).
-        **trainer_kwargs: for ``Trainer`` (``device``, ``quiet``, ``on_step``, ``on_note``).
+        **trainer_kwargs: for ``Trainer`` (``device``, ``quiet``, ``on_step``, ``on_note``); a fine-tuning run stops
+            at the first non-finite loss unless ``stop_on_divergence=False``.
 
     Raises:
         ConfigError: full fine-tuning of 4-bit weights, a window longer than the model's context, or settings
@@ -215,7 +215,7 @@ def prepare(
         model=model,
         objective=objective,
         extra_config={"finetune": ft.to_dict(), "base": identity},
-        **trainer_kwargs,
+        **{"stop_on_divergence": True, **trainer_kwargs},
     )
     return FinetuneRun(trainer, ft, tokenizer, n_train)
 
