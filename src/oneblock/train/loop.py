@@ -47,7 +47,7 @@ from torch import nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, DivergenceError
-from oneblock.io import limits
+from oneblock.io import files, limits
 from oneblock.io.runlock import RunLock
 from oneblock.models.build import build_model
 from oneblock.models.inputs import config_of
@@ -350,7 +350,7 @@ class Trainer(RunKeeping):
                 log.write({"step": self.step, "eval": result.eval})
             if run_dir is not None:
                 summary = {"step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "eval": result.eval}
-                (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+                files.write_atomic(run_dir / SUMMARY_FILE, [json.dumps(summary, indent=2).encode()], what="summary")
         finally:
             if log:
                 log.close()
