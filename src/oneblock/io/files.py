@@ -68,16 +68,26 @@ def check_destination(path: Path, what: str, error: type[OneBlockError] = Checkp
 
     A missing ``path`` (or a dangling link) is fine: the file is created.
     """
+    kind = special_kind(path)
+    if kind is None:
+        return
+    directory = kind.startswith(_KINDS[stat.S_IFDIR])
+    fix = "give a file name inside it" if directory else "give the path of a regular file, or a new one"
+    raise error(f"cannot write the {what} to {str(path)!r}: it is {kind}, not a regular file; {fix}")
+
+
+def special_kind(path: Path) -> str | None:
+    """What is at ``path`` when it is neither missing nor a regular file ("a FIFO (named pipe)", "a directory
+    (through a symbolic link)", ...), looked up without opening it (opening a FIFO waits for a writer); else None.
+    """
     try:
         mode = os.stat(path).st_mode
-    except OSError:  # nothing there (or a dangling link, or a name too long): writing it will say what is wrong
-        return
+    except OSError:  # nothing there (or a dangling link, or a name too long)
+        return None
     if stat.S_ISREG(mode):
-        return
-    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-    fix = "give a file name inside it" if stat.S_ISDIR(mode) else "give the path of a regular file, or a new one"
-    link = " (through a symbolic link)" if path.is_symlink() else ""
-    raise error(f"cannot write the {what} to {str(path)!r}: it is {kind}{link}, not a regular file; {fix}")
+        return None
+    kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+    return kind + (" (through a symbolic link)" if path.is_symlink() else "")
 
 
 _KINDS = {
