@@ -64,3 +64,22 @@ def test_dpo_beta_whose_loss_overflows_is_refused(tmp_path, base, capsys):
     assert check_beta(MAX_BETA) == MAX_BETA
     with pytest.raises(ConfigError, match=r"beta must be at most 1000; got 1001"):
         FinetuneConfig(model="m", data="d", method="dpo", beta=1001.0)
+
+
+def test_a_batch_larger_than_the_data_is_cut_to_it_and_told(tmp_path, base, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", pair_records())
+    out = tmp_path / "run"
+    assert main([*_finetune(base, data, out), "--steps", "1", "--batch-size", "100000"]) == 0
+    err = capsys.readouterr().err
+    assert "--batch-size 100000 is more than the 4 training examples; each micro-batch holds 4" in err
+    assert json.loads((out / "config.json").read_text())["train"]["batch_size"] == 4
+    steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert steps[0]["tokens"] == sum(len(p + c) - 1 for p, c in PAIRS)  # the inputs of each example once
+
+
+def test_a_lora_rank_above_a_layers_width_is_refused_naming_both(tmp_path, base, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", pair_records())
+    err = _one_line(capsys, main([*_finetune(base, data, tmp_path / "run"), "--lora-rank", "1000000000"]))
+    assert "LoRA rank 1000000000 is above the width of layer 'blocks.0.attn.k_proj' (48 in, 16 out)" in err
+    assert err.endswith("choose a LoRA rank of at most 16")
+    assert main([*_finetune(base, data, tmp_path / "ok"), "--steps", "1", "--lora-rank", "16"]) == 0

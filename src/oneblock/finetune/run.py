@@ -191,8 +191,10 @@ def prepare(
         raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
     objective: SupervisedObjective | PreferenceObjective
     vocab_size, pad_id = config_of(model).vocab_size, pad_id_of(tokenizer)
+    tell = trainer_kwargs.get("on_note") or _warn
     if ft.preference:
         pairs, held_pairs = _pairs(ft, cfg, tokenizer)
+        cfg = fit_batch(cfg, len(pairs), "preference pairs", tell=tell)
         torch.manual_seed(cfg.seed)
         _adapt(model, ft)
         objective = PreferenceObjective(
@@ -201,7 +203,8 @@ def prepare(
         objective.source = fingerprint(ft.data, Path(ft.data).read_bytes())  # a resume on other data is refused
         n_train = len(pairs)
     else:
-        data, train, held_out = _examples(ft, cfg, tokenizer, tell=trainer_kwargs.get("on_note") or _warn)
+        data, train, held_out = _examples(ft, cfg, tokenizer, tell=tell)
+        cfg = fit_batch(cfg, len(train), "training examples", tell=tell)
         torch.manual_seed(cfg.seed)  # the adapters' initialization, the same on every rank and on resume
         _adapt(model, ft)
         objective = SupervisedObjective(cfg, train, held_out, vocab_size=vocab_size, pad_id=pad_id, packed=ft.pack)
@@ -247,6 +250,15 @@ def _examples(
     if note is not None:
         tell(note)
     return data, train, held_out
+
+
+def fit_batch(cfg: TrainConfig, n_train: int, what: str, *, tell: Callable[[str], None]) -> TrainConfig:
+    """``cfg`` with a micro-batch of at most the ``n_train`` examples (or pairs) there are (told): a larger one
+    would only repeat them, at the memory of rows that teach nothing new."""
+    if cfg.batch_size <= n_train:
+        return cfg
+    tell(f"batch_size {cfg.batch_size} is more than the {n_train} {what}; each micro-batch holds {n_train}")
+    return cfg.replace(batch_size=n_train)
 
 
 def overlap_note(train: Sequence[Example], held_out: Sequence[Example]) -> str | None:
