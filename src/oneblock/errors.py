@@ -25,3 +25,8 @@ class CheckpointError(OneBlockError):
 
 class ConversionError(OneBlockError):
     """Weights from another library cannot be mapped onto a oneblock model exactly."""
+
+
+class DivergenceError(ConfigError):
+    """A training run's loss, gradients or weights became non-finite: its settings (most often the learning rate)
+    make it diverge, so it stops before anything non-finite is saved."""

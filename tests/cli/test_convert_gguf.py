@@ -4,6 +4,8 @@ Face directory's tokenizer.json), ``--adapter-only``, and the refusals, on a sma
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 import torch
@@ -156,3 +158,25 @@ def test_an_empty_metadata_array_is_copied_and_reads_back(tmp_path, capsys):
     field = gguf.GGUFReader(out).fields["tokenizer.ggml.added_tokens"]  # llama.cpp's own reader
     assert field.types == [gguf.GGUFValueType.ARRAY] and field.contents() == []
     assert load_model(out).tokenizer.encode("aab") == load_model(tmp_path / "source.gguf").tokenizer.encode("aab")
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_a_fifo_destination_is_refused_even_with_force(source_and_adapter, tmp_path, capsys, link):
+    source, _, _ = source_and_adapter
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    dst = tmp_path / "link.gguf" if link else fifo
+    if link:
+        dst.symlink_to(fifo)
+    code = main(["convert", "--model", str(source), str(dst), "--to", "gguf", "--force"])
+    assert re.search(r"cannot write the GGUF file to '.*': it is a FIFO", one_line_error(capsys, code))
+    assert fifo.is_fifo() and dst.is_symlink() == link
+
+
+def test_the_gguf_writer_refuses_a_fifo(tmp_path):
+    from oneblock.errors import CheckpointError
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(CheckpointError, match=r"it is a FIFO \(named pipe\), not a regular file"):
+        save_gguf(build_decoder(LLAMA).eval(), tmp_path / "pipe", vocabulary=VOCAB)
+    assert (tmp_path / "pipe").is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 
 import pytest
@@ -180,3 +181,11 @@ def test_json_reports_load_first_token_decode_rate_and_memory(byte_checkpoint, c
     assert len(data["new_ids"]) == 6
     assert 0 < data["load_seconds"] < data["first_token_seconds"]  # first token counted from process start
     assert data["decode_tokens_per_second"] > 0 and data["peak_rss_bytes"] > 10_000_000
+
+
+def test_a_fifo_model_is_told_as_not_a_regular_file(tmp_path, capsys):
+    os.mkfifo(tmp_path / "m.gguf")
+    code = main(["generate", "--model", str(tmp_path / "m.gguf"), "--prompt", "x"])
+    line = one_line_error(capsys, code, empty_stdout=False)
+    assert "'.gguf' is a FIFO" not in line and "m.gguf' is a FIFO (named pipe), not a regular file" in line
+    assert "does not exist" not in line

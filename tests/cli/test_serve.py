@@ -43,6 +43,9 @@ def test_help_lists_the_flags(capsys):
         ),
         (["--header-timeout", "0"], "--header-timeout must be a positive number of seconds; got 0"),
         (["--body-timeout", "-1"], "--body-timeout must be a positive number of seconds; got -1"),
+        (["--grace", "inf"], r"--grace must be at most 604800 seconds \(a week\); got inf"),
+        (["--grace", "nan"], "--grace must be a positive number of seconds; got nan"),
+        (["--timeout", "1e300"], r"--timeout must be at most 604800 seconds \(a week\); got 1e\+300"),
         (["--cors-origin", "localhost:3000"], "--cors-origin: a CORS origin must look like 'http://localhost:3000'"),
         (
             ["--model", "lesson", "--embedding-model", "none", "--max-batch", "100000000"],

@@ -121,3 +121,19 @@ def test_masking_that_leaves_nothing_trained_is_refused(tmp_path, smol_tokenizer
     data = read_data(write_jsonl(tmp_path / "n.jsonl", [chat("a long question " * 20, "answer")]))
     with pytest.raises(InputError, match=r"no token of .*n\.jsonl is trained"):
         build_examples(data, smol_tokenizer, seq_len=20, truncate=True)
+
+
+def test_a_record_too_long_for_the_chat_template_is_named_and_truncate_cuts_it(tmp_path, smol_tokenizer):
+    from oneblock.cli.finetune import FLAG_NAMES
+    from oneblock.cli.spelling import reword
+
+    short = {"prompt": "Say it.", "completion": "word " * 200}
+    big = {"prompt": "Say it.", "completion": "word " * 250_000}  # 1.25 MB
+    path = write_jsonl(tmp_path / "big.jsonl", [short, big])
+    told = r"/big\.jsonl:2: the record holds 1,250,007 characters, more than the 500,000 a chat template may render"
+    with pytest.raises(InputError, match=told + r"; .* pass truncate=True") as caught:
+        build_examples(read_data(path), smol_tokenizer, seq_len=16, truncate=False)
+    assert "--truncate to cut it to --seq-len tokens" in reword(str(caught.value), FLAG_NAMES)
+    cut = build_examples(read_data(path), smol_tokenizer, seq_len=48, truncate=True)
+    assert [len(e.ids) for e in cut] == [49, 49] and cut[1].where.endswith("big.jsonl:2")
+    assert cut[1].ids == cut[0].ids and cut[1].trained == cut[0].trained  # the window sees the same tokens

@@ -4,6 +4,8 @@ table counts what the rows really train."""
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 import torch
@@ -62,6 +64,9 @@ def quick(tmp_path_factory):
     from oneblock.cli.main import main
 
     out = tmp_path_factory.mktemp("finetune")
+    (out / "adapter-lora-r8").mkdir()  # an earlier run's adapter, with a file this run does not write
+    (out / "adapter-lora-r8" / "stray.safetensors").write_bytes(b"old")
+    (out / "notes.txt").write_text("the user's own")
     previous = torch.get_num_threads()
     try:
         import contextlib
@@ -69,7 +74,7 @@ def quick(tmp_path_factory):
 
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer):
-            assert main(["experiment", "finetune", "--quick", "--quiet", "--json", "--out", str(out)]) == 0
+            assert main(["experiment", "finetune", "--quick", "--quiet", "--json", "--out", str(out), "--force"]) == 0
     finally:
         torch.set_num_threads(previous)
     return json.loads(buffer.getvalue()), out
@@ -101,3 +106,48 @@ def test_quick_run_counts_what_each_row_trains(quick):
     assert (out / "finetune.png").read_bytes().startswith(PNG_MAGIC)
     text = (out / "finetune.md").read_text()
     assert "| lora-r8 | 14,848 | 19.00% |" in text and f"**Verdict: {report['verdict']['outcome']}**" in text
+
+
+def test_force_replaces_the_earlier_runs_adapters_whole_and_keeps_other_files(quick):
+    _, out = quick
+    assert not (out / "adapter-lora-r8" / "stray.safetensors").exists()
+    assert (out / "adapter-lora-r8" / "adapter_model.safetensors").is_file()
+    assert (out / "notes.txt").read_text() == "the user's own"
+
+
+def one_line_error(capsys, code: int) -> str:
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("oneblock: error: "), err
+    return err
+
+
+def test_a_non_empty_or_file_out_is_refused_before_any_work(tmp_path, capsys):
+    from oneblock.cli.main import main
+
+    (tmp_path / "adapter-full").mkdir()
+    (tmp_path / "finetune.md").write_text("earlier")
+    code = main(["experiment", "finetune", "--quick", "--quiet", "--out", str(tmp_path)])
+    line = one_line_error(capsys, code)
+    assert re.search(r"--out '.*' is not empty \(2 entries: adapter-full, finetune\.md\); pass --force", line)
+    assert (tmp_path / "finetune.md").read_text() == "earlier" and sorted(os.listdir(tmp_path)) == [
+        "adapter-full",
+        "finetune.md",
+    ]
+    code = main(["experiment", "finetune", "--quick", "--quiet", "--out", str(tmp_path / "finetune.md"), "--force"])
+    assert re.search(
+        r"--out '.*finetune\.md' is a file; the experiment writes a directory", one_line_error(capsys, code)
+    )
+    os.mkfifo(tmp_path / "pipe")
+    code = main(["experiment", "residuals", "--quick", "--quiet", "--out", str(tmp_path / "pipe")])
+    assert "is a FIFO (named pipe); the experiment writes a directory" in one_line_error(capsys, code)
+
+
+def test_clear_products_removes_only_what_a_run_writes(tmp_path):
+    (tmp_path / "adapter-dpo-r8").mkdir()
+    (tmp_path / "adapter-dpo-r8" / "x").write_bytes(b"x")
+    (tmp_path / "finetune.json").write_text("{}")
+    (tmp_path / "adapter-mine").mkdir()
+    (tmp_path / "finetune.png").symlink_to(tmp_path / "adapter-mine")  # a link goes, never what it points to
+    removed = experiment.clear_products(tmp_path)
+    assert sorted(p.name for p in removed) == ["adapter-dpo-r8", "finetune.json", "finetune.png"]
+    assert sorted(os.listdir(tmp_path)) == ["adapter-mine"]

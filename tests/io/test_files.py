@@ -52,3 +52,41 @@ def test_an_interruption_removes_the_temporaries_and_a_directory_made_for_them(t
     with pytest.raises(KeyboardInterrupt):
         files.replace_files(tmp_path / "new", {"a": [b"x"]}, what="pair")
     assert list(tmp_path.iterdir()) == []
+
+
+def _specials(tmp_path):
+    """A FIFO, a symbolic link to it, and a directory: the destinations no writer may replace."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "to-fifo").symlink_to(fifo)
+    (tmp_path / "dir").mkdir()
+    return {"fifo": fifo, "to-fifo": tmp_path / "to-fifo", "dir": tmp_path / "dir"}
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("fifo", r"'.*fifo': it is a FIFO \(named pipe\), not a regular file; give the path of a regular file"),
+        ("to-fifo", r"'.*to-fifo': it is a FIFO \(named pipe\) \(through a symbolic link\), not a regular file"),
+        ("dir", r"'.*dir': it is a directory, not a regular file; give a file name inside it"),
+    ],
+)
+def test_every_writer_refuses_a_destination_that_is_not_a_regular_file(tmp_path, name, match):
+    target = _specials(tmp_path)[name]
+    with pytest.raises(ConversionError, match=rf"cannot write the thing to {match}"):
+        files.write_atomic(target, [b"x"], what="thing", error=ConversionError)
+    with pytest.raises(ConversionError, match=rf"cannot write the thing to {match}"):
+        files.replace_files(tmp_path, {target.name: [b"x"]}, what="thing", error=ConversionError)
+    assert (tmp_path / "fifo").is_fifo() and (tmp_path / "to-fifo").is_symlink() and (tmp_path / "dir").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "fifo", "to-fifo"]  # no temporary left
+
+
+def test_a_regular_file_a_link_to_one_and_a_dangling_link_are_written(tmp_path):
+    (tmp_path / "old").write_bytes(b"old")
+    (tmp_path / "link").symlink_to(tmp_path / "old")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("old", "link", "dangling", "new"):
+        files.write_atomic(tmp_path / name, [b"new " + name.encode()], what="thing")
+        assert (tmp_path / name).read_bytes() == b"new " + name.encode()
+        assert not (tmp_path / name).is_symlink()  # the link is replaced, never written through
+    assert (tmp_path / "old").read_bytes() == b"new old"

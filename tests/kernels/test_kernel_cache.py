@@ -155,3 +155,66 @@ def test_waiting_for_another_build_is_bounded(built, monkeypatch):
     monkeypatch.setenv(cache.ENV_WAIT, "soon")
     with pytest.raises(ValueError, match="ONEBLOCK_KERNEL_BUILD_WAIT='soon' must be a positive number"):
         cache.build_wait()
+
+
+def _dead_by_sighup(code: str = "import time; time.sleep(600)") -> int:
+    """The pid of a process that ran ``code`` and died by SIGHUP (a closed terminal)."""
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    if process.stdout is not None and "print" in code:
+        process.stdout.readline()  # it holds what it was to hold
+    process.send_signal(signal.SIGHUP)
+    assert process.wait(timeout=TIMEOUT) == -signal.SIGHUP
+    return process.pid
+
+
+def test_a_lock_of_a_builder_dead_by_sighup_is_taken_over_with_flock(tmp_path):
+    holder = (
+        "import fcntl, os, time\n"
+        f"fd = os.open({str(tmp_path / cache.LOCK)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+        f"open({str(tmp_path / cache.TORCH_LOCK)!r}, 'x').close()\n"
+        "print('held', flush=True); time.sleep(600)\n"
+    )
+    _dead_by_sighup(holder)
+    told: list[str] = []
+    with cache.build_lock(tmp_path, wait=600, tell=told.append):
+        assert not (tmp_path / cache.TORCH_LOCK).exists()
+    assert len(told) == 1 and "removing" in told[0] and "killed" in told[0], told
+
+
+def test_without_flock_a_lock_of_a_dead_builder_is_taken_over_and_a_live_one_waited_for_aloud(tmp_path, monkeypatch):
+    import errno
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "no locks on this file system")
+
+    monkeypatch.setattr(cache.fcntl, "flock", no_flock)
+    (tmp_path / cache.LOCK).write_text(f"{_dead_by_sighup()}\n")
+    (tmp_path / cache.TORCH_LOCK).touch()  # fresh: its age alone would keep a process waiting 600 s
+    told: list[str] = []
+
+    def stuck(signum, frame):
+        raise AssertionError("waited for the lock of a dead builder")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(60)  # a regression fails here instead of waiting the full 600 s
+    try:
+        with cache.build_lock(tmp_path, wait=600, tell=told.append):
+            assert not (tmp_path / cache.TORCH_LOCK).exists()
+            assert (tmp_path / cache.LOCK).read_text() == f"{os.getpid()}\n"  # the next one knows whom to ask
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(told) == 1 and "removing" in told[0], told
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        (tmp_path / cache.LOCK).write_text(f"{live.pid}\n")
+        (tmp_path / cache.TORCH_LOCK).touch()
+        told.clear()
+        with cache.build_lock(tmp_path, wait=3.0, tell=told.append):
+            pass
+    finally:
+        live.kill()
+        live.wait()
+    assert len(told) == 2 and f"waiting for process {live.pid} to finish building" in told[0], told
+    assert "removing" in told[1]  # older than the wait: stale

@@ -21,7 +21,7 @@ def lora_modules(model: nn.Module) -> dict[str, LoraLinear]:
     return {name: module for name, module in model.named_modules() if isinstance(module, LoraLinear)}
 
 
-def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+def apply_lora(model: nn.Module, cfg: LoraConfig, *, limit_rank: bool = True) -> nn.Module:
     """Wrap the layers ``cfg.targets`` names in ``LoraLinear``s, in place; freeze every other parameter.
 
     The adapters are the only parameters left with ``requires_grad``, so a trainer that trains what
@@ -29,17 +29,24 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     ``oneblock.adapters.targets``; a GPT-2's query, key and value become one fused projection first (its
     ``c_attn``, where peft puts one adapter for the three).
 
+    Args:
+        limit_rank: refuse a rank above a layer's width (``B A`` has rank at most ``min(in, out)``, so more only
+            costs memory); ``False`` for an adapter read from a file, which peft may have made so.
+
     Returns:
         ``model``.
 
     Raises:
-        ConfigError: ``cfg`` is not a ``LoraConfig``, the model already has adapters, or a target is unknown.
+        ConfigError: ``cfg`` is not a ``LoraConfig``, the model already has adapters, a target is unknown, or
+            the rank is above a target layer's width.
     """
     if not isinstance(cfg, LoraConfig):
         raise ConfigError(f"apply_lora expects a LoraConfig; got {type(cfg).__name__}")
     if lora_modules(model):
         raise ConfigError("this model already has LoRA adapters; merge_lora(model, unload=True) them first")
     names = prepare_sites(model, cfg.targets)
+    if limit_rank:
+        _check_rank(model, names, cfg.rank)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     for name in names:
@@ -48,6 +55,24 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
         base = getattr(owner, child)
         setattr(owner, child, LoraLinear(base, rank=cfg.rank, alpha=cfg.alpha, dropout=cfg.dropout, rslora=cfg.rslora))
     return model
+
+
+def _check_rank(model: nn.Module, names: list[str], rank: int) -> None:
+    """Refuse a rank above the narrowest target layer's width, before any adapter is allocated."""
+    widths = {}
+    for name in names:
+        layer = model.get_submodule(name)
+        n_in, n_out = getattr(layer, "in_features", None), getattr(layer, "out_features", None)
+        if isinstance(n_in, int) and isinstance(n_out, int):  # else LoraLinear says what it needs
+            widths[name] = (n_in, n_out)
+    if not widths:
+        return
+    name, (n_in, n_out) = min(widths.items(), key=lambda item: min(item[1]))
+    if rank > min(n_in, n_out):
+        raise ConfigError(
+            f"LoRA rank {rank} is above the width of layer {name!r} ({n_in} in, {n_out} out): an update B A of "
+            f"it has rank at most {min(n_in, n_out)}; choose a LoRA rank of at most {min(n_in, n_out)}"
+        )
 
 
 @contextmanager

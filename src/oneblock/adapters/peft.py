@@ -210,7 +210,7 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike[str]) -> LoraCon
     separate, fused = split_fused(model, chosen)
     if separate:
         targets = tuple(s.hf for s in separate.values() if s.hf is not None)
-        apply_lora(model, LoraConfig(cfg.rank, cfg.alpha, cfg.dropout, cfg.rslora, targets))
+        apply_lora(model, LoraConfig(cfg.rank, cfg.alpha, cfg.dropout, cfg.rslora, targets), limit_rank=False)
     else:
         for parameter in model.parameters():
             parameter.requires_grad_(False)

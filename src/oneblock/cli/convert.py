@@ -135,12 +135,7 @@ def _merged(args: argparse.Namespace, src: Path, dst: Path, *, to_hf: bool) -> A
 
     if not src.exists():
         raise ConversionError(f"convert: the source {str(src)!r} does not exist")
-    if dst.exists() and not args.force:
-        raise ConversionError(f"convert: {str(dst)!r} already exists; pass --force to replace it")
-    if to_hf and dst.is_file():
-        raise ConversionError(f"convert --to hf writes a directory; {str(dst)!r} is a file")
-    if not to_hf and dst.is_dir():
-        raise ConversionError(f"convert writes one checkpoint file; {str(dst)!r} is a directory")
+    _check_destination(dst, to_hf=to_hf, force=args.force)
     dtype = getattr(torch, args.dtype) if args.dtype is not None else torch.float32
     return load_model(src, dtype=dtype, adapter=args.adapter, merge=True).model
 
@@ -160,9 +155,21 @@ def _check_paths(src: Path, dst: Path, *, to_hf: bool, force: bool) -> None:
             f"convert reads a Hugging Face directory; {str(src)!r} is a file (add --to hf to convert a oneblock "
             "checkpoint to Hugging Face)"
         )
-    if dst.exists() and not force:
-        raise ConversionError(f"convert: {str(dst)!r} already exists; pass --force to replace it")
-    if to_hf and dst.is_file():
-        raise ConversionError(f"convert --to hf writes a directory; {str(dst)!r} is a file")
+    _check_destination(dst, to_hf=to_hf, force=force)
+
+
+def _check_destination(dst: Path, *, to_hf: bool, force: bool) -> None:
+    """A checkpoint file or a Hugging Face directory may go to a new path or replace its kind with ``--force``;
+    a device node, FIFO or socket is never replaced."""
+    from oneblock.errors import ConversionError
+    from oneblock.io.files import check_destination
+
+    if to_hf and dst.exists() and not dst.is_dir():
+        kind = "a file" if dst.is_file() else "not a directory (a device, FIFO or socket)"
+        raise ConversionError(f"convert --to hf writes a directory; {str(dst)!r} is {kind}")
     if not to_hf and dst.is_dir():
         raise ConversionError(f"convert writes one checkpoint file; {str(dst)!r} is a directory")
+    if not to_hf:
+        check_destination(dst, "checkpoint", ConversionError)
+    if dst.exists() and not force:
+        raise ConversionError(f"convert: {str(dst)!r} already exists; pass --force to replace it")

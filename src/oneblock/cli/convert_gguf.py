@@ -82,6 +82,7 @@ def _name(src: Path, args: argparse.Namespace) -> str:
 
 def _check(args: argparse.Namespace, src: Path, dst: Path) -> None:
     from oneblock.errors import ConversionError
+    from oneblock.io.files import check_destination
 
     if not src.exists():
         raise ConversionError(f"convert: the source {str(src)!r} does not exist")
@@ -95,5 +96,6 @@ def _check(args: argparse.Namespace, src: Path, dst: Path) -> None:
         vocabulary_of(src)  # refused before the model is read
     if dst.is_dir():
         raise ConversionError(f"convert --to gguf writes one file; {str(dst)!r} is a directory")
+    check_destination(dst, "GGUF file", ConversionError)  # a device, FIFO or socket: never replaced, even --force
     if dst.exists() and not args.force:
         raise ConversionError(f"convert: {str(dst)!r} already exists; pass --force to replace it")

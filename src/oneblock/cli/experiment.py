@@ -48,6 +48,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--out", default="experiments", metavar="DIR", help="directory for the PNG and report (default: experiments)"
     )
+    parser.add_argument(
+        "--force", action="store_true",
+        help="finetune: write into a non-empty --out, replacing an earlier run's adapters and report",
+    )  # fmt: skip
     options.add_threads_option(
         parser, note="; the models are tiny, so more threads mostly add overhead (1; 2 for finetune)"
     )
@@ -61,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.cli.render import print_json
 
     require_matplotlib()  # fail before minutes of work if the figure cannot be drawn
+    _check_out(args)
     if args.threads is None:
         args.threads = 2 if args.name == "finetune" else 1
     options.set_threads(args.threads)
@@ -71,6 +76,33 @@ def run(args: argparse.Namespace) -> int:
     else:
         _show(args.name, report)
     return 0
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse an --out that is not a directory, and (finetune) a non-empty one without --force, before any work;
+    with --force, the earlier fine-tuning run's own adapters and report go first, so none is left mixed in."""
+    from pathlib import Path
+
+    from oneblock.errors import ConfigError
+    from oneblock.io.files import special_kind
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        kind = "a file" if out.is_file() else (special_kind(out) or "not a directory")
+        raise ConfigError(f"--out {str(out)!r} is {kind}; the experiment writes a directory: give one")
+    if args.name != "finetune" or not out.is_dir():
+        return
+    from oneblock.finetune.experiment import clear_products
+
+    entries = sorted(p.name for p in out.iterdir())
+    if entries and not args.force:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ConfigError(
+            f"--out {str(out)!r} is not empty ({len(entries)} entries: {shown}); pass --force to replace an earlier "
+            "run's adapters and report there, or choose an empty directory"
+        )
+    if entries:
+        clear_products(out)
 
 
 def _progress(total: int, label: str, enabled: bool) -> Any:

@@ -170,6 +170,8 @@ FLAG_NAMES = {
     "dtype='float32'": "--dtype float32",
     "method='lora'": "--method lora",
     "device 'cpu'": "--device cpu",
+    "lr": "--lr",
+    "batch_size": "--batch-size",
 }
 
 
@@ -240,7 +242,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _note(message: str) -> None:
-    print(f"oneblock finetune: {message}", file=sys.stderr)
+    print(f"oneblock finetune: {spelling.reword(message, FLAG_NAMES)}", file=sys.stderr)
 
 
 def _print_summary(summary: Mapping[str, Any]) -> None:

@@ -63,13 +63,21 @@ def source_kind(source: str, flag_name: str = "--model") -> str:
     ``source`` as.
 
     Raises:
-        CheckpointError: no such file or directory, and no preset of that name.
+        CheckpointError: no such file or directory, and no preset of that name; or a FIFO, device or socket.
     """
     path = Path(source)
     if path.is_file():
         return "gguf" if path.suffix.lower() == ".gguf" else "checkpoint"
     if path.is_dir():
         return "hf"
+    from oneblock.io.files import special_kind
+
+    kind = special_kind(path)
+    if kind is not None:  # a FIFO, device or socket: there, but nothing a model is read from
+        raise CheckpointError(
+            f"{flag_name} {source!r} is {kind}, not a regular file; give a .gguf file, a Hugging Face model "
+            "directory, a oneblock checkpoint or a preset name"
+        )
     from oneblock.presets import PRESETS
 
     if source in PRESETS:

@@ -25,6 +25,8 @@ DEFAULT_GRACE = 10.0
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_CACHE_BUDGET = 512  # MiB of prompt blocks kept for later prompts
+# The longest any of the seconds flags may be: a week, far under what a thread's wait accepts (inf overflows it).
+MAX_SECONDS = 7 * 86400
 KEY_VARIABLE = "ONEBLOCK_API_KEY"
 
 
@@ -147,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, number in seconds:
         if not number > 0:
             raise InputError(f"{flag} must be a positive number of seconds; got {number}")
+        if not number <= MAX_SECONDS:
+            raise InputError(f"{flag} must be at most {MAX_SECONDS} seconds (a week); got {number}")
     if not 0 <= args.cache_budget < 2**40:  # also refuses nan
         raise InputError(f"--cache-budget must be a number of MiB >= 0; got {args.cache_budget}")
     from oneblock.web.cors import check_origin

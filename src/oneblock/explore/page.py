@@ -8,10 +8,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from oneblock.errors import InputError
 from oneblock.explore.analysis import analyze
 from oneblock.explore.card import model_card
 from oneblock.explore.loading import Explorable
 from oneblock.explore.requests import Limits, parse_request
+from oneblock.io import files
 
 STATIC = Path(__file__).parent / "static"
 STYLE_TAG = '<link rel="stylesheet" href="static/explore.css">'
@@ -63,5 +65,5 @@ def write_html(
     request = parse_request(body, explorable, limits)
     html = render_html(model_card(explorable, limits), analyze(explorable, request), text)
     out = Path(path)
-    out.write_text(html, encoding="utf-8")
+    files.write_atomic(out, [html.encode("utf-8")], what="page", error=InputError)
     return out

@@ -31,7 +31,7 @@ def build_examples(dataset: Dataset, tokenizer: Tokenizer, *, seq_len: int, trun
             Example(tuple(w), (False,) + (True,) * (len(w) - 1), f"{dataset.path}@token {i * seq_len}")
             for i, w in enumerate(windows)
         ]
-    examples = [encode_record(record, tokenizer) for record in dataset.records]
+    examples = [encode_record(record, tokenizer, truncate=truncate) for record in dataset.records]
     long = [e for e in examples if len(e.ids) - 1 > seq_len]
     if long and not truncate:
         longest = max(len(e.ids) - 1 for e in long)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -244,6 +245,26 @@ def run_row(setup: Setup, row: Row, adapter_dir: str | None = None) -> dict[str,
         "after": after,
         "wall_seconds": time.perf_counter() - wall,
     }
+
+
+def products(out: str | Path) -> list[Path]:
+    """What ``run_all`` and the report write into ``out``: one adapter directory per row, the report's files."""
+    out = Path(out)
+    return [*(out / f"adapter-{row.name}" for row in ROWS), *(out / f"finetune.{ext}" for ext in ("md", "json", "png"))]
+
+
+def clear_products(out: str | Path) -> list[Path]:
+    """Remove an earlier run's ``products`` from ``out`` (never anything else, never through a link); the paths."""
+    removed = []
+    for path in products(out):
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+        else:
+            continue
+        removed.append(path)
+    return removed
 
 
 def run_all(

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from oneblock.io import files
+
 COLUMNS = ("row", "trainable parameters", "% of the model", "peak RSS (MB)", "train tokens/s", "held-out loss",
            "exact match", "wall (s)")  # fmt: skip
 
@@ -111,6 +113,6 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
             "",
         ]
     )
-    (out / "finetune.md").write_text(text)
-    (out / "finetune.json").write_text(json.dumps(report, indent=2))
+    files.write_atomic(out / "finetune.md", [text.encode()], what="report")
+    files.write_atomic(out / "finetune.json", [json.dumps(report, indent=2).encode()], what="report")
     return {**report, "png": str(png), "markdown": str(out / "finetune.md")}

@@ -36,6 +36,10 @@ from oneblock.train.config import TrainConfig
 from oneblock.train.objectives import Objective, _eval_mode
 
 DEFAULT_BETA = 0.1
+# The loss's gradient is beta times that of the log-probabilities, and beta * margin saturates the sigmoid: past
+# 1e3 (published runs use 0.01 to 0.5) a step is a hard step function of the margin whose gradients overflow
+# float32 on the way down the model, and past float32's range (3.4e38) beta itself is inf and the first loss NaN.
+MAX_BETA = 1e3
 
 
 def pair_batch(pairs: Sequence[PairExample], *, pad_id: int) -> dict[str, Tensor]:
@@ -54,6 +58,18 @@ def sequence_logps(module: nn.Module, tokens: Tensor, labels: Tensor) -> Tensor:
     with per_row_gradients():
         losses = module(tokens, targets=labels)  # (R, T) float32 -log p(label), 0 where IGNORE
     return -losses.sum(dim=1)
+
+
+def check_beta(beta: object) -> float:
+    """``beta`` as a float, or a ``ConfigError`` unless it lies in (0, ``MAX_BETA``]."""
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta < float("inf"):
+        raise ConfigError(f"beta must be a finite number > 0; got {beta!r}")
+    if beta > MAX_BETA:
+        raise ConfigError(
+            f"beta must be at most {MAX_BETA:g}; got {beta:g}: larger values make DPO's loss a step function whose "
+            "gradients overflow (0.01 to 0.5 is usual)"
+        )
+    return float(beta)
 
 
 def dpo_loss(
@@ -88,7 +104,7 @@ class PreferenceObjective(Objective):
         beta: DPO's beta (> 0).
 
     Raises:
-        ConfigError: ``beta`` not a positive finite number.
+        ConfigError: ``beta`` not a number in (0, ``MAX_BETA``].
     """
 
     arch = "decoder"
@@ -105,9 +121,7 @@ class PreferenceObjective(Objective):
         beta: float = DEFAULT_BETA,
     ) -> None:
         super().__init__(cfg)
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta < float("inf"):
-            raise ConfigError(f"beta must be a finite number > 0; got {beta!r}")
-        self.beta = float(beta)
+        self.beta = check_beta(beta)
         self.vocab_size = vocab_size
         self.max_seq_len = self.seq_len
         self.train_pairs, self.held_out = list(train), list(held_out)

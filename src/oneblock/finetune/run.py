@@ -29,7 +29,7 @@ from oneblock.errors import CheckpointError, ConfigError
 from oneblock.finetune.examples import build_examples
 from oneblock.finetune.objective import SupervisedObjective
 from oneblock.finetune.pairs import PairExample, build_pairs, read_pairs
-from oneblock.finetune.preference import DEFAULT_BETA, PreferenceObjective
+from oneblock.finetune.preference import DEFAULT_BETA, PreferenceObjective, check_beta
 from oneblock.finetune.records import Dataset, read_data
 from oneblock.finetune.tokenize import Example
 from oneblock.text.tokenizer import Tokenizer
@@ -91,8 +91,7 @@ class FinetuneConfig:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if not 0.0 <= self.eval_share < 1.0:
             raise ConfigError(f"eval_share must lie in [0, 1); got {self.eval_share!r}")
-        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0 < self.beta < float("inf"):
-            raise ConfigError(f"beta must be a finite number > 0; got {self.beta!r}")
+        check_beta(self.beta)
         if self.preference and (self.pack or self.truncate):
             raise ConfigError("DPO keeps every pair whole in its own rows; drop pack=True and truncate=True")
         if self.eval_data is not None and self.eval_share:
@@ -165,7 +164,8 @@ def prepare(
         run_dir: the run directory (None: in memory).
         expect_base: the ``base_identity`` a resumed run recorded; another base is refused.
         fit_context: shorten a ``seq_len`` longer than the model's context to it (a default, not a user's value).
-        **trainer_kwargs: for ``Trainer`` (``device``, ``quiet``, ``on_step``, ``on_note``).
+        **trainer_kwargs: for ``Trainer`` (``device``, ``quiet``, ``on_step``, ``on_note``); a fine-tuning run stops
+            at the first non-finite loss unless ``stop_on_divergence=False``.
 
     Raises:
         ConfigError: full fine-tuning of 4-bit weights, a window longer than the model's context, or settings
@@ -191,8 +191,10 @@ def prepare(
         raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context of {config_of(model).max_seq_len}")
     objective: SupervisedObjective | PreferenceObjective
     vocab_size, pad_id = config_of(model).vocab_size, pad_id_of(tokenizer)
+    tell = trainer_kwargs.get("on_note") or _warn
     if ft.preference:
         pairs, held_pairs = _pairs(ft, cfg, tokenizer)
+        cfg = fit_batch(cfg, len(pairs), "preference pairs", tell=tell)
         torch.manual_seed(cfg.seed)
         _adapt(model, ft)
         objective = PreferenceObjective(
@@ -201,7 +203,8 @@ def prepare(
         objective.source = fingerprint(ft.data, Path(ft.data).read_bytes())  # a resume on other data is refused
         n_train = len(pairs)
     else:
-        data, train, held_out = _examples(ft, cfg, tokenizer, tell=trainer_kwargs.get("on_note") or _warn)
+        data, train, held_out = _examples(ft, cfg, tokenizer, tell=tell)
+        cfg = fit_batch(cfg, len(train), "training examples", tell=tell)
         torch.manual_seed(cfg.seed)  # the adapters' initialization, the same on every rank and on resume
         _adapt(model, ft)
         objective = SupervisedObjective(cfg, train, held_out, vocab_size=vocab_size, pad_id=pad_id, packed=ft.pack)
@@ -215,7 +218,7 @@ def prepare(
         model=model,
         objective=objective,
         extra_config={"finetune": ft.to_dict(), "base": identity},
-        **trainer_kwargs,
+        **{"stop_on_divergence": True, **trainer_kwargs},
     )
     return FinetuneRun(trainer, ft, tokenizer, n_train)
 
@@ -247,6 +250,15 @@ def _examples(
     if note is not None:
         tell(note)
     return data, train, held_out
+
+
+def fit_batch(cfg: TrainConfig, n_train: int, what: str, *, tell: Callable[[str], None]) -> TrainConfig:
+    """``cfg`` with a micro-batch of at most the ``n_train`` examples (or pairs) there are (told): a larger one
+    would only repeat them, at the memory of rows that teach nothing new."""
+    if cfg.batch_size <= n_train:
+        return cfg
+    tell(f"batch_size {cfg.batch_size} is more than the {n_train} {what}; each micro-batch holds {n_train}")
+    return cfg.replace(batch_size=n_train)
 
 
 def overlap_note(train: Sequence[Example], held_out: Sequence[Example]) -> str | None:

@@ -8,6 +8,10 @@ the template puts after the end-of-turn marker, is the answer and its end-of-tur
 prefixes do not hold (one that rewrites earlier turns) is refused rather than guessed at. Characters map to tokens
 through the tokenizer's offsets; a token is trained when it overlaps a span.
 
+A chat template renders at most ``MAX_CHARS`` characters, so a record whose turns hold more than ``MAX_CONTENT``
+is refused by name before rendering, or, with ``truncate``, cut to its first ``MAX_CONTENT`` characters (its
+later turns dropped): far more tokens than any training window, so the window sees what the whole record gives.
+
 Shape notation: N tokens of one example.
 """
 
@@ -20,7 +24,10 @@ from typing import Any
 from oneblock.errors import InputError
 from oneblock.finetune.records import Record
 from oneblock.text.chat_template import render_chat
+from oneblock.text.template_bounds import MAX_CHARS
 from oneblock.text.tokenizer import ByteTokenizer, Tokenizer
+
+MAX_CONTENT = MAX_CHARS // 2  # of a record's turns together; the rest of what a template may write is its markup
 
 
 @dataclass(frozen=True)
@@ -42,16 +49,20 @@ class Example:
         return sum(self.trained[1:])
 
 
-def encode_record(record: Record, tokenizer: Tokenizer) -> Example:
+def encode_record(record: Record, tokenizer: Tokenizer, *, truncate: bool = False) -> Example:
     """Tokenize one record with its loss mask.
 
     A conversation, and a prompt/completion pair when the tokenizer has a chat template (as one user and one
     assistant turn), are rendered with the template; without one a pair is ``prompt + completion`` followed by
     the end-of-text token, with the completion and that token trained.
 
+    Args:
+        truncate: cut a conversation of more than ``MAX_CONTENT`` characters to that many, instead of refusing it
+            (the caller then cuts the tokens to its window).
+
     Raises:
-        InputError: a conversation for a tokenizer without a chat template, or a template that is not stable
-            under prefixes (the record named).
+        InputError: a conversation for a tokenizer without a chat template, one too long to render, or a template
+            that is not stable under prefixes or fails (the record named).
     """
     messages = record.messages
     if messages is None and tokenizer.chat_template:
@@ -70,9 +81,36 @@ def encode_record(record: Record, tokenizer: Tokenizer) -> Example:
             f"{record.where}: a conversation needs a chat template, and the tokenizer {tokenizer.name!r} has none; "
             "fine-tune a chat model (a GGUF file carries its template) or give prompt/completion or .txt data"
         )
-    text, spans = render_with_spans(messages, tokenizer, where=record.where)
+    fitted = _fit_content(messages, record.where, truncate=truncate)
+    try:
+        text, spans = render_with_spans(fitted, tokenizer, where=record.where)
+    except InputError as error:
+        message = str(error)
+        raise InputError(message if message.startswith(record.where) else f"{record.where}: {message}") from None
     ids, trained = encode_spans(tokenizer, text, spans)
     return Example(tuple(ids), tuple(trained), record.where)
+
+
+def _fit_content(messages: Sequence[Mapping[str, str]], where: str, *, truncate: bool) -> Sequence[Mapping[str, str]]:
+    """``messages`` whose contents add up to at most ``MAX_CONTENT`` characters: as they are, cut (``truncate``),
+    or refused naming the record."""
+    total = sum(len(str(m.get("content", ""))) for m in messages)
+    if total <= MAX_CONTENT:
+        return messages
+    if not truncate:
+        raise InputError(
+            f"{where}: the record holds {total:,} characters, more than the {MAX_CONTENT:,} a chat template may "
+            "render; split it, or pass truncate=True to cut it to seq_len tokens"
+        )
+    kept: list[Mapping[str, str]] = []
+    left = MAX_CONTENT
+    for message in messages:
+        if left <= 0:
+            break
+        content = str(message.get("content", ""))
+        kept.append({**message, "content": content[:left]})
+        left -= len(content)
+    return kept
 
 
 def render_with_spans(

@@ -17,6 +17,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -61,6 +62,43 @@ def check_target(path: str | os.PathLike[str], what: str, error: type[OneBlockEr
     return target
 
 
+def check_destination(path: Path, what: str, error: type[OneBlockError] = CheckpointError) -> None:
+    """Refuse to write over anything at ``path`` but a regular file (or a symbolic link to one): a device node, a
+    FIFO, a socket, a directory, or a link to one of those, would be replaced by the new file (or hang the write).
+
+    A missing ``path`` (or a dangling link) is fine: the file is created.
+    """
+    kind = special_kind(path)
+    if kind is None:
+        return
+    directory = kind.startswith(_KINDS[stat.S_IFDIR])
+    fix = "give a file name inside it" if directory else "give the path of a regular file, or a new one"
+    raise error(f"cannot write the {what} to {str(path)!r}: it is {kind}, not a regular file; {fix}")
+
+
+def special_kind(path: Path) -> str | None:
+    """What is at ``path`` when it is neither missing nor a regular file ("a FIFO (named pipe)", "a directory
+    (through a symbolic link)", ...), looked up without opening it (opening a FIFO waits for a writer); else None.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # nothing there (or a dangling link, or a name too long)
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+    return kind + (" (through a symbolic link)" if path.is_symlink() else "")
+
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
 def describe_os_error(err: OSError, path: str | os.PathLike[str], action: str) -> str:
     """One line: what could not be done to which user path, why, and what to do."""
     reason, fix = _REASONS.get(err.errno or 0, (err.strerror or str(err), "check the path"))
@@ -77,9 +115,11 @@ def write_atomic(
     """Write the concatenation of ``chunks`` to ``path`` atomically; missing parent directories are created.
 
     Raises:
-        ``error``: any ``OSError`` on the way, described by ``describe_os_error``; an existing file at ``path``
-            is untouched and no temporary file is left behind.
+        ``error``: ``path`` is something other than a regular file (``check_destination``), or any ``OSError`` on
+            the way, described by ``describe_os_error``; an existing file at ``path`` is untouched and no
+            temporary file is left behind.
     """
+    check_destination(path, what, error)
     tmp = path.parent / f".{secrets.token_hex(4)}.tmp"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +157,8 @@ def replace_files(
         ``error``: any ``OSError`` on the way, described by ``describe_os_error``; the directory's files are as
             they were and no temporary file is left behind.
     """
+    for name in contents:
+        check_destination(directory / name, what, error)
     temporaries: dict[str, Path] = {}
     created = not directory.exists()
 

@@ -9,7 +9,9 @@ Two hazards of a cache shared by every process of a machine:
   dies: a process holding it knows that no live oneblock process is building, so a ``lock`` it finds is stale,
   and it says so on stderr, removes it and builds. While another live process builds, a process waits for it
   (saying so once), at most ``ONEBLOCK_KERNEL_BUILD_WAIT`` seconds (default 600), and then runs the PyTorch path.
-  Where ``flock`` is not supported the age of the ``lock`` file decides instead: older than that wait, stale.
+  Where ``flock`` is not supported the builder's pid, recorded in ``oneblock.lock``, decides instead: when that
+  process is gone (killed by SIGKILL, SIGHUP, SIGTERM, anything) the ``lock`` is stale at once; otherwise a
+  ``lock`` older than the wait is. Every wait says on stderr what it waits for.
 - **A damaged library**: a truncated ``.so`` kills the loading process with SIGBUS, one with zeroed pages with
   SIGSEGV, a foreign one raises something no caller expects. So the ``complete`` marker records the SHA-256 of
   the library and of every object file, and a process checks the library against it before loading it. On a
@@ -148,10 +150,10 @@ def build_lock(directory: Path, *, wait: float, tell: Note = note) -> Iterator[N
     fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o666)  # not inherited by the compiler (PEP 446)
     try:
         locked = _acquire(fd, directory, wait, tell)
-        if locked:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        _clear_torch_lock(directory, wait if not locked else 0.0, tell)
+        holder = None if locked else _holder(fd)
+        _clear_torch_lock(directory, wait if not locked else 0.0, tell, holder=holder)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the flock
@@ -183,19 +185,42 @@ def _acquire(fd: int, directory: Path, wait: float, tell: Note) -> bool:
         time.sleep(_POLL)
 
 
-def _clear_torch_lock(directory: Path, younger_than: float, tell: Note) -> None:
-    """Remove torch's ``lock`` left by a killed build: any, under our flock; without flock, one older than the wait.
+def _holder(fd: int) -> int | None:
+    """The pid the lock file records (the last process that built), if it records one."""
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
-    Without flock a live build's lock is waited for, up to ``younger_than`` seconds of its age.
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _clear_torch_lock(directory: Path, younger_than: float, tell: Note, *, holder: int | None = None) -> None:
+    """Remove torch's ``lock`` left by a killed build: any, under our flock; without flock, one whose builder
+    (``holder``) has died, however it died, or one older than the wait.
+
+    Without flock a live build's lock is waited for, up to ``younger_than`` seconds of its age, saying so once.
     """
     path = directory / TORCH_LOCK
+    start, told = time.monotonic(), False
     while True:
         try:
             age = time.time() - path.stat().st_mtime
         except FileNotFoundError:
             return
-        if age >= younger_than:
+        if age >= younger_than or (holder is not None and holder != os.getpid() and not _alive(holder)):
             break
+        if not told and time.monotonic() - start > _NOTE_AFTER:
+            who = f"process {holder}" if holder is not None else "another process"
+            tell(f"waiting for {who} to finish building the kernels in {directory} (its lock {path}), at most "
+                 f"{younger_than - age:.0f} s more")  # fmt: skip
+            told = True
         time.sleep(_POLL)
     tell(f"removing {path}, the lock of a kernel build that was killed before it finished; building again")
     with contextlib.suppress(FileNotFoundError):

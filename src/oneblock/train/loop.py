@@ -46,8 +46,8 @@ import torch
 from torch import nn
 
 from oneblock.config import ModelConfig
-from oneblock.errors import ConfigError
-from oneblock.io import limits
+from oneblock.errors import ConfigError, DivergenceError
+from oneblock.io import files, limits
 from oneblock.io.runlock import RunLock
 from oneblock.models.build import build_model
 from oneblock.models.inputs import config_of
@@ -124,6 +124,9 @@ class Trainer(RunKeeping):
             only its parameters with ``requires_grad`` train, and only they are checkpointed.
         objective: the objective to use instead of the one ``cfg.task`` names (its data and loss).
         extra_config: further JSON sections of the run's ``config.json`` (what rebuilds ``model`` on resume).
+        stop_on_divergence: stop with a ``DivergenceError`` at the first non-finite loss, gradient norm or weight,
+            before that step's update or anything non-finite is saved (else a diverged run goes on, and its
+            losses say so: what the training experiments study).
 
     Raises:
         ConfigError: the model does not fit the task.
@@ -142,8 +145,10 @@ class Trainer(RunKeeping):
         model: nn.Module | None = None,
         objective: Objective | None = None,
         extra_config: dict[str, Any] | None = None,
+        stop_on_divergence: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.stop_on_divergence = stop_on_divergence
         self.extra_config = extra_config or {}
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.quiet = quiet
@@ -226,6 +231,11 @@ class Trainer(RunKeeping):
             n_tokens += n
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        loss_value, norm = distributed.mean(step_loss, ctx) * ctx.world, sharding.norm_value(grad_norm)
+        if self.stop_on_divergence:  # the same values on every rank, so every rank stops here
+            for what, value in (("training loss", loss_value), ("gradient norm", norm)):
+                if not math.isfinite(value):
+                    raise self._diverged(self.step + 1, f"its {what} is {value}")
         with self.interrupts.hold():  # the update and the counters change together or not at all
             self.optimizer.step()
             self.step += 1
@@ -233,16 +243,34 @@ class Trainer(RunKeeping):
             self.elapsed += seconds
             tokens = n_tokens * ctx.world
             self.tokens += tokens
+        if self.stop_on_divergence and not self._weights_finite():
+            raise self._diverged(self.step, "its update made weights non-finite")
         return {
             "step": self.step,
-            "loss": distributed.mean(step_loss, ctx) * ctx.world,
+            "loss": loss_value,
             "lr": lr,
-            "grad_norm": sharding.norm_value(grad_norm),
+            "grad_norm": norm,
             "tokens": self.tokens,
             "tokens_per_s": tokens / max(seconds, 1e-9),
             "elapsed": round(self.elapsed, 4),
             **self.objective.step_metrics(),
         }
+
+    def _weights_finite(self) -> bool:
+        """Whether every trainable weight (this rank's shard of it) is finite, on every rank."""
+        local = all(
+            bool(torch.isfinite(getattr(p, "to_local", lambda p=p: p)()).all())
+            for p in self.module.parameters()
+            if p.requires_grad
+        )
+        return distributed.mean(float(local), self.ctx) == 1.0
+
+    def _diverged(self, step: int, what: str) -> DivergenceError:
+        kept = self.checkpoints.latest() if self.checkpoints is not None and self.ctx.is_main else None
+        where = f"the last checkpoint, {kept.name}, is kept" if kept is not None else "no checkpoint was written"
+        return DivergenceError(
+            f"step {step}: the run diverged, {what}; it stops without saving ({where}); lower lr ({self.cfg.lr:g})"
+        )
 
     def evaluate(self) -> dict[str, float]:
         """Held-out scores of the current model (computed by every rank on the same data)."""
@@ -322,7 +350,7 @@ class Trainer(RunKeeping):
                 log.write({"step": self.step, "eval": result.eval})
             if run_dir is not None:
                 summary = {"step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "eval": result.eval}
-                (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+                files.write_atomic(run_dir / SUMMARY_FILE, [json.dumps(summary, indent=2).encode()], what="summary")
         finally:
             if log:
                 log.close()

@@ -9,9 +9,11 @@ ever written or removed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import signal
 
 import pytest
 import torch
@@ -254,3 +256,48 @@ def test_prune_removes_only_the_caches_orphans(cache_dir, tmp_path, small):
     assert foreign.read_bytes() == b"somebody else's bytes" and note.read_text() == "kept" and fresh_tmp.exists()
     assert block_cache.entry_path(cache_dir, small).exists()
     assert hashlib.sha256(small.read_bytes()).hexdigest() == digest
+
+
+@contextlib.contextmanager
+def _no_hang(seconds: int = 60):
+    """Fail, instead of hanging, when a load blocks (opening a FIFO waits for a writer): SIGALRM interrupts it."""
+
+    def expire(signum, frame):
+        raise AssertionError(f"blocked for {seconds} s: a FIFO was opened")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_fifo_in_place_of_an_entry_is_told_and_the_load_goes_on_without_the_cache(cache_dir, small, capfd):
+    cache_dir.mkdir()
+    entry = block_cache.entry_path(cache_dir, small)
+    os.mkfifo(entry)
+    with _no_hang():
+        model = from_gguf(small)
+        again = from_gguf(small)
+    err = capfd.readouterr().err
+    assert err.count(f"the block cache entry '{entry}' is a FIFO (named pipe), not a regular file") == 2, err
+    assert "loaded without the cache" in err
+    assert entry.is_fifo() and sorted(cache_dir.iterdir()) == [entry]  # neither opened nor replaced
+    _assert_same_model(from_gguf(small, cache=False), model, ids(1, 4, 211, seed=10))
+    _assert_same_model(model, again, ids(1, 4, 211, seed=11))
+
+
+def test_a_fifo_named_like_an_entry_does_not_stop_other_models_being_cached(cache_dir, small, capfd):
+    cache_dir.mkdir()
+    fifo, fifo_tmp = cache_dir / ("f" * 24 + ".blocks"), cache_dir / ".0123abcd.tmp"
+    os.mkfifo(fifo)
+    os.mkfifo(fifo_tmp)
+    with _no_hang():
+        from_gguf(small)  # the first load of a model writes its entry, then prunes the directory
+        assert block_cache.prune(cache_dir) == []
+    err = capfd.readouterr().err
+    assert f"holds '{fifo}', which is not a regular file; left alone" in err
+    assert f"holds '{fifo_tmp}', which is not a regular file; left alone" in err
+    assert fifo.is_fifo() and fifo_tmp.is_fifo() and block_cache.entry_path(cache_dir, small).is_file()

@@ -51,7 +51,7 @@ from torch import nn
 
 from oneblock import jsontext, kernels
 from oneblock.errors import CheckpointError, OneBlockError
-from oneblock.io.files import TMP_PATTERN, write_atomic
+from oneblock.io.files import TMP_PATTERN, special_kind, write_atomic
 from oneblock.io.gguf.layout import GGUFLayout
 from oneblock.layers.quantized import BlockEmbedding, BlockLinear
 
@@ -66,6 +66,8 @@ _MAX_HEADER = 1 << 24
 _ALIGN = 4096  # every matrix starts on a page of the file
 _STALE_TMP = 3600.0  # seconds after which a temporary file of the directory is an interrupted write's
 _OFF = ("0", "off", "false", "no")
+# O_NONBLOCK: a FIFO put where an entry goes opens at once instead of waiting for a writer (and is then refused).
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 _HERE = Path(__file__).parent
 _KERNELS = Path(kernels.__file__).parent
 # The code whose output an entry holds: a change to any of these files makes every entry stale.
@@ -116,6 +118,11 @@ def cached_modules(
     if directory is None or not layout.identity or layout.mapped is None:
         return build()
     path = entry_path(directory, layout.path)
+    kind = special_kind(path)
+    if kind is not None:  # never opened (a FIFO would wait for a writer forever), never replaced
+        _note(f"the block cache entry {str(path)!r} is {kind}, not a regular file; the model is loaded without the "
+              "cache (remove it to cache again)")  # fmt: skip
+        return build()
     key = _key(layout, interleaved)
     found = _load(path, key)
     if isinstance(found, dict):
@@ -180,7 +187,7 @@ def _read_header(fd: int, size: int, what: str) -> tuple[dict[str, Any], int] | 
 def _load(path: Path, key: dict[str, Any]) -> Modules | str | None:
     """The entry's modules; ``None`` when there is no entry or it is stale; the reason when it does not verify."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         return None
     except OSError as error:
@@ -280,13 +287,18 @@ def prune(directory: Path, *, keep: Path | None = None) -> list[Path]:
     """Remove the entries of ``directory`` whose GGUF file no longer exists, or that are damaged, and the
     temporary files of writes interrupted over an hour ago; returns what was removed.
 
-    Only files named as entries (24 hex digits, ``.blocks``) whose first bytes are the cache's magic, and the
-    temporary names of ``write_atomic``, are ever removed.
+    Only regular files named as entries (24 hex digits, ``.blocks``) whose first bytes are the cache's magic, and
+    the temporary names of ``write_atomic``, are ever removed; anything else with such a name (a FIFO, a device, a
+    directory) is left alone, unopened, and told on stderr.
     """
     removed = []
     now = time.time()
     for entry in directory.iterdir() if directory.is_dir() else ():
         with contextlib.suppress(OSError):
+            named = TMP_PATTERN.fullmatch(entry.name) or _NAME.fullmatch(entry.name)
+            if named and not entry.is_symlink() and not stat.S_ISREG(entry.lstat().st_mode):
+                _note(f"the block cache directory holds {str(entry)!r}, which is not a regular file; left alone")
+                continue
             if TMP_PATTERN.fullmatch(entry.name):
                 stale = entry.is_file() and not entry.is_symlink() and now - entry.stat().st_mtime > _STALE_TMP
             else:
@@ -300,8 +312,10 @@ def prune(directory: Path, *, keep: Path | None = None) -> list[Path]:
 
 def _orphan(entry: Path) -> bool:
     """Whether an entry is this cache's and either damaged or made from a file that no longer exists."""
-    fd = os.open(entry, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    fd = os.open(entry, _OPEN_FLAGS)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
         if os.pread(fd, len(MAGIC), 0) != MAGIC:
             return False  # not ours: left alone
         read = _read_header(fd, os.fstat(fd).st_size, repr(str(entry)))

@@ -24,7 +24,7 @@ import numpy as np
 
 from oneblock.errors import CheckpointError, OneBlockError
 from oneblock.io import limits
-from oneblock.io.files import describe_os_error, fsync_directory
+from oneblock.io.files import check_destination, describe_os_error, fsync_directory
 from oneblock.io.gguf.layout import DIGEST_WITHIN, _Cursor, read_layout
 from oneblock.io.integrity import DIGEST_KEY, PLACEHOLDER
 
@@ -98,6 +98,7 @@ def write_gguf(
     from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
     target = Path(path)
+    check_destination(target, what, error)
     writer = _writer(GGUFWriter)(None, arch)
     writer.add_string(DIGEST_KEY, PLACEHOLDER)
     for entry in metadata:

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from oneblock.io import files
 from oneblock.train.experiments.norm_placement import Run, Setup
 from oneblock.train.plot import smooth
 
@@ -157,7 +158,7 @@ def write_report(results: dict[str, Any], out_dir: str | Path) -> dict[str, Any]
             "",
         ]
     )
-    (out / "norm_placement.md").write_text(text)
+    files.write_atomic(out / "norm_placement.md", [text.encode()], what="report")
     return {
         "png": str(png),
         "markdown": str(out / "norm_placement.md"),

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import InputError
+from oneblock.io import files
 from oneblock.models.ablations import BlockStack
 from oneblock.models.build import init_weights
 
@@ -213,7 +214,7 @@ def write_report(results: list[DepthResult], out_dir: str | Path) -> dict[str, A
             "",
         ]
     )
-    (out / "residuals.md").write_text(text)
+    files.write_atomic(out / "residuals.md", [text.encode()], what="report", error=InputError)
     return {
         "png": str(png),
         "markdown": str(out / "residuals.md"),

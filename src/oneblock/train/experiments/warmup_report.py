@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from oneblock.io import files
 from oneblock.train.experiments.norm_placement_report import _finite
 from oneblock.train.experiments.warmup import Cell, Setup
 
@@ -109,7 +110,7 @@ def write_report(results: dict[str, Any], out_dir: str | Path) -> dict[str, Any]
             "",
         ]
     )
-    (out / "warmup.md").write_text(text)
+    files.write_atomic(out / "warmup.md", [text.encode()], what="report")
     return {
         "png": str(png),
         "markdown": str(out / "warmup.md"),
