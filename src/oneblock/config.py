@@ -13,7 +13,8 @@ from oneblock import jsontext
 from oneblock.errors import ConfigError
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
-NORM_POSITIONS = ("pre", "post", "sandwich")
+NORM_POSITIONS = ("pre", "post", "sandwich", "output")
+QK_NORM_SPANS = ("head", "width")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 FFNS = ("mlp", "swiglu", "gated")
@@ -110,6 +111,13 @@ class ModelConfig:
     sliding_window: int | None = None  # local layers attend to the last `sliding_window` positions only
     global_every: int = 1  # with a window, layer i is global (whole context) when (i + 1) % global_every == 0
     rope_local_theta: float | None = None  # the local layers' rotary base (Gemma 3); global: rope_theta, scaling
+    # norm_position="output" (OLMo 2): no norm before a sublayer, one after it, x = x + norm(f(x)).
+    qk_norm_span: str = "head"  # qk_norm over each head ("head": Qwen3, Gemma 3) or the whole width ("width": OLMo 2)
+    # Granite's four scalars (attention's is attn_scale) and SmolLM3's layers without rotary.
+    embedding_multiplier: float = 1.0  # token embeddings times this (Granite: 12)
+    residual_multiplier: float = 1.0  # each sublayer's output times this before the add (Granite: 0.22)
+    logits_scaling: float = 1.0  # logits divided by this (Granite: 8)
+    no_rope_every: int = 0  # layer i rotates nothing when (i + 1) % no_rope_every == 0 (SmolLM3: 4); 0: none
     # T5. position="relative" learns one (relative_buckets, H) table of score biases per stack, indexed by the
     # bucketed distance key - query: exact for small distances, logarithmic up to relative_max_distance, beyond
     # which all distances share the last bucket (Raffel et al., 2020).
@@ -231,18 +239,30 @@ class ModelConfig:
         _positive("global_every", self.global_every)
         if self.rope_local_theta is not None and (self.sliding_window is None or self.position != "rope"):
             raise ConfigError("rope_local_theta is the rotary base of local layers: it needs sliding_window and rope")
-        if self.norm_position == "sandwich" and self.arch != "decoder":
-            raise ConfigError(f"norm_position='sandwich' is a decoder-only option; got arch={self.arch!r}")
+        if self.norm_position in ("sandwich", "output") and self.arch != "decoder":
+            raise ConfigError(f"norm_position={self.norm_position!r} is a decoder-only option; got arch={self.arch!r}")
+        _choice("qk_norm_span", self.qk_norm_span, QK_NORM_SPANS)
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be a positive number; got {getattr(self, name)!r}")
+        if self.embedding_multiplier != 1.0 and self.scale_embeddings:
+            raise ConfigError("scale_embeddings (times sqrt(d_model)) and embedding_multiplier exclude each other")
+        if isinstance(self.no_rope_every, bool) or not isinstance(self.no_rope_every, int) or self.no_rope_every < 0:
+            raise ConfigError(f"no_rope_every must be a non-negative integer; got {self.no_rope_every!r}")
 
     # Derived values.
     def is_local(self, layer: int) -> bool:
         """Whether block ``layer`` attends within ``sliding_window`` (local) rather than to the whole context."""
         return self.sliding_window is not None and (layer + 1) % self.global_every != 0
 
+    def rotates(self, layer: int) -> bool:
+        """Whether block ``layer`` applies rotary positions (SmolLM3 leaves every ``no_rope_every``-th out)."""
+        return self.position == "rope" and not (self.no_rope_every and (layer + 1) % self.no_rope_every == 0)
+
     @property
     def has_final_norm(self) -> bool:
         """Pre-LN leaves the residual stream unnormalized, so one norm closes each stack."""
-        return self.norm_position in ("pre", "sandwich")
+        return self.norm_position in ("pre", "sandwich", "output")
 
     # Serialisation.
     def to_dict(self) -> dict[str, Any]:

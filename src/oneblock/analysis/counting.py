@@ -22,7 +22,11 @@ def attention_parameters(cfg: ModelConfig) -> int:
     c, q_width, kv_width = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
     weights = c * q_width + 2 * c * kv_width + q_width * c
     biases = (q_width + 2 * kv_width if cfg.qkv_bias else 0) + (c if cfg.bias else 0)
-    return weights + biases + (2 * norm_parameters("rmsnorm", cfg.d_head) if cfg.qk_norm else 0)
+    if not cfg.qk_norm:
+        return weights + biases
+    if cfg.qk_norm_span == "width":  # OLMo 2: one norm over all the heads of q, one over those of k
+        return weights + biases + q_width + kv_width
+    return weights + biases + 2 * norm_parameters("rmsnorm", cfg.d_head)
 
 
 def feedforward_parameters(cfg: ModelConfig) -> int:

@@ -56,8 +56,10 @@ def heads_of_one_token(
     q = q.view(b, 1, sizes[0] // d_head, d_head).transpose(1, 2)  # (B, H, 1, Dh)
     k = k.view(b, 1, sizes[1] // d_head, d_head).transpose(1, 2)  # (B, Hkv, 1, Dh)
     v = v.view(b, 1, sizes[2] // d_head, d_head).transpose(1, 2)
-    if attn is not None and attn.q_norm is not None and attn.k_norm is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
+    if attn is not None:
+        q, k = attn.normalize_qk(q, k)
+        if not attn.use_rope:  # SmolLM3's layers without positions
+            cos = sin = None
     if cos is not None and sin is not None:  # set together
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     return q, k, v

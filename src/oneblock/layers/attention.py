@@ -52,6 +52,8 @@ class MultiHeadAttention(nn.Module):
         softcap: scores capped as ``tanh(s / cap) * cap`` before the softmax (Gemma 2); the explicit kernel runs.
         window: a local layer's sliding window: query ``i`` sees keys ``i - window + 1 .. i`` only.
         local_rope: rotate with the state's ``rope_local`` tables (Gemma 3's local layers) instead of ``rope``.
+        use_rope: rotate at all (SmolLM3 leaves every fourth layer without positions).
+        qk_norm_span: ``"head"``, a norm of width Dh over each head, or ``"width"``, one over all heads (OLMo 2).
         dropout: dropout on the attention weights while training.
         scale: the factor on ``q k^T``; ``None`` means ``1 / sqrt(Dh)`` (T5 uses 1.0, its weights absorb it).
         causal: hide later keys unless a call says otherwise (decoder blocks).
@@ -78,6 +80,8 @@ class MultiHeadAttention(nn.Module):
         softcap: float | None = None,
         window: int | None = None,
         local_rope: bool = False,
+        use_rope: bool = True,
+        qk_norm_span: str = "head",
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -90,13 +94,15 @@ class MultiHeadAttention(nn.Module):
             raise ConfigError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.dropout, self.scale, self.causal = dropout, scale, causal
-        self.softcap, self.window, self.local_rope = softcap, window, local_rope
+        self.softcap, self.window, self.local_rope, self.use_rope = softcap, window, local_rope, use_rope
+        self.qk_norm_span = qk_norm_span
         self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=qkv_bias)
         self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=qkv_bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=qkv_bias)
         self.o_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
-        self.q_norm = RMSNorm(d_head, eps=norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(d_head, eps=norm_eps) if qk_norm else None
+        whole = qk_norm_span == "width"
+        self.q_norm = RMSNorm(n_heads * d_head if whole else d_head, eps=norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(n_kv_heads * d_head if whole else d_head, eps=norm_eps) if qk_norm else None
         # After ``fuse_qkv``: one product (B, T, C) -> (B, T, (H + 2 Hkv) Dh) in place of the three above.
         self.qkv_proj: nn.Module | None = None
 
@@ -145,11 +151,24 @@ class MultiHeadAttention(nn.Module):
     def position(self, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
         """Normalize each head (``qk_norm``), then rotate queries and keys by their positions (RoPE), before any of
         them enters the cache."""
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is None:
+        q, k = self.normalize_qk(q, k)
+        if rope is None or not self.use_rope:
             return q, k
         return apply_rotary(q, *rope), apply_rotary(k, *rope)
+
+    def normalize_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """The ``qk_norm`` of queries (B, H, T, Dh) and keys (B, Hkv, T, Dh): over each head, or over all heads."""
+        if self.q_norm is None or self.k_norm is None:
+            return q, k
+        if self.qk_norm_span == "head":
+            return self.q_norm(q), self.k_norm(k)
+        return self._over_width(q, self.q_norm), self._over_width(k, self.k_norm)
+
+    @staticmethod
+    def _over_width(x: Tensor, norm: nn.Module) -> Tensor:
+        b, h, t, dh = x.shape
+        flat = x.transpose(1, 2).reshape(b, t, h * dh)  # (B, T, h Dh): the heads side by side, as projected
+        return norm(flat).view(b, t, h, dh).transpose(1, 2)  # back to (B, h, T, Dh)
 
     def extend(self, k: Tensor, v: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
         """Append the new keys and values to ``cache``; return every key and value seen, (B, Hkv, S, Dh)."""

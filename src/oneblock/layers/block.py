@@ -7,6 +7,9 @@ Three placements of the norm:
 * pre-LN (GPT-2 and most models since; Xiong et al., 2020): ``x = x + f(norm(x))``; the residual stream stays a
   clean identity path from bottom to top, and one final norm closes the stack.
 * sandwich (Gemma 2 and 3): pre-LN with each sublayer's output normalized too, ``x = x + norm'(f(norm(x)))``.
+* output (OLMo 2): only each sublayer's output is normalized, ``x = x + norm(f(x))``.
+
+Granite scales each sublayer's output by ``residual_multiplier`` before the add.
 
 The decoder block of an encoder-decoder model has a third sublayer between the two: cross-attention, whose
 queries come from the decoder and whose keys and values come from the encoder output.
@@ -38,25 +41,30 @@ class Block(nn.Module):
     Shape: (B, T, C) -> (B, T, C).
     """
 
-    def __init__(self, cfg: ModelConfig, *, causal: bool, cross_attention: bool = False, local: bool = False) -> None:
+    def __init__(
+        self, cfg: ModelConfig, *, causal: bool, cross_attention: bool = False, local: bool = False, rope: bool = True
+    ) -> None:
         super().__init__()
-        self.pre_norm = cfg.norm_position in ("pre", "sandwich")
-        self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
+        self.pre_norm = cfg.norm_position in ("pre", "sandwich", "output")
+        # "output": nothing before the sublayers (an identity keeps one code path), a norm after each
+        inputs = cfg.norm_position != "output"
+        self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if inputs else nn.Identity()
         self.attn = _attention(
             MultiHeadAttention, cfg, causal=causal, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
             softcap=cfg.attn_softcap, window=cfg.sliding_window if local else None,
-            local_rope=local and cfg.rope_local_theta is not None,
+            local_rope=local and cfg.rope_local_theta is not None, use_rope=rope, qk_norm_span=cfg.qk_norm_span,
         )  # fmt: skip
-        # sandwich: each sublayer's output normalized before it joins the stream
-        sandwich = cfg.norm_position == "sandwich"
-        self.attn_out_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if sandwich else None
-        self.ffn_out_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if sandwich else None
+        # sandwich and output: each sublayer's output normalized (and scaled, in Granite) before it joins the stream
+        outputs = cfg.norm_position in ("sandwich", "output")
+        self.attn_out_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if outputs else None
+        self.ffn_out_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if outputs else None
+        self.residual_multiplier = cfg.residual_multiplier
         self.cross_norm: nn.Module | None = None
         self.cross_attn: CrossAttention | None = None
         if cross_attention:
             self.cross_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
             self.cross_attn = _attention(CrossAttention, cfg)
-        self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
+        self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if inputs else nn.Identity()
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, kind=cfg.ffn, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)  # on each sublayer's output, before it joins the residual stream
 
@@ -83,12 +91,16 @@ class Block(nn.Module):
         return self.ffn_norm(x + self.drop(self.ffn(x)))
 
     def attn_out(self, y: Tensor) -> Tensor:
-        """The attention branch's output as it joins the stream: normalized in a sandwich block."""
-        return y if self.attn_out_norm is None else self.attn_out_norm(y)
+        """The attention branch's output as it joins the stream: normalized (sandwich, output), scaled (Granite)."""
+        return self._joins(y, self.attn_out_norm)
 
     def ffn_out(self, y: Tensor) -> Tensor:
-        """The feed-forward branch's output as it joins the stream: normalized in a sandwich block."""
-        return y if self.ffn_out_norm is None else self.ffn_out_norm(y)
+        """The feed-forward branch's output as it joins the stream: normalized (sandwich, output), scaled."""
+        return self._joins(y, self.ffn_out_norm)
+
+    def _joins(self, y: Tensor, norm: nn.Module | None) -> Tensor:
+        y = y if norm is None else norm(y)
+        return y if self.residual_multiplier == 1.0 else y * self.residual_multiplier
 
 
 def _attention(kind: type[A], cfg: ModelConfig, **options: Any) -> A:

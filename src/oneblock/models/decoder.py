@@ -45,6 +45,8 @@ class Decoder(Stack):
         logits = self.lm_head(hidden)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
+        if self.config.logits_scaling != 1.0:  # Granite
+            logits = logits / self.config.logits_scaling
         cap = self.config.logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap  # Gemma 2
 
@@ -115,7 +117,7 @@ class Decoder(Stack):
         """(B, T, C) hidden states and (B, T) targets -> (B, T) float32 cross-entropy of each target under the
         head (``logits``), computed by ``chunked_cross_entropy`` a tile of the vocabulary at a time (with a soft-cap on
         the logits, from the whole logits)."""
-        if self.config.logit_softcap is not None:
+        if self.config.logit_softcap is not None or self.config.logits_scaling != 1.0:
             logits = self.logits(hidden).float()  # (B, T, V)
             losses = F.cross_entropy(
                 logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"

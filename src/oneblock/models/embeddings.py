@@ -15,15 +15,15 @@ class Embeddings(nn.Module):
     """``tok(ids) * scale + pos(positions + offset) + segment(token_type_ids)``, then an optional norm and dropout.
 
     Args:
-        cfg: the model's config (``position``, ``type_vocab_size``, ``embed_norm``, ``scale_embeddings``,
-            ``position_offset``).
+        cfg: the model's config (``position``, ``type_vocab_size``, ``embed_norm``, ``scale_embeddings`` or
+            ``embedding_multiplier``, ``position_offset``).
         tok: a token embedding to share (the encoder's and decoder's in an encoder-decoder model).
     """
 
     def __init__(self, cfg: ModelConfig, *, tok: nn.Embedding | None = None) -> None:
         super().__init__()
         self.tok = tok if tok is not None else nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else cfg.embedding_multiplier
         self.offset = cfg.position_offset
         self.pos = (
             nn.Embedding(cfg.max_seq_len + cfg.position_offset, cfg.d_model) if cfg.position == "learned" else None

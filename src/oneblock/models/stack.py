@@ -72,7 +72,8 @@ class Stack(nn.Module):
         )
         n = cfg.n_layers if n_layers is None else n_layers
         self.blocks = nn.ModuleList(
-            Block(cfg, causal=causal, cross_attention=cross_attention, local=cfg.is_local(i)) for i in range(n)
+            Block(cfg, causal=causal, cross_attention=cross_attention, local=cfg.is_local(i), rope=cfg.rotates(i))
+            for i in range(n)
         )
         # Gemma 3: local layers rotate with a base of their own (no scaling); global ones with ``rope``.
         self.rope_local = (

@@ -25,12 +25,19 @@ LLAMA3_ROPE = {
     "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }  # fmt: skip
+GRANITE = {
+    "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0, "attention_multiplier": 0.0625,
+    "tie_word_embeddings": True,
+}  # fmt: skip
 GEMMA = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24, "num_key_value_heads": 1}
 # family -> (transformers config class, its sizes beyond the shared ones, the sdist's vocabulary)
 FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}, "qwen2"),
     "qwen3": ("Qwen3Config", {"head_dim": 48, "tie_word_embeddings": False}, "qwen2"),
     "llama3": ("LlamaConfig", {"tie_word_embeddings": True, "rope_parameters": LLAMA3_ROPE}, "llama-bpe"),
+    "granite": ("GraniteConfig", GRANITE, "llama-bpe"),
+    "smollm3": ("SmolLM3Config", {"num_hidden_layers": 4, "tie_word_embeddings": True}, "llama-bpe"),
+    "olmo2": ("Olmo2Config", {"tie_word_embeddings": False}, "qwen2"),
     "gemma2": ("Gemma2Config", {**GEMMA, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}, "spm"),
     "gemma3": ("Gemma3TextConfig", {**GEMMA, "num_hidden_layers": 7}, "spm"),
 }

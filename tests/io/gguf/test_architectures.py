@@ -2,7 +2,8 @@
 
 Each family (Qwen2 with its q/k/v biases, Qwen3 with its per-head q/k norms and a head width of its own, Llama 3
 with its rescaled rotary frequencies, Gemma 2 with sandwich norms, GeGLU, soft-caps and a sliding window on every
-other layer, Gemma 3 with q/k norms, five local layers to one global and two rotary bases) is made as a user's
+other layer, Gemma 3 with q/k norms, five local layers to one global and two rotary bases, Granite with its four
+scalars, SmolLM3 without rotary in every fourth layer, OLMo 2 with norms after the sublayers) is made as a user's
 files are (``converter_testing``): transformers from a config with every parameter randomised, then llama.cpp's own
 converter, to F32 and to Q8_0. Sequences run to 300 positions, past Llama 3's ``original_max_position_embeddings``
 of 64 and Gemma's window of 24, so the scaled frequencies and the window matter.
@@ -32,7 +33,10 @@ from oneblock.io.hf.convert import from_hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LENGTH = 300
-PYTHON_STEP = {"qwen3": "qk_norm", "gemma2": "sandwich", "gemma3": "sandwich"}  # family -> why, in the reason
+PYTHON_STEP = {  # family -> why the Python step decodes, in the reason it gives
+    "qwen3": "qk_norm", "gemma2": "sandwich", "gemma3": "sandwich", "granite": "Granite", "smollm3": "SmolLM3",
+    "olmo2": "OLMo 2",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -69,20 +73,32 @@ def test_the_converted_f32_file_computes_transformers_logits(family):
     assert _spread(got, want) < 1e-4
 
 
+BLOCK = {
+    "qkv_bias": False, "qk_norm": False, "qk_norm_span": "head", "rope": None, "d_head": 16, "norm_position": "pre",
+    "ffn": "swiglu", "scale_embeddings": False, "attn_softcap": None, "logit_softcap": None, "sliding_window": None,
+    "global_every": 1, "rope_local_theta": None, "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
+    "logits_scaling": 1.0, "no_rope_every": 0,
+}  # fmt: skip
+GEMMA = {"norm_position": "sandwich", "ffn": "gated", "scale_embeddings": True, "sliding_window": 24}
+OPTIONS = {  # what each family's file sets beyond the Llama block
+    "qwen2": {"qkv_bias": True},
+    "qwen3": {"qk_norm": True, "d_head": 48},
+    "llama3": {"rope": "factors"},
+    "gemma2": {**GEMMA, "attn_softcap": 5.0, "logit_softcap": 3.0, "global_every": 2},
+    "gemma3": {**GEMMA, "qk_norm": True, "global_every": 6, "rope_local_theta": 10000.0},
+    "granite": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0},
+    "smollm3": {"no_rope_every": 4},
+    "olmo2": {"norm_position": "output", "qk_norm": True, "qk_norm_span": "width"},
+}
+
+
 def test_each_family_sets_its_options_of_the_block(family):
     name, directory, _, _ = family
     cfg = from_gguf(directory / "f32.gguf", dtype=torch.float32).config
-    assert cfg.qkv_bias == (name == "qwen2")
-    assert cfg.qk_norm == (name in ("qwen3", "gemma3"))
-    assert (cfg.rope_scaling.get("type") == "factors") == (name == "llama3")
-    assert cfg.d_head == (48 if name == "qwen3" else 16)
-    gemma = name.startswith("gemma")
-    assert (cfg.norm_position, cfg.ffn, cfg.scale_embeddings) == (
-        ("sandwich", "gated", True) if gemma else ("pre", "swiglu", False)
-    )
-    assert (cfg.attn_softcap, cfg.logit_softcap) == ((5.0, 3.0) if name == "gemma2" else (None, None))
-    assert (cfg.sliding_window, cfg.global_every) == ({"gemma2": (24, 2), "gemma3": (24, 6)}.get(name, (None, 1)))
-    assert cfg.rope_local_theta == (10000.0 if name == "gemma3" else None)
+    found = {key: getattr(cfg, key) for key in BLOCK if key != "rope"}
+    found = {key: round(v, 6) if isinstance(v, float) else v for key, v in found.items()}  # GGUF stores float32
+    found["rope"] = cfg.rope_scaling.get("type")
+    assert found == {**BLOCK, **OPTIONS[name]}
 
 
 def test_cached_decoding_equals_the_full_forward(family):
@@ -153,4 +169,4 @@ def test_the_files_byte_level_tokenizer_is_transformers(name, tmp_path_factory):
 def test_an_architecture_oneblock_does_not_run_is_refused_naming_those_it_does():
     with pytest.raises(ConversionError, match=r"'phi3' is not supported; oneblock runs llama .*qwen2 .*gemma3"):
         architecture_of({"general.architecture": "phi3"})
-    assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma2", "gemma3"}
+    assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3"}

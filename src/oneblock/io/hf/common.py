@@ -248,7 +248,8 @@ def config_mismatches(
     resized heads."""
     off = {
         "qkv_bias": cfg.bias, "qk_norm": False, "rope_scaling": {}, "attn_softcap": None, "logit_softcap": None,
-        "sliding_window": None, "global_every": 1, "rope_local_theta": None,
+        "sliding_window": None, "global_every": 1, "rope_local_theta": None, "qk_norm_span": "head",
+        "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "logits_scaling": 1.0, "no_rope_every": 0,
     }  # fmt: skip
     wanted = {**{k: v for k, v in off.items() if k not in options}, **wanted}
     out = [f"{k}={getattr(cfg, k)!r} ({family} has {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]

@@ -92,31 +92,31 @@ def decoder_config(family: str, hf: Mapping[str, Any], keys: set[str], **options
     tie = hf.get("tie_word_embeddings", False)
     if not tie and "lm_head.weight" not in keys:
         tie = True  # a bare LlamaModel has no head of its own; the tied head is the only one it can have
-    return ModelConfig(
-        arch="decoder",
-        vocab_size=vocab,
-        d_model=d_model,
-        n_heads=n_heads,
-        n_layers=hf.get("num_hidden_layers", 32),
-        d_ff=hf.get("intermediate_size", 11008),
-        max_seq_len=hf.get("max_position_embeddings", 2048),
-        norm_position="pre",
-        norm="rmsnorm",
-        activation="silu",
-        tie_embeddings=tie,
-        dropout=float(hf.get("attention_dropout", 0.0)),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        ffn="swiglu",
-        position="rope",
-        rope_theta=theta,
-        rope_scaling=scaling,
-        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        d_head=d_head,
-        pad_token_id=token_id(hf.get("pad_token_id"), vocab),
-        bos_token_id=token_id(hf.get("bos_token_id", 1), vocab),
-        eos_token_id=token_id(hf.get("eos_token_id", 2), vocab),
-        **options,
-    )
+    fields: dict[str, Any] = {
+        "arch": "decoder",
+        "vocab_size": vocab,
+        "d_model": d_model,
+        "n_heads": n_heads,
+        "n_layers": hf.get("num_hidden_layers", 32),
+        "d_ff": hf.get("intermediate_size", 11008),
+        "max_seq_len": hf.get("max_position_embeddings", 2048),
+        "norm_position": "pre",
+        "norm": "rmsnorm",
+        "activation": "silu",
+        "tie_embeddings": tie,
+        "dropout": float(hf.get("attention_dropout", 0.0)),
+        "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+        "ffn": "swiglu",
+        "position": "rope",
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "n_kv_heads": hf.get("num_key_value_heads") or n_heads,
+        "d_head": d_head,
+        "pad_token_id": token_id(hf.get("pad_token_id"), vocab),
+        "bos_token_id": token_id(hf.get("bos_token_id", 1), vocab),
+        "eos_token_id": token_id(hf.get("eos_token_id", 2), vocab),
+    }
+    return ModelConfig(**{**fields, **options})
 
 
 def decoder_pairs(cfg: ModelConfig) -> list[Pair]:
