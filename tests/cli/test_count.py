@@ -22,6 +22,11 @@ PUBLISHED = {
     "smollm2-135m": 134_515_008,
     "t5-small": 60_506_624,  # as transformers counts T5ForConditionalGeneration
     "t5-v1_1-small": 76_961_152,
+    "qwen2.5-0.5b": 494_032_768,  # these five equal transformers' numel: tests/test_presets.py
+    "qwen2.5-1.5b": 1_543_714_304,
+    "qwen3-0.6b": 596_049_920,
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.2-3b": 3_212_749_824,
 }
 
 
@@ -82,7 +87,10 @@ def test_flags_change_the_count(capsys):
     assert data["attention"] == 4 * 64 * 64 and data["feedforward"] == 2 * 64 * 256
 
 
-@pytest.mark.parametrize("preset", ["lesson", "gpt2", "bart-base", "smollm2-135m", "bert-base", "t5-small"])
+@pytest.mark.parametrize(
+    "preset", ["lesson", "gpt2", "bart-base", "smollm2-135m", "bert-base", "t5-small", "qwen2.5-0.5b", "qwen3-0.6b",
+               "llama-3.2-1b"]
+)  # fmt: skip
 def test_verify_against_numel(preset, capsys):
     data = count_json(capsys, "--preset", preset, "--verify")
     assert data["measured"] == data["total"] == PUBLISHED[preset] and data["verified"] is True
@@ -109,6 +117,20 @@ def test_table_output(capsys):
     for text in ("124,439,808", "7,087,872", "rule of thumb", "forward FLOPs / token", "497.8 MB", "248.9 MB"):
         assert text in out
     assert "{" not in out  # tables, not JSON
+
+
+def test_later_decoder_presets_are_listed_and_counted(capsys):
+    assert main(["count", "--help"]) == 0
+    listed = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    for name in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-0.6b", "llama-3.2-1b", "llama-3.2-3b"):
+        assert name in listed
+    data = count_json(capsys, "--model", "qwen3-0.6b")
+    assert data["model"] == "qwen3-0.6b" and data["config"]["qk_norm"] is True
+    # per block: q (1024 x 2048), k and v (1024 x 1024 each), o (2048 x 1024), two head norms of 128; SwiGLU's
+    # three 1024 x 3072 matrices; two RMSNorms of 1024
+    assert data["per_block"] == 2 * 1024 * 2048 + 2 * 1024 * 1024 + 2 * 128 + 3 * 1024 * 3072 + 2 * 1024
+    assert main(["count", "--preset", "llama-3.2-1b"]) == 0
+    assert "1,235,814,400" in capsys.readouterr().out
 
 
 def test_bad_seq_len(capsys):
