@@ -153,3 +153,30 @@ def test_t5_relative_bias_tables_are_counted_per_stack(capsys):
     assert data["breakdown"]["encoder.relative_position_bias"] == 32 * 8
     assert data["breakdown"]["decoder.relative_position_bias"] == 32 * 8
     assert "encoder.position_embedding" not in data["breakdown"]
+
+
+def test_diff_lists_how_the_block_differs_from_the_lessons(capsys):
+    from oneblock.analysis.block_diff import block_differences
+
+    data = count_json(capsys, "--model", "llama-3.2-1b", "--diff")
+    assert data["block_diff"] == [row.as_dict() for row in block_differences(get_preset("llama-3.2-1b"))]
+    by_key = {row["key"]: row for row in data["block_diff"]}
+    assert by_key["n_kv_heads"]["label"] == "grouped-query attention (8 key/value heads of 32)"
+    assert by_key["n_kv_heads"]["parameters"] == -16 * 2 * 2048 * (2048 - 512)
+    assert by_key["ffn"]["parameters"] == 16 * 2048 * 8192
+    assert "block_diff" not in count_json(capsys, "--model", "llama-3.2-1b")  # only when asked
+    assert count_json(capsys, "--diff")["block_diff"] == []  # the lesson itself
+
+    assert main(["count", "--model", "qwen2.5-0.5b", "--diff"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long labels
+    assert "How the block differs from the lesson's" in out
+    for text in ("RMSNorm instead of LayerNorm", "-43,904", "+104,595,456", "grouped-query attention", "-276,480"):
+        assert text in out
+    assert main(["count", "--diff"]) == 0
+    assert "The block is the lesson's: no option differs." in capsys.readouterr().out
+
+
+def test_diff_marks_a_figure_the_lessons_rule_cannot_give(capsys):
+    assert main(["count", "--model", "t5-v1_1-small", "--diff"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "512/6, not whole" in out and "n/a" in out and "+16,449,536" in out  # its untied head
