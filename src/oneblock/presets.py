@@ -30,6 +30,57 @@ _T5_SMALL = ModelConfig(
     eos_token_id=1,
 )
 
+# The Llama-shaped decoders of 2024-25: pre-LN RMSNorm, SwiGLU, rotary positions, grouped-query heads, no biases
+# on the linear layers but Qwen2's on q, k and v, Qwen3's per-head q/k norms, Llama 3's rescaled frequencies.
+# Each total equals transformers' sum(p.numel()) for the same values (tests/test_presets.py).
+# Qwen2.5-0.5B (494,032,768): 14 query heads of 64 sharing 2 key/value heads, biases on q, k and v.
+_QWEN2_5_0_5B = ModelConfig(
+    vocab_size=151936,
+    d_model=896,
+    n_heads=14,
+    n_kv_heads=2,
+    n_layers=24,
+    d_ff=4864,
+    max_seq_len=32768,
+    norm="rmsnorm",
+    norm_eps=1e-6,
+    activation="silu",
+    ffn="swiglu",
+    position="rope",
+    rope_theta=1000000.0,
+    bias=False,
+    qkv_bias=True,
+    bos_token_id=151643,
+    eos_token_id=151643,
+)
+# Llama 3.2 1B (1,235,814,400): 32 query heads of 64 over 8 key/value heads, rotary frequencies rescaled for a
+# context of 131,072 (llama3 scaling: factor 32 below the low-frequency band, none above the high one).
+_LLAMA_3_2_1B = ModelConfig(
+    vocab_size=128256,
+    d_model=2048,
+    n_heads=32,
+    n_kv_heads=8,
+    n_layers=16,
+    d_ff=8192,
+    max_seq_len=131072,
+    norm="rmsnorm",
+    norm_eps=1e-5,
+    activation="silu",
+    ffn="swiglu",
+    position="rope",
+    rope_theta=500000.0,
+    rope_scaling={
+        "type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    bias=False,
+    bos_token_id=128000,
+    eos_token_id=128001,
+)
+
 PRESETS: dict[str, ModelConfig] = {
     # The lesson: 172,288 parameters, 49,984 per block.
     "lesson": ModelConfig(),
@@ -134,6 +185,26 @@ PRESETS: dict[str, ModelConfig] = {
         tie_embeddings=False,
         scale_tied_logits=False,
     ),
+    "qwen2.5-0.5b": _QWEN2_5_0_5B,
+    # Qwen2.5-1.5B (1,543,714,304): 12 query heads of 128 over 2 key/value heads.
+    "qwen2.5-1.5b": _QWEN2_5_0_5B.replace(d_model=1536, n_heads=12, n_layers=28, d_ff=8960),
+    # Qwen3-0.6B (596,049,920): Qwen2.5's block without the q/k/v biases and with an RMSNorm over each head of q
+    # and k; 16 query heads of 128 (wider together than d_model 1024) over 8 key/value heads.
+    "qwen3-0.6b": _QWEN2_5_0_5B.replace(
+        d_model=1024,
+        n_heads=16,
+        n_kv_heads=8,
+        d_head=128,
+        n_layers=28,
+        d_ff=3072,
+        max_seq_len=40960,
+        qkv_bias=False,
+        qk_norm=True,
+        eos_token_id=151645,
+    ),
+    "llama-3.2-1b": _LLAMA_3_2_1B,
+    # Llama 3.2 3B (3,212,749,824): 24 query heads of 128 over 8 key/value heads, 28 layers (d_ff stays 8192).
+    "llama-3.2-3b": _LLAMA_3_2_1B.replace(d_model=3072, n_heads=24, d_head=128, n_layers=28, d_ff=8192),
 }
 
 

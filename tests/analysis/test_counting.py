@@ -69,6 +69,8 @@ def test_analytic_count_equals_numel(arch, position, norm, bias, tie):
         {"position": "relative", "relative_buckets": 11, "relative_max_distance": 13, "d_head": 10},
         {"position": "relative", "attn_scale": 1.0, "ffn": "gated", "norm": "rmsnorm", "bias": False},
         {"ffn": "gated", "activation": "relu", "tie_embeddings": False},
+        {"qkv_bias": False},  # cross-attention keeps the biases `bias` gives it
+        {"bias": False, "qkv_bias": True, "qk_norm": True, "position": "rope", "d_head": 10},
     ],
 )
 @pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder-decoder"])

@@ -22,6 +22,11 @@ PUBLISHED = {
     "smollm2-135m": 134_515_008,
     "t5-small": 60_506_624,  # as transformers counts T5ForConditionalGeneration
     "t5-v1_1-small": 76_961_152,
+    "qwen2.5-0.5b": 494_032_768,  # these five equal transformers' numel: tests/test_presets.py
+    "qwen2.5-1.5b": 1_543_714_304,
+    "qwen3-0.6b": 596_049_920,
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.2-3b": 3_212_749_824,
 }
 
 
@@ -82,7 +87,10 @@ def test_flags_change_the_count(capsys):
     assert data["attention"] == 4 * 64 * 64 and data["feedforward"] == 2 * 64 * 256
 
 
-@pytest.mark.parametrize("preset", ["lesson", "gpt2", "bart-base", "smollm2-135m", "bert-base", "t5-small"])
+@pytest.mark.parametrize(
+    "preset", ["lesson", "gpt2", "bart-base", "smollm2-135m", "bert-base", "t5-small", "qwen2.5-0.5b", "qwen3-0.6b",
+               "llama-3.2-1b"]
+)  # fmt: skip
 def test_verify_against_numel(preset, capsys):
     data = count_json(capsys, "--preset", preset, "--verify")
     assert data["measured"] == data["total"] == PUBLISHED[preset] and data["verified"] is True
@@ -111,6 +119,20 @@ def test_table_output(capsys):
     assert "{" not in out  # tables, not JSON
 
 
+def test_later_decoder_presets_are_listed_and_counted(capsys):
+    assert main(["count", "--help"]) == 0
+    listed = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    for name in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-0.6b", "llama-3.2-1b", "llama-3.2-3b"):
+        assert name in listed
+    data = count_json(capsys, "--model", "qwen3-0.6b")
+    assert data["model"] == "qwen3-0.6b" and data["config"]["qk_norm"] is True
+    # per block: q (1024 x 2048), k and v (1024 x 1024 each), o (2048 x 1024), two head norms of 128; SwiGLU's
+    # three 1024 x 3072 matrices; two RMSNorms of 1024
+    assert data["per_block"] == 2 * 1024 * 2048 + 2 * 1024 * 1024 + 2 * 128 + 3 * 1024 * 3072 + 2 * 1024
+    assert main(["count", "--preset", "llama-3.2-1b"]) == 0
+    assert "1,235,814,400" in capsys.readouterr().out
+
+
 def test_bad_seq_len(capsys):
     assert main(["count", "--seq-len", "0"]) == 2
     assert "--seq-len must be a positive integer; got 0" in capsys.readouterr().err
@@ -131,3 +153,30 @@ def test_t5_relative_bias_tables_are_counted_per_stack(capsys):
     assert data["breakdown"]["encoder.relative_position_bias"] == 32 * 8
     assert data["breakdown"]["decoder.relative_position_bias"] == 32 * 8
     assert "encoder.position_embedding" not in data["breakdown"]
+
+
+def test_diff_lists_how_the_block_differs_from_the_lessons(capsys):
+    from oneblock.analysis.block_diff import block_differences
+
+    data = count_json(capsys, "--model", "llama-3.2-1b", "--diff")
+    assert data["block_diff"] == [row.as_dict() for row in block_differences(get_preset("llama-3.2-1b"))]
+    by_key = {row["key"]: row for row in data["block_diff"]}
+    assert by_key["n_kv_heads"]["label"] == "grouped-query attention (8 key/value heads of 32)"
+    assert by_key["n_kv_heads"]["parameters"] == -16 * 2 * 2048 * (2048 - 512)
+    assert by_key["ffn"]["parameters"] == 16 * 2048 * 8192
+    assert "block_diff" not in count_json(capsys, "--model", "llama-3.2-1b")  # only when asked
+    assert count_json(capsys, "--diff")["block_diff"] == []  # the lesson itself
+
+    assert main(["count", "--model", "qwen2.5-0.5b", "--diff"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long labels
+    assert "How the block differs from the lesson's" in out
+    for text in ("RMSNorm instead of LayerNorm", "-43,904", "+104,595,456", "grouped-query attention", "-276,480"):
+        assert text in out
+    assert main(["count", "--diff"]) == 0
+    assert "The block is the lesson's: no option differs." in capsys.readouterr().out
+
+
+def test_diff_marks_a_figure_the_lessons_rule_cannot_give(capsys):
+    assert main(["count", "--model", "t5-v1_1-small", "--diff"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "512/6, not whole" in out and "n/a" in out and "+16,449,536" in out  # its untied head

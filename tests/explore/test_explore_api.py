@@ -198,6 +198,18 @@ def test_card_counts_and_checks(decoder):
     assert params["rule"]["exact_per_block"] == params["per_block"]
     assert card["checks"] and all(check["passed"] for check in card["checks"])
     assert card["limits"]["max_tokens"] == 96  # the model's context is shorter than the default cap
+    assert params["differences"] == []  # the lesson's block at other sizes
+
+
+def test_card_lists_how_the_block_differs_from_the_lessons(encoder, seq2seq):
+    from oneblock.analysis.block_diff import block_differences
+
+    params = client(encoder).get("/api/card").json()["parameters"]
+    assert params["differences"] == [row.as_dict() for row in block_differences(encoder.config)]
+    assert [row["key"] for row in params["differences"]] == ["arch", "norm_position"]
+    assert params["differences"][1]["parameters"] == -2 * 36  # post-LN drops the final LayerNorm
+    rows = client(seq2seq).get("/api/card").json()["parameters"]["differences"]
+    assert [row["key"] for row in rows] == ["arch"] and rows[0]["parameters"] > 0
 
 
 @pytest.mark.parametrize(

@@ -112,6 +112,11 @@ def test_encoder_maps_are_full_and_there_is_no_next_token(encoder, live, page):
     assert "no LM head" in page.inner_text("#next-note")
     assert page.locator("#bars .bar").count() == 0
     assert page.is_hidden("#generate-controls")
+    rows = page.locator("#differences tr.difference")  # the card's rows: an encoder, post-LN
+    expect(rows).to_have_count(2)
+    assert rows.nth(0).get_attribute("data-key") == "arch"
+    assert "encoder-only" in rows.nth(0).inner_text()
+    assert rows.nth(1).locator("td.count").inner_text() == "-72"  # no final LayerNorm: gamma and beta of 36
     only_local(page)
 
 

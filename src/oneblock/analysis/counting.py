@@ -29,6 +29,12 @@ def attention_parameters(cfg: ModelConfig) -> int:
     return weights + biases + 2 * norm_parameters("rmsnorm", cfg.d_head)
 
 
+def cross_attention_parameters(cfg: ModelConfig) -> int:
+    """One cross-attention layer: the self-attention's projections, but ``bias`` on all four (``qkv_bias`` and
+    ``qk_norm`` are options of the decoder-only families and leave cross-attention alone)."""
+    return attention_parameters(cfg.replace(qkv_bias=cfg.bias, qk_norm=False))
+
+
 def feedforward_parameters(cfg: ModelConfig) -> int:
     """``W1`` (C x d_ff), ``W2`` (d_ff x C), and ``W3`` for the gated kinds, with their biases."""
     c, f = cfg.d_model, cfg.d_ff
@@ -100,7 +106,8 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
     attn, ffn = attention_parameters(cfg), feedforward_parameters(cfg)
     block_norms = (4 if cfg.norm_position == "sandwich" else 2) * norm  # a sandwich normalizes outputs too
     block = attn + ffn + block_norms
-    cross_block = block + attn + norm
+    cross = cross_attention_parameters(cfg) if cfg.arch == "encoder-decoder" else 0
+    cross_block = block + cross + norm
     final_norm = norm if cfg.has_final_norm else 0
     emb = embedding_parameters(cfg)
 
@@ -119,7 +126,7 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
         breakdown[f"{prefix}relative_position_bias"] = relative_bias_parameters(cfg)
         breakdown[f"{prefix}attention"] = layers * attn
         if crossing:
-            breakdown[f"{prefix}cross_attention"] = layers * (attn + norm)
+            breakdown[f"{prefix}cross_attention"] = layers * (cross + norm)
         breakdown[f"{prefix}feedforward"] = layers * ffn
         breakdown[f"{prefix}block_norms"] = layers * block_norms
         breakdown[f"{prefix}final_norm"] = final_norm
@@ -135,7 +142,7 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
         per_block=block,
         per_decoder_block=cross_block if cfg.arch == "encoder-decoder" else block,
         attention=attn,
-        cross_attention=attn if cfg.arch == "encoder-decoder" else 0,
+        cross_attention=cross,
         feedforward=ffn,
         norms_per_block=block_norms,
         non_embedding=total - embedding_tables,
@@ -155,7 +162,8 @@ def count_flops(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, int]:
     attn, ffn = attention_parameters(cfg), feedforward_parameters(cfg)
     layers = cfg.n_layers + (cfg.n_decoder_layers if cfg.arch == "encoder-decoder" else 0)
     cross_layers = cfg.n_decoder_layers if cfg.arch == "encoder-decoder" else 0
-    matmul = 2 * (layers * (attn + ffn) + cross_layers * attn)
+    cross = cross_attention_parameters(cfg) if cross_layers else 0
+    matmul = 2 * (layers * (attn + ffn) + cross_layers * cross)
     head = 2 * cfg.vocab_size * cfg.d_model if cfg.arch != "encoder" else 0
     width = cfg.n_heads * cfg.d_head
     attention = 4 * t * width * (layers + cross_layers)

@@ -46,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="store_true",
         help="build the model (on the meta device: no memory) and compare with sum(p.numel()); exit 1 on mismatch",
     )
+    parser.add_argument(
+        "--diff",
+        action="store_true",
+        help="also list how the block differs from the lesson's, one option per row, each with the parameters it "
+        "adds or removes (count of the config less the count with that option switched back)",
+    )
     lora = parser.add_argument_group("LoRA adapters (the flags of oneblock finetune)")
     options.add_lora_options(lora, rank=None, counting=True)
     options.add_json_option(parser)
@@ -68,6 +74,10 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
         "flops_per_token": count_flops(cfg, args.seq_len),
         "memory_bytes": weight_memory(cfg),
     }
+    if args.diff:
+        from oneblock.analysis.block_diff import block_differences
+
+        data["block_diff"] = [row.as_dict() for row in block_differences(cfg)]
     lora = options.lora_config(args) if args.lora_rank is not None else None
     if lora is not None:
         from oneblock.adapters.counting import lora_parameters
@@ -152,6 +162,29 @@ def _render(data: dict[str, Any]) -> None:
     if "measured" in data:
         summary.append(("measured sum(p.numel())", data["measured"], "equal" if data["verified"] else "MISMATCH"))
     out.print(table(None, ["figure", "value", "note"], summary))
+    if "block_diff" in data:
+        _render_diff(out, data["block_diff"])
+
+
+def _render_diff(out: Any, rows: list[dict[str, Any]]) -> None:
+    from oneblock.cli.render import table
+
+    if not rows:
+        out.print("The block is the lesson's: no option differs.")
+        return
+    differences = table(
+        "How the block differs from the lesson's",
+        ["difference", "parameters", "why"],
+        [(row["label"], _signed(row["parameters"]), row["note"]) for row in rows],
+        caption="Each row: this count less the count with that one option switched back to the lesson's.",
+    )
+    differences.columns[1].justify = "right"  # signed figures are strings
+    out.print(differences)
+
+
+def _signed(parameters: int | None) -> str:
+    """``+1,234``, ``-1,234``, ``0``; ``n/a`` where the lesson's choice cannot apply to these sizes."""
+    return "n/a" if parameters is None else f"{parameters:+,}" if parameters else "0"
 
 
 def _labelled(data: dict[str, Any]) -> list[tuple[str, int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from oneblock.analysis.block_diff import block_differences
 from oneblock.analysis.checks import run_checks
 from oneblock.analysis.counting import count_parameters
 from oneblock.config import ModelConfig
@@ -30,6 +31,8 @@ def parameters_view(cfg: ModelConfig, actual: int) -> dict[str, Any]:
         "attention": counts.attention,
         "feedforward": counts.feedforward,
         "norms_per_block": counts.norms_per_block,
+        # how the block differs from the lesson's, each option with the parameters it adds or removes
+        "differences": [row.as_dict() for row in block_differences(cfg)],
         "rule": {
             "formula": "12 C^2",
             "d_model": cfg.d_model,

@@ -63,6 +63,7 @@ function renderCard(card) {
     `${fmt(r.per_block)} (ratio ${r.ratio.toFixed(3)}); ${r.blocks} blocks \u00d7 12 C\u00b2 = ${fmt(r.stack)} ` +
     `against ${fmt(r.non_embedding)} non-embedding parameters.`;
   barList($("params"), p.bars.map((b) => ({ label: b.name, value: b.share, text: `${fmt(b.count)} (${(100 * b.share).toFixed(1)}%)` })));
+  renderDifferences(p.differences);
   const list = clear($("checks"));
   for (const c of card.checks) {
     const item = el("li", c.passed ? "check pass" : "check fail");
@@ -73,6 +74,26 @@ function renderCard(card) {
     list.appendChild(item);
   }
   $("generate-controls").hidden = !card.generation || isStatic();
+}
+
+// One row per option in which the block departs from the lesson's, with the parameters it adds or removes.
+function renderDifferences(rows) {
+  const body = clear($("differences").tBodies[0]);
+  if (!rows.length) {
+    const only = el("tr", "same");
+    only.appendChild(el("td", null, "The block is the lesson's: no option differs."));
+    body.appendChild(only);
+    return;
+  }
+  for (const r of rows) {
+    const row = el("tr", "difference");
+    row.dataset.key = r.key;
+    row.appendChild(el("td", null, r.label));
+    const figure = r.parameters === null ? "n/a" : (r.parameters > 0 ? "+" : "") + fmt(r.parameters);
+    row.appendChild(el("td", "count", figure));
+    row.appendChild(el("td", "hint", r.note));
+    body.appendChild(row);
+  }
 }
 
 function barList(container, rows) {
