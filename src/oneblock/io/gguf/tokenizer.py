@@ -27,6 +27,7 @@ from tokenizers.models import BPE
 from oneblock.errors import ConversionError, InputError
 from oneblock.io.gguf.file import check_merges, field_value, is_reader
 from oneblock.io.gguf.layout import GGUFLayout, read_layout
+from oneblock.io.gguf.spm import spm_from_metadata
 from oneblock.text.checks import check_text
 
 if TYPE_CHECKING:
@@ -222,6 +223,21 @@ def _merge_pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _bpe_from_metadata(meta: Mapping[str, Any]) -> Tokenizer:
+    """The byte-level BPE tokenizer of a GGUF file's ``tokenizer.*`` metadata."""
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    if not tokens:
+        raise ConversionError("the GGUF file has an empty tokenizer.ggml.tokens vocabulary")
+    check_byte_vocabulary(tokens)
+    types = meta.get("tokenizer.ggml.token_type")
+    types = [1] * len(tokens) if types is None or len(types) == 0 else types
+    if len(types) != len(tokens):
+        raise ConversionError(
+            f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; the file is corrupt"
+        )
+    return build_tokenizer(tokens, meta.get("tokenizer.ggml.merges") or [], types, meta.get("tokenizer.ggml.pre"))
+
+
 class GGUFTokenizer:
     """The tokenizer of a GGUF file: text <-> token ids, plus its chat template.
 
@@ -260,34 +276,27 @@ class GGUFTokenizer:
         if isinstance(source, GGUFLayout):
             meta = source.metadata
         elif is_reader(source):
-            meta = {key: field_value(source, key) for key in source.fields if key.startswith("tokenizer.")}
+            keys = [key for key in source.fields if key.startswith("tokenizer.") or key == "general.name"]
+            meta = {key: field_value(source, key) for key in keys}
         else:
             meta = read_layout(source).metadata
         model = meta.get("tokenizer.ggml.model")
-        if model != "gpt2":
+        if model == "gpt2":
+            tokenizer = _bpe_from_metadata(meta)
+        elif model == "llama":
+            tokenizer = spm_from_metadata(meta)
+        else:
             raise ConversionError(
-                f"tokenizer.ggml.model={model!r} is not supported; oneblock reads byte-level BPE ('gpt2') "
-                "vocabularies (SmolLM, Llama 3, GPT-2 style); SentencePiece ('llama') is not implemented"
+                f"tokenizer.ggml.model={model!r} is not supported; oneblock reads byte-level BPE ('gpt2': SmolLM, "
+                "Llama 3, Qwen) and SentencePiece ('llama': Llama 2, Phi-3, Gemma) vocabularies"
             )
-        tokens = meta.get("tokenizer.ggml.tokens") or []
-        if not tokens:
-            raise ConversionError("the GGUF file has an empty tokenizer.ggml.tokens vocabulary")
-        check_byte_vocabulary(tokens)
-        types = meta.get("tokenizer.ggml.token_type")
-        types = [1] * len(tokens) if types is None or len(types) == 0 else types
-        if len(types) != len(tokens):
-            raise ConversionError(
-                f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; the file is corrupt"
-            )
-        tokenizer = build_tokenizer(
-            tokens, meta.get("tokenizer.ggml.merges") or [], types, meta.get("tokenizer.ggml.pre")
-        )
         return cls(
             tokenizer,
             bos_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_id=meta.get("tokenizer.ggml.eos_token_id"),
             pad_id=meta.get("tokenizer.ggml.padding_token_id"),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            # llama.cpp's default: SentencePiece vocabularies start with bos, byte-level BPE ones do not
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
             chat_template=meta.get("tokenizer.chat_template"),
             name=str(source.path) if isinstance(source, GGUFLayout) else str(getattr(source, "path", source)),
         )
