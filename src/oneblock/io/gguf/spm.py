@@ -66,16 +66,13 @@ def spm_merges(vocab: dict[str, int], scores: np.ndarray) -> list[tuple[str, str
     the highest-scoring joined piece first (equal scores: the lower id first, then the shorter left part)."""
     pieces = sorted(vocab, key=len, reverse=True)
     lengths = [-len(piece) for piece in pieces]  # ascending, for bisect
-    found: list[tuple[str, str]] = []
-    joined: list[int] = []
+    found: list[tuple[str, str, str]] = []  # (piece, left, right)
     for cut in range(1, -lengths[0] if lengths else 0):
         longer = pieces[: bisect_left(lengths, -cut)]  # the pieces longer than cut characters
-        hits = [p for p in longer if p[:cut] in vocab and p[cut:] in vocab]
-        found += [(p[:cut], p[cut:]) for p in hits]
-        joined += map(vocab.__getitem__, hits)
-    ids = np.asarray(joined, dtype=np.int64)
+        found += [(p, left, right) for p in longer if (left := p[:cut]) in vocab and (right := p[cut:]) in vocab]
+    ids = np.fromiter(map(vocab.__getitem__, [p for p, _, _ in found]), dtype=np.int64, count=len(found))
     order = np.lexsort((ids, -scores[ids]))  # stable: the same piece keeps its cuts in order, shorter left first
-    return [found[i] for i in order.tolist()]
+    return [found[i][1:] for i in order.tolist()]
 
 
 def build_spm_tokenizer(
