@@ -189,3 +189,15 @@ def test_bad_vocabularies_are_refused_by_name(tmp_path):
     prefix = {"tokenizer.ggml.add_space_prefix": "yes"}
     with pytest.raises(ConversionError, match=r"add_space_prefix must be a bool; got 'yes'"):
         GGUFTokenizer.from_gguf(write_spm_gguf(tmp_path / "prefix.gguf", tokens, scores, types, **prefix))
+
+
+def test_logprob_bytes_spell_the_pieces(vocab):
+    from oneblock.serve.logprob_bodies import token_bytes
+
+    _, ours = vocab
+    text = "Hello\n wörld 😀"
+    ids = ours.encode(text, add_bos=False)
+    assert [ours.token(i) for i in ids[:2]] == ["▁Hello", "<0x0A>"]
+    assert [token_bytes(ours, i) for i in ids[:2]] == [b" Hello", b"\n"]
+    assert b"".join(token_bytes(ours, i) for i in ids) == f" {text}".encode()  # the space prefix is a piece's too
+    assert token_bytes(ours, 1) == b"<s>" and token_bytes(ours, ours.vocab_size) == b""

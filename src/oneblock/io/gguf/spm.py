@@ -35,6 +35,17 @@ def byte_piece(byte: int) -> str:
     return f"<0x{byte:02X}>"
 
 
+def piece_byte(piece: str) -> int | None:
+    """The byte a byte token such as ``<0x0A>`` stands for, or None for any other piece."""
+    if len(piece) != 6 or not piece.startswith("<0x"):
+        return None
+    try:
+        value = int(piece[3:5], 16)
+    except ValueError:
+        return None
+    return value if byte_piece(value) == piece else None
+
+
 def _vocabulary(tokens: Sequence[str]) -> dict[str, int]:
     """Piece -> id, each piece once, with a byte token for every byte of ordinary text.
 

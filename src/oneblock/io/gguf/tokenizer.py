@@ -27,7 +27,7 @@ from tokenizers.models import BPE
 from oneblock.errors import ConversionError, InputError
 from oneblock.io.gguf.file import check_merges, field_value, is_reader
 from oneblock.io.gguf.layout import GGUFLayout, read_layout
-from oneblock.io.gguf.spm import spm_from_metadata
+from oneblock.io.gguf.spm import SPACE, piece_byte, spm_from_metadata
 from oneblock.text.checks import check_text
 
 if TYPE_CHECKING:
@@ -99,6 +99,12 @@ def byte_alphabet() -> dict[int, str]:
             table[b] = chr(256 + extra)
             extra += 1
     return table
+
+
+@lru_cache(maxsize=1)
+def _byte_values() -> dict[str, int]:
+    """The byte alphabet read backwards: printable character -> byte."""
+    return {c: b for b, c in byte_alphabet().items()}
 
 
 @lru_cache(maxsize=1)
@@ -255,6 +261,7 @@ class GGUFTokenizer:
         add_bos: bool = False,
         chat_template: str | None = None,
         name: str = "gguf",
+        sentencepiece: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.name = name
@@ -263,6 +270,7 @@ class GGUFTokenizer:
         self.pad_id = pad_id
         self.add_bos = add_bos
         self.chat_template = chat_template
+        self.sentencepiece = sentencepiece
 
     @classmethod
     def from_gguf(cls, source: str | os.PathLike[str] | GGUFLayout | GGUFReader) -> GGUFTokenizer:
@@ -299,6 +307,7 @@ class GGUFTokenizer:
             add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
             chat_template=meta.get("tokenizer.chat_template"),
             name=str(source.path) if isinstance(source, GGUFLayout) else str(getattr(source, "path", source)),
+            sentencepiece=model == "llama",
         )
 
     @property
@@ -309,6 +318,18 @@ class GGUFTokenizer:
     def token(self, token_id: int) -> str | None:
         """The vocabulary string of one id (in the byte alphabet), or None if out of range."""
         return self.tokenizer.id_to_token(token_id)
+
+    def piece_bytes(self, token_id: int) -> bytes | None:
+        """The bytes one id adds to a text (a SentencePiece ``▁`` as a space, ``<0x0A>`` as its byte, a byte-level
+        piece through the byte alphabet), or None if out of range."""
+        piece = self.token(token_id)
+        if piece is None:
+            return None
+        if self.sentencepiece:
+            byte = piece_byte(piece)
+            return piece.replace(SPACE, " ").encode("utf-8") if byte is None else bytes([byte])
+        table = _byte_values()
+        return bytes(table[c] for c in piece) if all(c in table for c in piece) else piece.encode("utf-8")
 
     def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
         """Token ids of ``text``.
