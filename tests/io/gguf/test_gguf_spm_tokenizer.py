@@ -168,10 +168,11 @@ def test_a_trained_sentencepiece_model_encodes_the_same(tmp_path):
         for i in range(n)
     ]
     pieces, scores = [sp.id_to_piece(i) for i in range(n)], [sp.get_score(i) for i in range(n)]
-    ours = GGUFTokenizer.from_gguf(write_spm_gguf(tmp_path / "sp.gguf", pieces, scores, types))
+    path = write_spm_gguf(tmp_path / "sp.gguf", pieces, scores, types)
+    ours, read = GGUFTokenizer.from_gguf(path), GGUFTokenizer.from_gguf(gguf.GGUFReader(str(path)))
     texts = [*TEXTS[:8], "pieces of text, tokenized: the quick fox", "unseen words: zebra quartz"]
     for text in texts:
-        assert ours.encode(text, add_bos=False) == sp.encode(text), text
+        assert ours.encode(text, add_bos=False) == read.encode(text, add_bos=False) == sp.encode(text), text
         assert ours.decode(sp.encode(text)) == sp.decode(sp.encode(text)) == text
 
 

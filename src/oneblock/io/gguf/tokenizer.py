@@ -9,7 +9,8 @@ A GGUF file carries no ``tokenizer.json``; llama.cpp stores the pieces as metada
 
 Byte-level BPE (Radford et al., 2019, GPT-2): every UTF-8 byte is first mapped to a printable character
 (space -> ``Ġ``, newline -> ``Ċ``), so any text, emoji included, is spelled with the base alphabet and the merges
-build longer tokens from there; nothing is ever "unknown".
+build longer tokens from there; nothing is ever "unknown". SentencePiece vocabularies (``"llama"``: Llama 2, Phi-3,
+Gemma) are built by :mod:`oneblock.io.gguf.spm`.
 """
 
 from __future__ import annotations
@@ -278,8 +279,8 @@ class GGUFTokenizer:
 
         Raises:
             CheckpointError: if the file is missing, not GGUF or corrupt.
-            ConversionError: if the file has no vocabulary, one that is not byte-level BPE, or one that cannot
-                spell every byte (``check_byte_vocabulary``).
+            ConversionError: if the file has no vocabulary, one that is neither byte-level BPE nor SentencePiece,
+                or one that cannot spell every byte of ordinary text.
         """
         if isinstance(source, GGUFLayout):
             meta = source.metadata
@@ -316,7 +317,8 @@ class GGUFTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def token(self, token_id: int) -> str | None:
-        """The vocabulary string of one id (in the byte alphabet), or None if out of range."""
+        """The vocabulary string of one id (in the byte alphabet, or a SentencePiece piece such as ``▁Hello``), or
+        None if out of range."""
         return self.tokenizer.id_to_token(token_id)
 
     def piece_bytes(self, token_id: int) -> bytes | None:
