@@ -13,7 +13,7 @@ from oneblock import jsontext
 from oneblock.errors import ConfigError
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
-NORM_POSITIONS = ("pre", "post")
+NORM_POSITIONS = ("pre", "post", "sandwich")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 FFNS = ("mlp", "swiglu", "gated")
@@ -104,6 +104,12 @@ class ModelConfig:
     # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}; {"type": "factors",
     # "factors": [Dh/2 divisors]} (a GGUF file's rope_freqs). See oneblock.layers.rotary.
     rope_scaling: dict[str, Any] = field(default_factory=dict)
+    # Gemma 2 and 3. norm_position="sandwich" is pre-LN plus a norm of each sublayer's output before the add.
+    attn_softcap: float | None = None  # attention scores capped as tanh(s / cap) * cap before the softmax (50)
+    logit_softcap: float | None = None  # the same on the final logits (Gemma 2: 30)
+    sliding_window: int | None = None  # local layers attend to the last `sliding_window` positions only
+    global_every: int = 1  # with a window, layer i is global (whole context) when (i + 1) % global_every == 0
+    rope_local_theta: float | None = None  # the local layers' rotary base (Gemma 3); global: rope_theta, scaling
     # T5. position="relative" learns one (relative_buckets, H) table of score biases per stack, indexed by the
     # bucketed distance key - query: exact for small distances, logarithmic up to relative_max_distance, beyond
     # which all distances share the last bucket (Raffel et al., 2020).
@@ -163,6 +169,7 @@ class ModelConfig:
                 f"choose n_kv_heads from {_divisors(self.n_heads)}"
             )
         _check_rope_scaling(self.rope_scaling, self.d_head)
+        self._check_gemma_options()
         if self.position == "rope" and self.d_head % 2 != 0:
             raise ConfigError(f"rotary positions need an even head width; got d_head {self.d_head}")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
@@ -214,11 +221,28 @@ class ModelConfig:
                 "tie_embeddings=True (an untied head, as in T5 v1.1, is not rescaled)"
             )
 
+    def _check_gemma_options(self) -> None:
+        for name in ("attn_softcap", "logit_softcap", "rope_local_theta"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be a positive number or None; got {value!r}")
+        if self.sliding_window is not None:
+            _positive("sliding_window", self.sliding_window)
+        _positive("global_every", self.global_every)
+        if self.rope_local_theta is not None and (self.sliding_window is None or self.position != "rope"):
+            raise ConfigError("rope_local_theta is the rotary base of local layers: it needs sliding_window and rope")
+        if self.norm_position == "sandwich" and self.arch != "decoder":
+            raise ConfigError(f"norm_position='sandwich' is a decoder-only option; got arch={self.arch!r}")
+
     # Derived values.
+    def is_local(self, layer: int) -> bool:
+        """Whether block ``layer`` attends within ``sliding_window`` (local) rather than to the whole context."""
+        return self.sliding_window is not None and (layer + 1) % self.global_every != 0
+
     @property
     def has_final_norm(self) -> bool:
         """Pre-LN leaves the residual stream unnormalized, so one norm closes each stack."""
-        return self.norm_position == "pre"
+        return self.norm_position in ("pre", "sandwich")
 
     # Serialisation.
     def to_dict(self) -> dict[str, Any]:

@@ -94,7 +94,8 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
     c = cfg.d_model
     norm = norm_parameters(cfg.norm, c)
     attn, ffn = attention_parameters(cfg), feedforward_parameters(cfg)
-    block = attn + ffn + 2 * norm
+    block_norms = (4 if cfg.norm_position == "sandwich" else 2) * norm  # a sandwich normalizes outputs too
+    block = attn + ffn + block_norms
     cross_block = block + attn + norm
     final_norm = norm if cfg.has_final_norm else 0
     emb = embedding_parameters(cfg)
@@ -116,7 +117,7 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
         if crossing:
             breakdown[f"{prefix}cross_attention"] = layers * (attn + norm)
         breakdown[f"{prefix}feedforward"] = layers * ffn
-        breakdown[f"{prefix}block_norms"] = layers * 2 * norm
+        breakdown[f"{prefix}block_norms"] = layers * block_norms
         breakdown[f"{prefix}final_norm"] = final_norm
     if cfg.arch == "encoder" and cfg.pooler:
         breakdown["pooler"] = c * c + (c if cfg.bias else 0)
@@ -132,7 +133,7 @@ def count_parameters(cfg: ModelConfig) -> ParameterCount:
         attention=attn,
         cross_attention=attn if cfg.arch == "encoder-decoder" else 0,
         feedforward=ffn,
-        norms_per_block=2 * norm,
+        norms_per_block=block_norms,
         non_embedding=total - embedding_tables,
         rule_of_thumb=12 * c * c,
         breakdown={k: v for k, v in breakdown.items() if v},

@@ -34,12 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
 from oneblock.inference.native_step import NativeStep
-from oneblock.inference.plan import DecodePlan, heads_of_one_token, lean_supported
+from oneblock.inference.plan import DecodePlan, attend_cached, heads_of_one_token, lean_supported
 from oneblock.inference.prefill import Prefill
 from oneblock.inference.prefix_cache import PrefixCache
 from oneblock.layers.block import Block
@@ -182,12 +181,14 @@ class BatchDecoder:
         cos = sin = None
         if model.rope is not None:
             cos, sin = model.rope(positions, x.dtype)  # (B, 1, 1, Dh): each row's own position
+        local = model.rope_local(positions, x.dtype) if model.rope_local is not None else None
         for i, (block, qkv) in enumerate(zip(self.blocks, self.qkv, strict=True)):
-            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, cos, sin, block.attn)
+            c, s = local if local is not None and block.attn.local_rope else (cos, sin)
+            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, c, s, block.attn)
             out = torch.cat([self._attend(block, slot, i, q[r : r + 1], k[r : r + 1], v[r : r + 1])
                              for r, slot in enumerate(slots)])  # (B, H, 1, Dh)  # fmt: skip
-            x = x + block.attn.merge(out)  # heads side by side, then the output projection
-            x = x + block.ffn(block.ffn_norm(x))
+            x = x + block.attn_out(block.attn.merge(out))  # heads side by side, the output projection
+            x = x + block.ffn_out(block.ffn(block.ffn_norm(x)))
         for slot in slots:
             slot.length += 1
         if model.final_norm is not None:
@@ -212,6 +213,4 @@ class BatchDecoder:
         """One row's attention: store its key and value at its position, attend over its L + 1 keys (no mask:
         a single query may see every cached key). q (1, H, 1, Dh), k and v (1, Hkv, 1, Dh) -> (1, H, 1, Dh)."""
         keys, values = slot.cache.layers[layer].write(slot.length, k, v)  # (1, Hkv, L + 1, Dh) views
-        return F.scaled_dot_product_attention(
-            q, keys, values, scale=block.attn.scale, enable_gqa=self.kv_heads != self.heads
-        )
+        return attend_cached(block.attn, q, keys, values, None)

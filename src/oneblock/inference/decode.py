@@ -29,12 +29,11 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from oneblock.inference.compile_policy import compile_backend
 from oneblock.inference.native_step import NativeStep
-from oneblock.inference.plan import DecodePlan, heads_of_one_token
+from oneblock.inference.plan import DecodePlan, attend_cached, heads_of_one_token
 from oneblock.inference.request import DecodeRequest
 from oneblock.kernels import GEMM_ROWS
 from oneblock.kernels.tiles import prompt_tiles
@@ -130,6 +129,10 @@ class LeanDecode:
             where = self.positions if self.positions is not None else torch.arange(total)
             cos, sin = rope(where.to(rope.cos.device), dtype)
             self.cos, self.sin = cos, sin
+        self.local_rope: Tensor | None = None  # (2, B or 1, 1, total, Dh): Gemma 3's local layers' tables
+        if model.rope_local is not None:
+            where = self.positions if self.positions is not None else torch.arange(total)
+            self.local_rope = torch.stack(model.rope_local(where.to(model.rope_local.cos.device), dtype))
         plan = DecodePlan.of(model)
         self.blocks, self.qkv, self.sizes = plan.blocks, plan.qkv, plan.sizes
         self.heads, self.kv_heads, self.d_head = plan.heads, plan.kv_heads, plan.d_head
@@ -217,16 +220,16 @@ class LeanDecode:
         mask = self.mask[..., :end] if self.mask is not None else None  # (B, 1, 1, end) view
         cos = self.cos[:, :, position : position + 1] if self.cos is not None else None  # (B or 1, 1, 1, Dh)
         sin = self.sin[:, :, position : position + 1] if self.sin is not None else None
+        local = self.local_rope[:, :, :, position : position + 1] if self.local_rope is not None else None
         for block, qkv, layer in zip(self.blocks, self.qkv, self.cache.layers, strict=True):
-            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, cos, sin, block.attn)
+            c, s = (local[0], local[1]) if local is not None and block.attn.local_rope else (cos, sin)
+            q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, c, s, block.attn)
             keys, values = layer.write(position, k, v)  # (B, Hkv, end, Dh) views; a write past the end is refused
             if keys.dtype != q.dtype:  # a narrower cache (bfloat16 for a float32 model): widened as read
                 keys, values = keys.to(q.dtype), values.to(q.dtype)
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=block.attn.scale, enable_gqa=self.kv_heads != self.heads,
-            )  # (B, H, 1, Dh)  # fmt: skip
-            x = x + block.attn.merge(out)  # heads side by side, then the output projection
-            x = x + block.ffn(block.ffn_norm(x))
+            out = attend_cached(block.attn, q, keys, values, mask)  # (B, H, 1, Dh)
+            x = x + block.attn_out(block.attn.merge(out))  # heads side by side, the output projection
+            x = x + block.ffn_out(block.ffn(block.ffn_norm(x)))
         if model.final_norm is not None:
             x = model.final_norm(x)
         logits = model.logits(x[:, 0])  # (B, V)

@@ -161,6 +161,12 @@ class NativeStep:
     @classmethod
     def _gather(cls, model: Decoder) -> NativeStep:
         cfg, embed = model.config, model.embed
+        if cfg.norm_position == "sandwich":
+            raise _Unsupported("norms of the sublayers' outputs (sandwich norms, as in Gemma)")
+        if cfg.attn_softcap is not None or cfg.logit_softcap is not None:
+            raise _Unsupported("soft-capped attention scores or logits (as in Gemma 2)")
+        if cfg.sliding_window is not None:
+            raise _Unsupported("sliding-window attention (as in Gemma)")
         if embed.scale != 1.0 or embed.segment is not None or embed.norm is not None or cfg.scale_tied_logits:
             raise _Unsupported("scaled, segmented or normalized embeddings, or a scaled head")
         if cfg.position not in _POSITIONS or model.final_logits_bias is not None:

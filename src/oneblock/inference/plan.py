@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.layers.attention import MultiHeadAttention
@@ -60,6 +61,21 @@ def heads_of_one_token(
     if cos is not None and sin is not None:  # set together
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     return q, k, v
+
+
+def attend_cached(attn: MultiHeadAttention, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """One new query per row over the keys (B, Hkv, S, Dh) cached up to it: (B, H, 1, Dh).
+
+    A local layer keeps its last ``window`` keys; a soft-capped layer takes the explicit softmax (the fused kernel
+    cannot cap scores). ``mask``: (B, 1, 1, S) True = real key, or ``None``.
+    """
+    if attn.window is not None and keys.shape[2] > attn.window:
+        keys, values = keys[:, :, -attn.window :], values[:, :, -attn.window :]  # (B, Hkv, window, Dh)
+        mask = mask[..., -attn.window :] if mask is not None else None
+    if attn.softcap is not None:
+        return attn.attend(q, keys, values, mask, None, False)
+    gqa = attn.n_kv_heads != attn.n_heads
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scale, enable_gqa=gqa)
 
 
 def fused_qkv(attn: MultiHeadAttention) -> nn.Module:

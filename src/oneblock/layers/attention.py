@@ -29,7 +29,7 @@ from oneblock.errors import ConfigError, InputError
 from oneblock.layers.fusion import split_linear, stack_linears
 from oneblock.layers.kv_cache import KVCache
 from oneblock.layers.lowrank import project_all
-from oneblock.layers.masks import causal_mask, check_padding_mask, padding_to_attention_mask
+from oneblock.layers.masks import causal_mask, check_padding_mask, padding_to_attention_mask, window_mask
 from oneblock.layers.norms import RMSNorm
 from oneblock.layers.rotary import apply_rotary
 from oneblock.layers.state import EMPTY, AttentionState
@@ -49,6 +49,9 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: biases on q, k and v alone (Qwen2); ``None`` means ``bias``.
         qk_norm: an RMSNorm (Dh,) over each head of the queries and of the keys, before rotary (Qwen3).
         norm_eps: the epsilon of those norms.
+        softcap: scores capped as ``tanh(s / cap) * cap`` before the softmax (Gemma 2); the explicit kernel runs.
+        window: a local layer's sliding window: query ``i`` sees keys ``i - window + 1 .. i`` only.
+        local_rope: rotate with the state's ``rope_local`` tables (Gemma 3's local layers) instead of ``rope``.
         dropout: dropout on the attention weights while training.
         scale: the factor on ``q k^T``; ``None`` means ``1 / sqrt(Dh)`` (T5 uses 1.0, its weights absorb it).
         causal: hide later keys unless a call says otherwise (decoder blocks).
@@ -72,6 +75,9 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool | None = None,
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
+        softcap: float | None = None,
+        window: int | None = None,
+        local_rope: bool = False,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -84,6 +90,7 @@ class MultiHeadAttention(nn.Module):
             raise ConfigError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.dropout, self.scale, self.causal = dropout, scale, causal
+        self.softcap, self.window, self.local_rope = softcap, window, local_rope
         self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=qkv_bias)
         self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=qkv_bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=qkv_bias)
@@ -114,7 +121,7 @@ class MultiHeadAttention(nn.Module):
         is_causal = self.causal if is_causal is None else is_causal
         self.check_input(x, "x")
         q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
-        q, k = self.position(q, k, state.rope)
+        q, k = self.position(q, k, state.rope_local if self.local_rope else state.rope)
         k, v = self.extend(k, v, state.cache)  # (B, Hkv, S, Dh), S = cached + T
         mask, is_causal = self.self_mask(state.mask, q, k, is_causal, state.self_bias)
         recorder = state.recorder.self_weights if state.recorder is not None else None
@@ -162,11 +169,14 @@ class MultiHeadAttention(nn.Module):
             self.check_mask(mask, b, t, s)
         if bias is not None:
             self.check_bias(bias, b, t, s)
-        if is_causal and (mask is not None or s != t or bias is not None):
+        near = window_mask(t, s, self.window, device=q.device) if self.window is not None and s > self.window else None
+        if is_causal and (mask is not None or s != t or bias is not None or near is not None):
             # Queries sit at the end of the key sequence; a single new token sees every key.
             causal = causal_mask(t, s, device=q.device) if t > 1 else None
             mask = causal if mask is None else (mask if causal is None else mask & causal)
             is_causal = False
+        if near is not None:
+            mask = near if mask is None else mask & near
         return mask, is_causal
 
     def attend(
@@ -189,6 +199,8 @@ class MultiHeadAttention(nn.Module):
             record: a list to append the weights (B, H, T, S) to; given, the explicit kernel runs.
         """
         mask, visible = self.guard_empty_rows(mask)
+        if record is None and self.softcap is not None:  # the fused kernel cannot cap the scores
+            record = []
         if record is not None:
             out, weights = self._explicit(q, k, v, mask, bias, is_causal)
             record.append(weights if visible is None else weights.masked_fill(~visible, 0.0))
@@ -298,6 +310,8 @@ class MultiHeadAttention(nn.Module):
             v = v.repeat_interleave(group, dim=1)
         scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
         scores = scores / math.sqrt(self.d_head) if self.scale is None else scores * self.scale
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
         if bias is not None:
             scores = scores + bias.to(scores.dtype)
         if is_causal:

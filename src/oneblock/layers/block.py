@@ -1,11 +1,12 @@
 """The transformer block: attention for communication between tokens, a feed-forward network for each token's own
 computation, each wrapped in a residual connection and a normalization.
 
-Two placements of the norm:
+Three placements of the norm:
 
 * post-LN (Vaswani et al., 2017; BERT, BART): ``x = norm(x + f(x))``; the norm sits on the residual path.
 * pre-LN (GPT-2 and most models since; Xiong et al., 2020): ``x = x + f(norm(x))``; the residual stream stays a
   clean identity path from bottom to top, and one final norm closes the stack.
+* sandwich (Gemma 2 and 3): pre-LN with each sublayer's output normalized too, ``x = x + norm'(f(norm(x)))``.
 
 The decoder block of an encoder-decoder model has a third sublayer between the two: cross-attention, whose
 queries come from the decoder and whose keys and values come from the encoder output.
@@ -37,13 +38,19 @@ class Block(nn.Module):
     Shape: (B, T, C) -> (B, T, C).
     """
 
-    def __init__(self, cfg: ModelConfig, *, causal: bool, cross_attention: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, *, causal: bool, cross_attention: bool = False, local: bool = False) -> None:
         super().__init__()
-        self.pre_norm = cfg.norm_position == "pre"
+        self.pre_norm = cfg.norm_position in ("pre", "sandwich")
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.attn = _attention(
-            MultiHeadAttention, cfg, causal=causal, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps
-        )
+            MultiHeadAttention, cfg, causal=causal, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
+            softcap=cfg.attn_softcap, window=cfg.sliding_window if local else None,
+            local_rope=local and cfg.rope_local_theta is not None,
+        )  # fmt: skip
+        # sandwich: each sublayer's output normalized before it joins the stream
+        sandwich = cfg.norm_position == "sandwich"
+        self.attn_out_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if sandwich else None
+        self.ffn_out_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if sandwich else None
         self.cross_norm: nn.Module | None = None
         self.cross_attn: CrossAttention | None = None
         if cross_attention:
@@ -66,14 +73,22 @@ class Block(nn.Module):
         """Run the block on ``x`` (B, T, C); ``state`` carries masks, positions, cache and memory."""
         state = EMPTY if state is None else state
         if self.pre_norm:  # pre-LN: normalize each branch; the stream stays a clean identity path
-            x = x + self.drop(self.attn(self.attn_norm(x), state))
+            x = x + self.drop(self.attn_out(self.attn(self.attn_norm(x), state)))
             if self.cross_attn is not None and self.cross_norm is not None:
                 x = x + self.drop(self.cross_attn(self.cross_norm(x), state))
-            return x + self.drop(self.ffn(self.ffn_norm(x)))
+            return x + self.drop(self.ffn_out(self.ffn(self.ffn_norm(x))))
         x = self.attn_norm(x + self.drop(self.attn(x, state)))  # post-LN: normalize after each add
         if self.cross_attn is not None and self.cross_norm is not None:
             x = self.cross_norm(x + self.drop(self.cross_attn(x, state)))
         return self.ffn_norm(x + self.drop(self.ffn(x)))
+
+    def attn_out(self, y: Tensor) -> Tensor:
+        """The attention branch's output as it joins the stream: normalized in a sandwich block."""
+        return y if self.attn_out_norm is None else self.attn_out_norm(y)
+
+    def ffn_out(self, y: Tensor) -> Tensor:
+        """The feed-forward branch's output as it joins the stream: normalized in a sandwich block."""
+        return y if self.ffn_out_norm is None else self.ffn_out_norm(y)
 
 
 def _attention(kind: type[A], cfg: ModelConfig, **options: Any) -> A:

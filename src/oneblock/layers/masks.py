@@ -24,6 +24,12 @@ def causal_mask(t: int, s: int | None = None, *, device: torch.device | str | No
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
 
 
+def window_mask(t: int, s: int, window: int, *, device: torch.device | str | None = None) -> Tensor:
+    """(T, S) mask of a sliding window aligned as ``causal_mask``: query ``i`` (position ``S - T + i``) may see
+    keys ``S - T + i - window + 1`` and later (the causal mask hides the later ones)."""
+    return torch.ones(t, s, dtype=torch.bool, device=device).triu(diagonal=s - t - window + 1)
+
+
 def padding_to_attention_mask(padding_mask: Tensor) -> Tensor:
     """Key-padding mask (B, S), ``True`` = real token, to an attention mask (B, 1, 1, S)."""
     return padding_mask[:, None, None, :]

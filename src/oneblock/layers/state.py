@@ -54,6 +54,7 @@ class AttentionState:
         memory_kv: this layer's cross-attention keys and values of ``memory``, (B, Hkv, S, Dh) each, projected
             once per generation and reused at every step.
         recorder: where attention weights are appended; ``None`` = do not form them (the fast kernel).
+        rope_local: the rotary tables of local layers with a base of their own (Gemma 3), as ``rope``.
     """
 
     mask: Tensor | None = None
@@ -64,6 +65,7 @@ class AttentionState:
     memory_mask: Tensor | None = None
     memory_kv: tuple[Tensor, Tensor] | None = None
     recorder: AttentionRecorder | None = None
+    rope_local: tuple[Tensor, Tensor] | None = None
 
     def for_layer(self, cache: KVCache | None, memory_kv: tuple[Tensor, Tensor] | None = None) -> AttentionState:
         """The same state pointing at one layer's self-attention cache and cross-attention keys and values."""

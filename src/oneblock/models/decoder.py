@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
@@ -44,7 +45,8 @@ class Decoder(Stack):
         logits = self.lm_head(hidden)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
-        return logits
+        cap = self.config.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap  # Gemma 2
 
     def forward(
         self,
@@ -111,7 +113,14 @@ class Decoder(Stack):
 
     def target_losses(self, hidden: Tensor, targets: Tensor) -> Tensor:
         """(B, T, C) hidden states and (B, T) targets -> (B, T) float32 cross-entropy of each target under the
-        head (``logits``), computed by ``chunked_cross_entropy`` a tile of the vocabulary at a time."""
+        head (``logits``), computed by ``chunked_cross_entropy`` a tile of the vocabulary at a time (with a soft-cap on
+        the logits, from the whole logits)."""
+        if self.config.logit_softcap is not None:
+            logits = self.logits(hidden).float()  # (B, T, V)
+            losses = F.cross_entropy(
+                logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+            )
+            return losses.view(targets.shape)
         if self.config.scale_tied_logits:
             hidden = hidden * self.config.d_model**-0.5
         head = self.lm_head

@@ -71,7 +71,15 @@ class Stack(nn.Module):
             else None
         )
         n = cfg.n_layers if n_layers is None else n_layers
-        self.blocks = nn.ModuleList(Block(cfg, causal=causal, cross_attention=cross_attention) for _ in range(n))
+        self.blocks = nn.ModuleList(
+            Block(cfg, causal=causal, cross_attention=cross_attention, local=cfg.is_local(i)) for i in range(n)
+        )
+        # Gemma 3: local layers rotate with a base of their own (no scaling); global ones with ``rope``.
+        self.rope_local = (
+            RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_local_theta)
+            if cfg.position == "rope" and cfg.rope_local_theta is not None
+            else None
+        )
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.has_final_norm else None
         # Recompute each block in the backward pass instead of keeping its activations (a training setting,
         # not part of the model: no state dict entry).
@@ -158,11 +166,13 @@ class Stack(nn.Module):
 
         x = self.embed(tokens, positions, token_type_ids)  # (B, T, C)
         rope = self.rope(positions, x.dtype) if self.rope is not None else None
+        rope_local = self.rope_local(positions, x.dtype) if self.rope_local is not None else None
         # Relative positions: queries at their true offset past the cache, over all S = past + T keys.
         bias = self.relative_bias(t, past + t, offset=past) if self.relative_bias is not None else None
         state = AttentionState(
-            mask=mask, rope=rope, self_bias=bias, memory=memory, memory_mask=memory_mask, recorder=recorder
-        )
+            mask=mask, rope=rope, self_bias=bias, memory=memory, memory_mask=memory_mask, recorder=recorder,
+            rope_local=rope_local,
+        )  # fmt: skip
         recompute = self.checkpoint_activations and torch.is_grad_enabled() and cache is None and recorder is None
         for i, block in enumerate(self.blocks):
             if recompute:

@@ -1,8 +1,10 @@
 """Small models of each architecture, made as a user's files are made: transformers builds one from a config with
-every parameter randomised (norm weights around 1, biases nonzero: default initialisation hides the bugs that
-matter), ``save_pretrained`` writes it, and llama.cpp's own ``convert_hf_to_gguf.py`` (from the llama-cpp-python
-sdist that ``make test`` unpacks) converts it. The vocabulary is the sdist's ``models/ggml-vocab-<pre>.gguf``,
-rebuilt by oneblock's GGUF tokenizer, so the converter recognises the pre-tokenizer as the real model's.
+every parameter randomised (norm weights around 1, Gemma's offsets around 0, biases nonzero: default
+initialisation hides the bugs that matter), ``save_pretrained`` writes it, and llama.cpp's own
+``convert_hf_to_gguf.py`` (from the llama-cpp-python sdist that ``make test`` unpacks) converts it. The vocabulary
+is the sdist's ``models/ggml-vocab-<pre>.gguf``, rebuilt by oneblock's GGUF tokenizer, so the converter
+recognises the pre-tokenizer as the real model's; Gemma's converter wants a SentencePiece ``tokenizer.model``,
+trained here on a few lines of text (a 320-token vocabulary).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ LLAMA3_ROPE = {
     "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }  # fmt: skip
+GEMMA = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24, "num_key_value_heads": 1}
 # family -> (transformers config class, its sizes beyond the shared ones, the sdist's vocabulary)
 FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}, "qwen2"),
     "qwen3": ("Qwen3Config", {"head_dim": 48, "tie_word_embeddings": False}, "qwen2"),
     "llama3": ("LlamaConfig", {"tie_word_embeddings": True, "rope_parameters": LLAMA3_ROPE}, "llama-bpe"),
+    "gemma2": ("Gemma2Config", {**GEMMA, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}, "spm"),
+    "gemma3": ("Gemma3TextConfig", {**GEMMA, "num_hidden_layers": 7}, "spm"),
 }
 SHARED = {
     "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
@@ -54,18 +59,47 @@ def make_hf(directory: Path, family: str, seed: int = 0) -> Path:
 
     converter()
     config_class, sizes, vocab = FAMILIES[family]
+    if vocab == "spm":
+        return _make_gemma(directory, family, config_class, sizes, seed)
     tokenizer = GGUFTokenizer.from_gguf(SDIST / "models" / f"ggml-vocab-{vocab}.gguf")
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
-    config = getattr(transformers, config_class)(vocab_size=tokenizer.vocab_size, **SHARED, **sizes, **ids)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
-    model.save_pretrained(directory)
+    config = getattr(transformers, config_class)(vocab_size=tokenizer.vocab_size, **{**SHARED, **sizes, **ids})
+    _randomised(transformers.AutoModelForCausalLM.from_config(config), seed).save_pretrained(directory)
     tokenizer.tokenizer.save(str(directory / "tokenizer.json"))
     special = {k.removesuffix("_id"): tokenizer.token(v) for k, v in ids.items() if v is not None}
     (directory / "tokenizer_config.json").write_text(json.dumps(special))
+    return directory
+
+
+def _randomised(model: Any, seed: int, offset: float = 1.0) -> Any:
+    """Every parameter drawn anew: norm weights around ``offset`` (Gemma's around 0, its norms add one)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(offset + 0.3 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+    return model
+
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. Every block attends, then computes on its own.\n"
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Punctuation, quotes 'single' and \"double\"; done!\n"
+) * 20
+
+
+def _make_gemma(directory: Path, family: str, config_class: str, sizes: dict[str, Any], seed: int) -> Path:
+    """A Gemma model with a SentencePiece vocabulary trained on ``TEXT`` (ids 0-3: pad, eos, bos, unk)."""
+    import sentencepiece
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "text.txt").write_text(TEXT)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(directory / "text.txt"), model_prefix=str(directory / "tokenizer"), vocab_size=320,
+        model_type="bpe", byte_fallback=True, pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2,
+    )  # fmt: skip
+    ids = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+    config = getattr(transformers, config_class)(vocab_size=320, **{**SHARED, **sizes, **ids})
+    _randomised(transformers.AutoModelForCausalLM.from_config(config), seed, 0.0).save_pretrained(directory)
     return directory
 
 

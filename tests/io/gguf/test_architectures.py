@@ -1,9 +1,11 @@
 """Every architecture of :mod:`oneblock.io.gguf.archs` against references nobody here wrote.
 
 Each family (Qwen2 with its q/k/v biases, Qwen3 with its per-head q/k norms and a head width of its own, Llama 3
-with its rescaled rotary frequencies) is made as a user's files are (``converter_testing``): transformers from a
-config with every parameter randomised, then llama.cpp's own converter, to F32 and to Q8_0. Sequences run to 300
-positions, past Llama 3's ``original_max_position_embeddings`` of 64, so the scaled frequencies matter.
+with its rescaled rotary frequencies, Gemma 2 with sandwich norms, GeGLU, soft-caps and a sliding window on every
+other layer, Gemma 3 with q/k norms, five local layers to one global and two rotary bases) is made as a user's
+files are (``converter_testing``): transformers from a config with every parameter randomised, then llama.cpp's own
+converter, to F32 and to Q8_0. Sequences run to 300 positions, past Llama 3's ``original_max_position_embeddings``
+of 64 and Gemma's window of 24, so the scaled frequencies and the window matter.
 
 * the Hugging Face directory: oneblock's logits equal transformers' within 1e-5 of the logits' range;
 * the F32 GGUF file: within 1e-4 of the range (llama.cpp's converter wrote it: names, row order, rope_freqs);
@@ -30,6 +32,7 @@ from oneblock.io.hf.convert import from_hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LENGTH = 300
+PYTHON_STEP = {"qwen3": "qk_norm", "gemma2": "sandwich", "gemma3": "sandwich"}  # family -> why, in the reason
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -70,9 +73,16 @@ def test_each_family_sets_its_options_of_the_block(family):
     name, directory, _, _ = family
     cfg = from_gguf(directory / "f32.gguf", dtype=torch.float32).config
     assert cfg.qkv_bias == (name == "qwen2")
-    assert cfg.qk_norm == (name == "qwen3")
+    assert cfg.qk_norm == (name in ("qwen3", "gemma3"))
     assert (cfg.rope_scaling.get("type") == "factors") == (name == "llama3")
     assert cfg.d_head == (48 if name == "qwen3" else 16)
+    gemma = name.startswith("gemma")
+    assert (cfg.norm_position, cfg.ffn, cfg.scale_embeddings) == (
+        ("sandwich", "gated", True) if gemma else ("pre", "swiglu", False)
+    )
+    assert (cfg.attn_softcap, cfg.logit_softcap) == ((5.0, 3.0) if name == "gemma2" else (None, None))
+    assert (cfg.sliding_window, cfg.global_every) == ({"gemma2": (24, 2), "gemma3": (24, 6)}.get(name, (None, 1)))
+    assert cfg.rope_local_theta == (10000.0 if name == "gemma3" else None)
 
 
 def test_cached_decoding_equals_the_full_forward(family):
@@ -83,7 +93,7 @@ def test_cached_decoding_equals_the_full_forward(family):
     with torch.no_grad():
         full = model(out[:, :-1])[0, 39:]  # (24, V): the same positions in one forward
     assert _spread(logits[0], full) < 1e-5
-    assert stats["decode_step"] == ("python" if name == "qwen3" else "native")
+    assert stats["decode_step"] == ("python" if name in PYTHON_STEP else "native")
 
 
 def test_the_native_step_equals_the_python_step_or_says_why_it_does_not_run(family, monkeypatch):
@@ -91,9 +101,9 @@ def test_the_native_step_equals_the_python_step_or_says_why_it_does_not_run(fami
     model = from_gguf(directory / "f32.gguf", dtype=torch.float32)
     native: dict = {}
     _, fast = generate(model, ids[:, :40], 16, greedy=True, return_logits=True, stats=native)
-    if name == "qwen3":  # per-head q/k norms: the Python step decodes, and says so
+    if name in PYTHON_STEP:  # an option the native step does not compute: the Python step decodes, and says so
         assert native["decode_step"] == "python"
-        assert "qk_norm" in native["decode_step_reason"]
+        assert PYTHON_STEP[name] in native["decode_step_reason"]
         return
     monkeypatch.setenv("ONEBLOCK_NATIVE_STEP", "0")
     python: dict = {}
@@ -129,10 +139,11 @@ def test_the_f32_file_is_the_float32_model_in_llama_cpp(family):
     assert figures.top1 == 1.0
 
 
-def test_the_files_tokenizer_is_transformers(family):
+@pytest.mark.parametrize("name", sorted(n for n, (_, _, vocab) in FAMILIES.items() if vocab != "spm"))
+def test_the_files_byte_level_tokenizer_is_transformers(name, tmp_path_factory):
     from transformers import AutoTokenizer
 
-    _, directory, _, _ = family
+    directory = made(tmp_path_factory.getbasetemp().parent / "architectures", name)
     ours = GGUFTokenizer.from_gguf(directory / "f32.gguf")
     theirs = AutoTokenizer.from_pretrained(directory)
     text = "Hello world 12345, it's  a\n\n test of 3.14159 \u00e9t\u00e9 \U0001f680!"
@@ -140,6 +151,6 @@ def test_the_files_tokenizer_is_transformers(family):
 
 
 def test_an_architecture_oneblock_does_not_run_is_refused_naming_those_it_does():
-    with pytest.raises(ConversionError, match=r"'gemma2' is not supported; oneblock runs llama .*qwen2 .*qwen3"):
-        architecture_of({"general.architecture": "gemma2"})
-    assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3"}
+    with pytest.raises(ConversionError, match=r"'phi3' is not supported; oneblock runs llama .*qwen2 .*gemma3"):
+        architecture_of({"general.architecture": "phi3"})
+    assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma2", "gemma3"}

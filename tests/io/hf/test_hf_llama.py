@@ -101,11 +101,11 @@ def test_unsupported_options_are_refused(changes, match):
         from_hf(hf)
 
 
-def test_rope_scaling_is_refused(tmp_path):
+def test_incomplete_rope_scaling_is_refused_naming_what_it_lacks(tmp_path):
     transformers.LlamaForCausalLM(small_config()).save_pretrained(tmp_path)
     data = json.loads((tmp_path / "config.json").read_text())
     data.pop("rope_parameters")
     data["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
     (tmp_path / "config.json").write_text(json.dumps(data))
-    with pytest.raises(ConversionError, match=r"rope_scaling=.*llama3.* is not supported"):
+    with pytest.raises(ConversionError, match=r"llama3 scaling needs \['low_freq_factor', 'high_freq_factor'"):
         from_hf(tmp_path)

@@ -65,6 +65,8 @@ _BLOCK_NAMES = {
     "attn_k_norm.weight": "attn.k_norm.weight",
     "attn_output.weight": "attn.o_proj.weight",
     "ffn_norm.weight": "ffn_norm.weight",
+    "post_attention_norm.weight": "attn_out_norm.weight",
+    "post_ffw_norm.weight": "ffn_out_norm.weight",
     "ffn_gate.weight": "ffn.w1.weight",
     "ffn_up.weight": "ffn.w3.weight",
     "ffn_down.weight": "ffn.w2.weight",
@@ -298,6 +300,8 @@ def _uninitialized(cfg: ModelConfig) -> Decoder:
         raise ConversionError(f"a GGUF file describes a decoder; its config has arch={cfg.arch!r}")
     if model.rope is not None:
         model.rope = RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
+    if model.rope_local is not None and cfg.rope_local_theta is not None:
+        model.rope_local = RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_local_theta)
     return model
 
 

@@ -246,7 +246,10 @@ def config_mismatches(
     option of the later decoders (``qkv_bias``, ``qk_norm``, ``rope_scaling``) switched on that the family does
     not list in ``options``; and, for families with ordinary multi-head attention (``plain_heads``), grouped or
     resized heads."""
-    off = {"qkv_bias": cfg.bias, "qk_norm": False, "rope_scaling": {}}
+    off = {
+        "qkv_bias": cfg.bias, "qk_norm": False, "rope_scaling": {}, "attn_softcap": None, "logit_softcap": None,
+        "sliding_window": None, "global_every": 1, "rope_local_theta": None,
+    }  # fmt: skip
     wanted = {**{k: v for k, v in off.items() if k not in options}, **wanted}
     out = [f"{k}={getattr(cfg, k)!r} ({family} has {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]
     if plain_heads and cfg.n_kv_heads != cfg.n_heads:

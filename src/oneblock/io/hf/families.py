@@ -5,6 +5,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from oneblock.io.hf import bart, bert, gpt2, llama, qwen2, qwen3, t5
+from oneblock.io.hf import bart, bert, gemma2, gemma3, gpt2, llama, qwen2, qwen3, t5
 
-FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama, qwen2, qwen3, t5)}
+FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama, qwen2, qwen3, gemma2, gemma3, t5)}

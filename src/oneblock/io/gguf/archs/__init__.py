@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from oneblock.errors import ConversionError
-from oneblock.io.gguf.archs import llama, qwen2, qwen3
+from oneblock.io.gguf.archs import gemma, llama, qwen2, qwen3
 from oneblock.io.gguf.archs.base import Architecture
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH)}
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH, gemma.GEMMA2, gemma.GEMMA3)
+}
 
 
 def architecture_of(metadata: dict[str, Any]) -> Architecture:

@@ -112,32 +112,33 @@ def decoder_config(arch: Architecture, layout: GGUFLayout) -> ModelConfig:
             f"{name}.vocab_size ({stated_vocab}) disagrees with token_embd.weight ({vocab_size} rows)"
         )
     d_ff = per_model(f"{name}.feed_forward_length", need(metadata, f"{name}.feed_forward_length"))
-    options = {"bias": False, **arch.options(layout)}
+    fields: dict[str, Any] = {
+        "arch": "decoder",
+        "vocab_size": vocab_size,
+        "d_model": d_model,
+        "n_heads": n_heads,
+        "n_layers": int(need(metadata, f"{name}.block_count")),
+        "d_ff": d_ff,
+        "max_seq_len": int(need(metadata, f"{name}.context_length")),
+        "norm_position": "pre",
+        "norm": "rmsnorm",
+        "activation": "silu",  # unused by SwiGLU, which always gates with SiLU; recorded for readers
+        "bias": False,
+        "tie_embeddings": "output.weight" not in shapes,
+        "dropout": 0.0,
+        "norm_eps": float(need(metadata, f"{name}.attention.layer_norm_rms_epsilon")),
+        "ffn": "swiglu",
+        "position": "rope",
+        "rope_theta": float(metadata.get(f"{name}.rope.freq_base", 10000.0)),
+        "n_kv_heads": n_kv_heads,
+        "d_head": d_head,
+        "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
+        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
+        "extra": {"source": "gguf", "name": metadata.get("general.name"), "gguf_architecture": name},
+    }
+    fields.update(arch.options(layout))
     try:
-        return ModelConfig(
-            arch="decoder",
-            vocab_size=vocab_size,
-            d_model=d_model,
-            n_heads=n_heads,
-            n_layers=int(need(metadata, f"{name}.block_count")),
-            d_ff=d_ff,
-            max_seq_len=int(need(metadata, f"{name}.context_length")),
-            norm_position="pre",
-            norm="rmsnorm",
-            activation="silu",  # unused by SwiGLU, which always gates with SiLU; recorded for readers
-            tie_embeddings="output.weight" not in shapes,
-            dropout=0.0,
-            norm_eps=float(need(metadata, f"{name}.attention.layer_norm_rms_epsilon")),
-            ffn="swiglu",
-            position="rope",
-            rope_theta=float(metadata.get(f"{name}.rope.freq_base", 10000.0)),
-            n_kv_heads=n_kv_heads,
-            d_head=d_head,
-            pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
-            bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
-            eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
-            extra={"source": "gguf", "name": metadata.get("general.name"), "gguf_architecture": name},
-            **options,
-        )
+        return ModelConfig(**fields)
     except ConfigError as error:
         raise ConversionError(f"the GGUF metadata describes an impossible model: {error}") from error
