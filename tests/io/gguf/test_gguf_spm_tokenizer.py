@@ -202,3 +202,18 @@ def test_logprob_bytes_spell_the_pieces(vocab):
     assert [token_bytes(ours, i) for i in ids[:2]] == [b" Hello", b"\n"]
     assert b"".join(token_bytes(ours, i) for i in ids) == f" {text}".encode()  # the space prefix is a piece's too
     assert token_bytes(ours, 1) == b"<s>" and token_bytes(ours, ours.vocab_size) == b""
+
+
+def test_a_gemma_file_from_llama_cpps_converter_equals_llama_cpp(tmp_path_factory):
+    from converter_testing import made
+
+    directory = made(tmp_path_factory.getbasetemp().parent / "architectures", "gemma3")  # shared with its tests
+    path = directory / "f32.gguf"
+    ours = GGUFTokenizer.from_gguf(path)
+    assert read_layout(path).metadata["tokenizer.ggml.add_space_prefix"] is False  # as the converter writes Gemma
+    llm = llama_cpp_module().Llama(model_path=str(path), vocab_only=True, verbose=False)
+    try:
+        for text in [*TEXTS, "The quick brown fox jumps over the lazy dog."]:
+            assert ours.encode(text) == llm.tokenize(text.encode("utf-8"), add_bos=True, special=True), text
+    finally:
+        llm.close()
