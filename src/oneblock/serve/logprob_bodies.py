@@ -9,18 +9,10 @@ prompt's text: the first generated token sits at ``len(prompt)``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 from oneblock.serve.jobs import Scored
 from oneblock.text.tokenizer import ByteTokenizer, TextStream, Tokenizer
-
-
-@lru_cache(maxsize=1)
-def _byte_of() -> dict[str, int]:
-    from oneblock.io.gguf.tokenizer import byte_alphabet  # GPT-2's printable spelling of each byte
-
-    return {c: b for b, c in byte_alphabet().items()}
 
 
 def token_bytes(tokenizer: Tokenizer, token: int) -> bytes:
@@ -29,13 +21,9 @@ def token_bytes(tokenizer: Tokenizer, token: int) -> bytes:
         return bytes([token]) if token < 256 else b""
     if not 0 <= token < tokenizer.vocab_size:
         return b""
-    spell = getattr(tokenizer, "token", None)  # GGUFTokenizer: the vocabulary entry in the byte alphabet
-    piece = spell(token) if callable(spell) else None
-    if isinstance(piece, str):
-        table = _byte_of()
-        if all(c in table for c in piece):
-            return bytes(table[c] for c in piece)
-    return tokenizer.decode([token]).encode("utf-8")
+    spell = getattr(tokenizer, "piece_bytes", None)  # GGUFTokenizer: byte-level BPE and SentencePiece pieces
+    raw = spell(token) if callable(spell) else None
+    return raw if isinstance(raw, bytes) else tokenizer.decode([token]).encode("utf-8")
 
 
 class Renderer:

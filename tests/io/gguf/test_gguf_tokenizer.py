@@ -201,8 +201,8 @@ def test_tokenizer_bad_inputs(tmp_path):
         tok.decode([1, 400000])
     with pytest.raises(InputError, match="encode expects a str; got bytes"):
         tok.encode(b"bytes")
-    with pytest.raises(ConversionError, match=r"tokenizer\.ggml\.model='llama' is not supported"):
-        GGUFTokenizer.from_gguf(write_tokenizer_gguf(tmp_path / "spm.gguf", model="llama"))
+    with pytest.raises(ConversionError, match=r"tokenizer\.ggml\.model='bert' is not supported"):
+        GGUFTokenizer.from_gguf(write_tokenizer_gguf(tmp_path / "wpm.gguf", model="bert"))
     with pytest.raises(ConversionError, match=r"tokenizer\.ggml\.pre='mystery' names a word-splitting rule"):
         GGUFTokenizer.from_gguf(write_tokenizer_gguf(tmp_path / "pre.gguf", pre="mystery"))
     (tmp_path / "junk.gguf").write_bytes(b"\x00" * 100)

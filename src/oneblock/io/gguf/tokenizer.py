@@ -9,7 +9,8 @@ A GGUF file carries no ``tokenizer.json``; llama.cpp stores the pieces as metada
 
 Byte-level BPE (Radford et al., 2019, GPT-2): every UTF-8 byte is first mapped to a printable character
 (space -> ``Ġ``, newline -> ``Ċ``), so any text, emoji included, is spelled with the base alphabet and the merges
-build longer tokens from there; nothing is ever "unknown".
+build longer tokens from there; nothing is ever "unknown". SentencePiece vocabularies (``"llama"``: Llama 2, Phi-3,
+Gemma) are built by :mod:`oneblock.io.gguf.spm`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tokenizers.models import BPE
 from oneblock.errors import ConversionError, InputError
 from oneblock.io.gguf.file import check_merges, field_value, is_reader
 from oneblock.io.gguf.layout import GGUFLayout, read_layout
+from oneblock.io.gguf.spm import SPACE, piece_byte, spm_from_metadata
 from oneblock.text.checks import check_text
 
 if TYPE_CHECKING:
@@ -98,6 +100,12 @@ def byte_alphabet() -> dict[int, str]:
             table[b] = chr(256 + extra)
             extra += 1
     return table
+
+
+@lru_cache(maxsize=1)
+def _byte_values() -> dict[str, int]:
+    """The byte alphabet read backwards: printable character -> byte."""
+    return {c: b for b, c in byte_alphabet().items()}
 
 
 @lru_cache(maxsize=1)
@@ -222,6 +230,21 @@ def _merge_pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _bpe_from_metadata(meta: Mapping[str, Any]) -> Tokenizer:
+    """The byte-level BPE tokenizer of a GGUF file's ``tokenizer.*`` metadata."""
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    if not tokens:
+        raise ConversionError("the GGUF file has an empty tokenizer.ggml.tokens vocabulary")
+    check_byte_vocabulary(tokens)
+    types = meta.get("tokenizer.ggml.token_type")
+    types = [1] * len(tokens) if types is None or len(types) == 0 else types
+    if len(types) != len(tokens):
+        raise ConversionError(
+            f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; the file is corrupt"
+        )
+    return build_tokenizer(tokens, meta.get("tokenizer.ggml.merges") or [], types, meta.get("tokenizer.ggml.pre"))
+
+
 class GGUFTokenizer:
     """The tokenizer of a GGUF file: text <-> token ids, plus its chat template.
 
@@ -239,6 +262,7 @@ class GGUFTokenizer:
         add_bos: bool = False,
         chat_template: str | None = None,
         name: str = "gguf",
+        sentencepiece: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.name = name
@@ -247,6 +271,7 @@ class GGUFTokenizer:
         self.pad_id = pad_id
         self.add_bos = add_bos
         self.chat_template = chat_template
+        self.sentencepiece = sentencepiece
 
     @classmethod
     def from_gguf(cls, source: str | os.PathLike[str] | GGUFLayout | GGUFReader) -> GGUFTokenizer:
@@ -254,42 +279,36 @@ class GGUFTokenizer:
 
         Raises:
             CheckpointError: if the file is missing, not GGUF or corrupt.
-            ConversionError: if the file has no vocabulary, one that is not byte-level BPE, or one that cannot
-                spell every byte (``check_byte_vocabulary``).
+            ConversionError: if the file has no vocabulary, one that is neither byte-level BPE nor SentencePiece,
+                or one that cannot spell every byte of ordinary text.
         """
         if isinstance(source, GGUFLayout):
             meta = source.metadata
         elif is_reader(source):
-            meta = {key: field_value(source, key) for key in source.fields if key.startswith("tokenizer.")}
+            keys = [key for key in source.fields if key.startswith("tokenizer.") or key == "general.name"]
+            meta = {key: field_value(source, key) for key in keys}
         else:
             meta = read_layout(source).metadata
         model = meta.get("tokenizer.ggml.model")
-        if model != "gpt2":
+        if model == "gpt2":
+            tokenizer = _bpe_from_metadata(meta)
+        elif model == "llama":
+            tokenizer = spm_from_metadata(meta)
+        else:
             raise ConversionError(
-                f"tokenizer.ggml.model={model!r} is not supported; oneblock reads byte-level BPE ('gpt2') "
-                "vocabularies (SmolLM, Llama 3, GPT-2 style); SentencePiece ('llama') is not implemented"
+                f"tokenizer.ggml.model={model!r} is not supported; oneblock reads byte-level BPE ('gpt2': SmolLM, "
+                "Llama 3, Qwen) and SentencePiece ('llama': Llama 2, Phi-3, Gemma) vocabularies"
             )
-        tokens = meta.get("tokenizer.ggml.tokens") or []
-        if not tokens:
-            raise ConversionError("the GGUF file has an empty tokenizer.ggml.tokens vocabulary")
-        check_byte_vocabulary(tokens)
-        types = meta.get("tokenizer.ggml.token_type")
-        types = [1] * len(tokens) if types is None or len(types) == 0 else types
-        if len(types) != len(tokens):
-            raise ConversionError(
-                f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; the file is corrupt"
-            )
-        tokenizer = build_tokenizer(
-            tokens, meta.get("tokenizer.ggml.merges") or [], types, meta.get("tokenizer.ggml.pre")
-        )
         return cls(
             tokenizer,
             bos_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_id=meta.get("tokenizer.ggml.eos_token_id"),
             pad_id=meta.get("tokenizer.ggml.padding_token_id"),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            # llama.cpp's default: SentencePiece vocabularies start with bos, byte-level BPE ones do not
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
             chat_template=meta.get("tokenizer.chat_template"),
             name=str(source.path) if isinstance(source, GGUFLayout) else str(getattr(source, "path", source)),
+            sentencepiece=model == "llama",
         )
 
     @property
@@ -298,8 +317,21 @@ class GGUFTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def token(self, token_id: int) -> str | None:
-        """The vocabulary string of one id (in the byte alphabet), or None if out of range."""
+        """The vocabulary string of one id (in the byte alphabet, or a SentencePiece piece such as ``▁Hello``), or
+        None if out of range."""
         return self.tokenizer.id_to_token(token_id)
+
+    def piece_bytes(self, token_id: int) -> bytes | None:
+        """The bytes one id adds to a text (a SentencePiece ``▁`` as a space, ``<0x0A>`` as its byte, a byte-level
+        piece through the byte alphabet), or None if out of range."""
+        piece = self.token(token_id)
+        if piece is None:
+            return None
+        if self.sentencepiece:
+            byte = piece_byte(piece)
+            return piece.replace(SPACE, " ").encode("utf-8") if byte is None else bytes([byte])
+        table = _byte_values()
+        return bytes(table[c] for c in piece) if all(c in table for c in piece) else piece.encode("utf-8")
 
     def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
         """Token ids of ``text``.
