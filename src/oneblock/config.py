@@ -103,7 +103,8 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm (Dh,) over each head of q and of k, before rotary (Qwen3)
     # Rotary frequencies rescaled: {} plain; {"type": "linear", "factor": f}; {"type": "llama3", "factor",
     # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}; {"type": "factors",
-    # "factors": [Dh/2 divisors]} (a GGUF file's rope_freqs). See oneblock.layers.rotary.
+    # "factors": [Dh/2 divisors]} (a GGUF file's rope_freqs); {"type": "longrope", "factors", "attention_factor"}
+    # (Phi-3: divisors, and cos and sin times the factor). See oneblock.layers.rotary.
     rope_scaling: dict[str, Any] = field(default_factory=dict)
     # Gemma 2 and 3. norm_position="sandwich" is pre-LN plus a norm of each sublayer's output before the add.
     attn_softcap: float | None = None  # attention scores capped as tanh(s / cap) * cap before the softmax (50)
@@ -118,6 +119,7 @@ class ModelConfig:
     residual_multiplier: float = 1.0  # each sublayer's output times this before the add (Granite: 0.22)
     logits_scaling: float = 1.0  # logits divided by this (Granite: 8)
     no_rope_every: int = 0  # layer i rotates nothing when (i + 1) % no_rope_every == 0 (SmolLM3: 4); 0: none
+    rope_dims: int = None  # type: ignore[assignment]  # features of each head that rotate (Phi-4-mini: 3/4); None: Dh
     # T5. position="relative" learns one (relative_buckets, H) table of score biases per stack, indexed by the
     # bucketed distance key - query: exact for small distances, logarithmic up to relative_max_distance, beyond
     # which all distances share the last bucket (Raffel et al., 2020).
@@ -151,7 +153,7 @@ class ModelConfig:
         _choice("position", self.position, POSITIONS)
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len"):
             _positive(name, getattr(self, name))
-        for name in ("d_ff", "n_decoder_layers", "n_kv_heads", "d_head"):
+        for name in ("d_ff", "n_decoder_layers", "n_kv_heads", "d_head", "rope_dims"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.d_head is None and self.d_model % self.n_heads != 0:
@@ -176,7 +178,9 @@ class ModelConfig:
                 f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}); "
                 f"choose n_kv_heads from {_divisors(self.n_heads)}"
             )
-        _check_rope_scaling(self.rope_scaling, self.d_head)
+        if self.position == "rope" and (self.rope_dims % 2 or self.rope_dims > self.d_head):
+            raise ConfigError(f"rope_dims ({self.rope_dims}) must be even and at most d_head ({self.d_head})")
+        _check_rope_scaling(self.rope_scaling, self.rope_dims)
         self._check_gemma_options()
         if self.position == "rope" and self.d_head % 2 != 0:
             raise ConfigError(f"rotary positions need an even head width; got d_head {self.d_head}")
@@ -306,12 +310,14 @@ _DERIVED: dict[str, Callable[[ModelConfig], int]] = {
     "n_kv_heads": lambda cfg: cfg.n_heads,
     "n_decoder_layers": lambda cfg: cfg.n_layers,
     "qkv_bias": lambda cfg: cfg.bias,
+    "rope_dims": lambda cfg: cfg.d_head,
 }
 
 _ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "factors": ("factors",),
+    "longrope": ("factors", "attention_factor"),
 }
 
 
@@ -327,13 +333,17 @@ def _check_rope_scaling(scaling: dict[str, Any], d_head: int) -> None:
         raise ConfigError(
             f"rope_scaling of type {kind!r} needs exactly the keys {sorted(wanted)}; got {sorted(scaling)}"
         )
-    values = scaling["factors"] if kind == "factors" else [scaling[k] for k in _ROPE_SCALING_KEYS[kind]]
+    values = scaling["factors"] if kind in ("factors", "longrope") else [scaling[k] for k in _ROPE_SCALING_KEYS[kind]]
     if not isinstance(values, list) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values
     ):
         raise ConfigError(f"rope_scaling {kind!r} needs positive finite numbers; got {scaling!r}")
-    if kind == "factors" and len(values) != d_head // 2:
-        raise ConfigError(f"rope_scaling 'factors' needs d_head / 2 = {d_head // 2} values; got {len(values)}")
+    if kind in ("factors", "longrope") and len(values) != d_head // 2:
+        raise ConfigError(f"rope_scaling 'factors' needs rope_dims / 2 = {d_head // 2} values; got {len(values)}")
+    if kind == "longrope" and not 0 < scaling["attention_factor"] < math.inf:
+        raise ConfigError(
+            f"rope_scaling longrope needs a positive attention_factor; got {scaling['attention_factor']!r}"
+        )
     if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         raise ConfigError(
             f"rope_scaling llama3 needs high_freq_factor ({scaling['high_freq_factor']}) above low_freq_factor "

@@ -166,13 +166,15 @@ class NativeStep:
         if cfg.attn_softcap is not None or cfg.logit_softcap is not None:
             raise _Unsupported("soft-capped attention scores or logits (as in Gemma 2)")
         if cfg.sliding_window is not None:
-            raise _Unsupported("sliding-window attention (as in Gemma)")
+            raise _Unsupported("sliding-window attention (as in Gemma and Phi-3)")
         if cfg.norm_position == "output":
             raise _Unsupported("norms of the sublayers' outputs alone (as in OLMo 2)")
         if cfg.residual_multiplier != 1.0 or cfg.logits_scaling != 1.0:
             raise _Unsupported("scaled residual branches or logits (as in Granite)")
         if cfg.no_rope_every:
             raise _Unsupported("layers without rotary positions (as in SmolLM3)")
+        if cfg.position == "rope" and cfg.rope_dims != cfg.d_head:
+            raise _Unsupported("rotary positions on part of each head (as in Phi-4-mini)")
         if embed.scale != 1.0 or embed.segment is not None or embed.norm is not None or cfg.scale_tied_logits:
             raise _Unsupported("scaled, segmented or normalized embeddings, or a scaled head")
         if cfg.position not in _POSITIONS or model.final_logits_bias is not None:

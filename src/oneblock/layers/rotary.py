@@ -8,7 +8,8 @@ Face's Llama code (features split in two halves, not interleaved pairs).
 Models trained for long contexts rescale the frequencies (``ModelConfig.rope_scaling``): linear scaling divides
 every frequency by one factor; Llama 3 divides the low frequencies (wavelengths beyond ``original / low_freq_factor``)
 by ``factor``, keeps the high ones (below ``original / high_freq_factor``) and blends between; a GGUF file stores
-the same as one divisor per frequency (``rope_freqs.weight``).
+the same as one divisor per frequency (``rope_freqs.weight``). Phi-3's LongRoPE divides each frequency by a
+factor of its own and scales the tables by an attention factor.
 """
 
 from __future__ import annotations
@@ -28,13 +29,18 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate queries or keys.
+    """Rotate queries or keys; tables narrower than the head rotate its first features only (partial rotary,
+    Phi-4-mini), the rest pass unchanged.
 
     Args:
         x: (B, H, T, Dh).
-        cos, sin: (B or 1, 1, T, Dh), from ``RotaryEmbedding``.
+        cos, sin: (B or 1, 1, T, R), from ``RotaryEmbedding``, R <= Dh.
     """
-    return x * cos + rotate_half(x) * sin
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    turned, kept = x[..., :r], x[..., r:]  # (B, H, T, R), (B, H, T, Dh - R)
+    return torch.cat([turned * cos + rotate_half(turned) * sin, kept], dim=-1)
 
 
 class RotaryEmbedding(nn.Module):
@@ -64,8 +70,9 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(max_seq_len, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)  # (L, Dh/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (L, Dh)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        gain = float(self.scaling.get("attention_factor", 1.0))  # LongRoPE scales the tables themselves
+        self.register_buffer("cos", emb.cos() * gain if gain != 1.0 else emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin() * gain if gain != 1.0 else emb.sin(), persistent=False)
 
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Tables at the given positions.
@@ -93,7 +100,7 @@ def frequency_divisors(inv_freq: Tensor, scaling: Mapping[str, Any]) -> Tensor:
         return torch.ones_like(inv_freq)
     if kind == "linear":
         return torch.full_like(inv_freq, float(scaling["factor"]))
-    if kind == "factors":
+    if kind in ("factors", "longrope"):
         return torch.tensor(scaling["factors"], dtype=inv_freq.dtype)
     factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
     original = float(scaling["original_max_position_embeddings"])

@@ -56,7 +56,7 @@ class Stack(nn.Module):
         self.cross_attention = cross_attention
         self.embed = Embeddings(cfg, tok=tok)
         self.rope = (
-            RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
+            RotaryEmbedding(cfg.rope_dims, cfg.max_seq_len, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
             if cfg.position == "rope"
             else None
         )
@@ -77,7 +77,7 @@ class Stack(nn.Module):
         )
         # Gemma 3: local layers rotate with a base of their own (no scaling); global ones with ``rope``.
         self.rope_local = (
-            RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_local_theta)
+            RotaryEmbedding(cfg.rope_dims, cfg.max_seq_len, theta=cfg.rope_local_theta)
             if cfg.position == "rope" and cfg.rope_local_theta is not None
             else None
         )

@@ -281,7 +281,7 @@ def test_truncated_file(tmp_path):
 
 def test_non_llama_architecture(tmp_path):
     path = write_gguf(tmp_path / "g.gguf", hf_llama(ODD, tie=True, seed=8), arch="gpt2")
-    with pytest.raises(ConversionError, match=r"architecture 'gpt2' is not supported; oneblock loads \['llama'\]"):
+    with pytest.raises(ConversionError, match=r"architecture 'gpt2' is not supported; oneblock runs llama \(Llama"):
         from_gguf(path)
 
 

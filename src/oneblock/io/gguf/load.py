@@ -299,9 +299,9 @@ def _uninitialized(cfg: ModelConfig) -> Decoder:
     if not isinstance(model, Decoder):
         raise ConversionError(f"a GGUF file describes a decoder; its config has arch={cfg.arch!r}")
     if model.rope is not None:
-        model.rope = RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
+        model.rope = RotaryEmbedding(cfg.rope_dims, cfg.max_seq_len, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
     if model.rope_local is not None and cfg.rope_local_theta is not None:
-        model.rope_local = RotaryEmbedding(cfg.d_head, cfg.max_seq_len, theta=cfg.rope_local_theta)
+        model.rope_local = RotaryEmbedding(cfg.rope_dims, cfg.max_seq_len, theta=cfg.rope_local_theta)
     return model
 
 

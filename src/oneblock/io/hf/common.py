@@ -241,18 +241,23 @@ def config_mismatches(
     *,
     plain_heads: bool = True,
     options: Iterable[str] = (),
+    rope_kinds: tuple[str, ...] = ("linear", "llama3"),
 ) -> list[str]:
     """Why ``cfg`` cannot be written as a ``family`` checkpoint: each field that differs from ``wanted``; each
     option of the later decoders (``qkv_bias``, ``qk_norm``, ``rope_scaling``) switched on that the family does
     not list in ``options``; and, for families with ordinary multi-head attention (``plain_heads``), grouped or
-    resized heads."""
+    resized heads. A family that holds ``rope_scaling`` holds the kinds ``rope_kinds`` of it."""
     off = {
         "qkv_bias": cfg.bias, "qk_norm": False, "rope_scaling": {}, "attn_softcap": None, "logit_softcap": None,
         "sliding_window": None, "global_every": 1, "rope_local_theta": None, "qk_norm_span": "head",
         "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "logits_scaling": 1.0, "no_rope_every": 0,
+        "rope_dims": cfg.d_head,
     }  # fmt: skip
     wanted = {**{k: v for k, v in off.items() if k not in options}, **wanted}
     out = [f"{k}={getattr(cfg, k)!r} ({family} has {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]
+    kind = cfg.rope_scaling.get("type")
+    if kind is not None and "rope_scaling" in options and kind not in rope_kinds:
+        out.append(f"rope_scaling of type {kind!r} ({family} has {list(rope_kinds)})")
     if plain_heads and cfg.n_kv_heads != cfg.n_heads:
         out.append(f"n_kv_heads={cfg.n_kv_heads} ({family} has one key/value head per query head)")
     if plain_heads and cfg.d_head * cfg.n_heads != cfg.d_model:

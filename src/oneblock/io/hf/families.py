@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from oneblock.io.hf import bart, bert, gemma2, gemma3, gpt2, granite, llama, olmo2, qwen2, qwen3, smollm3, t5
+from oneblock.io.hf import bart, bert, gemma2, gemma3, gpt2, granite, llama, olmo2, phi3, qwen2, qwen3, smollm3, t5
 
 FAMILIES: dict[str, ModuleType] = {
-    m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama, qwen2, qwen3, gemma2, gemma3, granite, olmo2, smollm3, t5)
+    m.MODEL_TYPE: m for m in (gpt2, bert, bart, llama, qwen2, qwen3, gemma2, gemma3, granite, olmo2, smollm3, phi3, t5)
 }
