@@ -8,6 +8,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
 
 from oneblock import kernels
 from oneblock.kernels import fallback, ops, reference
@@ -67,6 +70,29 @@ def test_avx512_with_and_without_vnni_agree_exactly(case, isa):
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_path_is_within_the_activation_rounding_of_ggufs_values_multiplied_in_float64(fmt, isa):
+    """Blocks written by gguf's quantizer and decoded by its dequantizer (code nobody here wrote): every path's
+    product is ``x @ W^T`` up to the rounding of the activations to 8-bit blocks, on odd sizes."""
+    m, n, k = 5, 37, 160
+    rng = np.random.default_rng(11)
+    qtype = GGMLQuantizationType(FORMATS[fmt].ggml_type)
+    blocks = torch.from_numpy(
+        np.ascontiguousarray(gguf_quantize(rng.standard_normal((n, k)).astype(np.float32), qtype))
+    )
+    w = torch.from_numpy(gguf_dequantize(blocks.numpy(), qtype).reshape(n, k)).double()  # (N, K)
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)) * 3
+    exact = x.double() @ w.T  # (M, N)
+    # each activation moves by at most half its block's step (max |x_block| / 127, a float16 a little rounded);
+    # float16 scales and sums add about 1e-3 of |x| |W|^T
+    step = x.double().reshape(m, k // 32, 32).abs().amax(-1) / 127  # (M, K/32)
+    slack = (step / 2 * 1.001).repeat_interleave(32, dim=1) @ w.abs().T + 1e-3 * (x.double().abs() @ w.abs().T)
+    paths = [name for name in ops.ISAS if bool(torch.ops.oneblock.isa_supported(ops.ISAS.index(name)))]
+    for name in paths:
+        assert ((_run(name, x, blocks, fmt).double() - exact).abs() <= slack + 1e-6).all(), name
+    assert ((fallback.block_mm(x, blocks, FORMATS[fmt]).double() - exact).abs() <= slack + 1e-6).all()
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
 def test_a_row_does_not_depend_on_the_other_rows(fmt, case, isa):
     x, blocks = case(fmt, 7, 45, 96)
     for name in ops.ISAS:
@@ -107,7 +133,7 @@ def test_any_stored_codes_including_minus_128(fmt, bound, isa):
     spec = FORMATS[fmt]
     n, k = 11, 160
     blocks = torch.randint(0, 256, (n * k // 32, spec.nbytes), dtype=torch.uint8, generator=g)
-    scales = 2 if fmt == "q4_1" else 1
+    scales = 2 if spec.has_min else 1
     blocks[:, : 2 * scales] = (torch.rand(n * k // 32, scales, generator=g) * 0.1 - 0.05).half().view(torch.uint8)
     if fmt == "q8_0":
         blocks[:5, 2:] = 0x80  # -128 everywhere in five blocks

@@ -1,10 +1,11 @@
-"""``quantize(model, fmt)``: the linear layers of any oneblock model as GGUF block matrices (Q8_0, Q4_0, Q4_1).
+"""``quantize(model, fmt)``: the linear layers of any oneblock model as GGUF block matrices (Q8_0, Q5_*, Q4_*).
 
 Decoding one token reads every weight once, so its speed is the bytes of the weights: Q8_0 stores 8.5 bits a
-weight, Q4_0 4.5 and Q4_1 5, against 32 for float32. The weights are rounded exactly as ggml's reference quantizer
-rounds them (``quantize_row_q8_0_ref`` and its siblings, through :func:`oneblock.kernels.quantize`), so a model
-quantized here computes what llama.cpp would compute from the same weights written to a GGUF file; the products
-run in oneblock's block kernels (:class:`~oneblock.layers.quantized.BlockLinear`).
+weight, Q5_1 6, Q5_0 5.5, Q4_1 5 and Q4_0 4.5, against 32 for float32. The weights are rounded exactly as ggml's
+reference quantizer rounds them (``quantize_row_q8_0_ref`` and its siblings, through
+:func:`oneblock.kernels.quantize`), so a model quantized here computes what llama.cpp would compute from the same
+weights written to a GGUF file; the products run in oneblock's block kernels
+(:class:`~oneblock.layers.quantized.BlockLinear`).
 
 Quantization is for inference: the layers are frozen (gradients still reach their inputs) and the state dict is
 no longer a checkpoint's.
@@ -37,7 +38,7 @@ def quantize(model: M, fmt: str = "q8_0") -> M:
 
         Args:
             model: a oneblock model (or any module).
-            fmt: ``"q8_0"`` (the most accurate), ``"q4_0"`` or ``"q4_1"``.
+            fmt: ``"q8_0"`` (the most accurate), ``"q5_1"``, ``"q5_0"``, ``"q4_1"`` or ``"q4_0"``.
 
         Returns:
             ``model``, in eval mode.

@@ -52,17 +52,17 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat, *, bf16: bool = False)
     blocks, fmt = _file_layout(blocks, fmt)
     x, blocks = x.contiguous(), blocks.contiguous()
     m, k = x.shape
-    n, nb = blocks.shape[0], k // QK
+    n, nb = blocks.shape[0], k // fmt.block
     if m >= GEMM_ROWS:
         return _block_mm_dense(x, blocks, fmt, bf16)
-    qa, da, sa = quantize_activations(x, with_sums=fmt.name == "q4_1")
+    qa, da, sa = quantize_activations(x, with_sums=fmt.has_min)
     qa_t = qa.permute(1, 0, 2)  # (K/32, M, 32)
     out = torch.empty(m, n)
     rows = max(1, _TILE_VALUES // k)
     for start in range(0, n, rows):
         tile = blocks[start : start + rows].reshape(-1, fmt.nbytes)  # (n' K/32, nbytes)
         q, d, mn = block_parts(tile, fmt)
-        qw = q.float().reshape(-1, nb, QK).permute(1, 2, 0)  # (K/32, 32, n')
+        qw = q.float().reshape(-1, nb, fmt.block).permute(1, 2, 0)  # (K/32, 32, n')
         # Codes times codes summed over 32 stay below 2^24 in magnitude: float32 computes them exactly in any order.
         sumi = torch.bmm(qa_t, qw)  # (K/32, M, n')
         dw = d.reshape(-1, nb)  # (n', K/32)
@@ -93,6 +93,6 @@ def dequantize_rows(blocks: Tensor, rows: Tensor, fmt: BlockFormat) -> Tensor:
     """The float32 values of the rows ``rows`` (any shape) of a block matrix -> (*rows.shape, K)."""
     blocks, fmt = _file_layout(blocks, fmt)
     picked = blocks[rows.reshape(-1)]  # (R, K/32 nbytes)
-    k = blocks.shape[1] // fmt.nbytes * QK
+    k = blocks.shape[1] // fmt.nbytes * fmt.block
     values = decode_blocks(picked.reshape(-1, fmt.nbytes), fmt)  # (R K/32, 32)
     return values.reshape(*rows.shape, k)

@@ -9,10 +9,13 @@ name   bytes/vals  layout                                                 value 
 q4_0   18 / 32     d (f16), 16 bytes of 4-bit codes                       d * (q - 8)
 q4_1   20 / 32     d (f16), m (f16), 16 bytes of 4-bit codes              d * q + m
 q8_0   34 / 32     d (f16), 32 x int8                                     d * q
+q5_0   22 / 32     d (f16), qh (4 bytes), 16 bytes of nibbles             d * (q - 16)
+q5_1   24 / 32     d (f16), m (f16), qh (4 bytes), 16 bytes of nibbles    d * q + m
 =====  ==========  =====================================================  ==================
 
-In the 4-bit formats byte ``j`` holds value ``j`` in its low nibble and value ``j + 16`` in its high nibble. The
-same layouts are written out once more, for the C++, in ``csrc/blocks.h``.
+In the 4- and 5-bit formats byte ``j`` holds (the low 4 bits of) value ``j`` in its low nibble and value ``j + 16``
+in its high nibble; in the 5-bit formats bit ``j`` of ``qh`` (a little-endian uint32) is bit 4 of value ``j``.
+The same layouts are written out once more, for the C++, in ``csrc/blocks.h``.
 
 ``q4_1x16`` and ``q8_0x16`` hold the same blocks with the rows interleaved 16 at a time (see
 :mod:`oneblock.kernels.interleave`): the layout the vector kernels read fastest, made once at load.
@@ -28,7 +31,8 @@ from torch import Tensor
 from oneblock.errors import InputError
 
 QK = 32
-"""Values per block in every format here (llama.cpp's ``QK4_0 == QK4_1 == QK8_0 == 32``)."""
+"""Values per block of the 32-value formats (llama.cpp's ``QK4_0 == QK5_0 == QK8_0 == 32``); code outside this
+module reads a format's ``block`` instead."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class BlockFormat:
         ggml_type: the GGUF tensor type id (``GGMLQuantizationType``), also the ``fmt`` argument of the ops; for
             an interleaved layout, the id of its blocks' format plus ``0x100``.
         base: for an interleaved layout, the name of the file format whose blocks it holds; else None.
+        has_min: whether a block stores a minimum ``m`` (``value = d * q + m``): the product then needs the
+            activation blocks' sums (Q8_1).
     """
 
     name: str
@@ -49,17 +55,20 @@ class BlockFormat:
     nbytes: int
     ggml_type: int
     base: str | None = None
+    has_min: bool = False
 
 
 FORMATS: dict[str, BlockFormat] = {
     "q4_0": BlockFormat("q4_0", QK, 18, 2),
-    "q4_1": BlockFormat("q4_1", QK, 20, 3),
+    "q4_1": BlockFormat("q4_1", QK, 20, 3, has_min=True),
     "q8_0": BlockFormat("q8_0", QK, 34, 8),
+    "q5_0": BlockFormat("q5_0", QK, 22, 6),
+    "q5_1": BlockFormat("q5_1", QK, 24, 7, has_min=True),
 }
 """The formats :func:`oneblock.kernels.block_mm` multiplies, by name."""
 
 INTERLEAVED: dict[str, BlockFormat] = {
-    "q4_1x16": BlockFormat("q4_1x16", QK, 20, 0x100 | 3, base="q4_1"),
+    "q4_1x16": BlockFormat("q4_1x16", QK, 20, 0x100 | 3, base="q4_1", has_min=True),
     "q8_0x16": BlockFormat("q8_0x16", QK, 34, 0x100 | 8, base="q8_0"),
 }
 """The interleaved layouts (16 rows read together, ``csrc/interleaved.h``), by name."""
@@ -91,23 +100,36 @@ def nibbles(codes: Tensor) -> Tensor:
     return torch.cat([low, high], dim=-1)  # (..., 32)
 
 
+def fifth_bits(qh: Tensor) -> Tensor:
+    """(..., 4) bytes of a 5-bit block's ``qh`` -> (..., 32) values 0 or 16: bit ``j`` (little-endian) for value j."""
+    bits = (qh[..., :, None] >> torch.arange(8, dtype=torch.uint8)) & 1  # (..., 4, 8): byte j // 8, bit j % 8
+    return bits.reshape(*qh.shape[:-1], 32) << 4  # (..., 32)
+
+
 def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tensor | None]:
     """Split (G, nbytes) uint8 blocks into integer codes and float scales, without multiplying them out.
 
     Returns:
-        ``(q, d, m)``: (G, 32) int16 signed codes (q4_0's are already ``code - 8``), (G, 1) float32 scales and,
-        for q4_1, (G, 1) float32 minimums (else None), so that ``value = d * q (+ m)``.
+        ``(q, d, m)``: (G, 32) int16 signed codes (q4_0's are already ``code - 8``, q5_0's ``code - 16``),
+        (G, 1) float32 scales and, for the formats with a minimum, (G, 1) float32 minimums (else None), so that
+        ``value = d * q (+ m)``.
     """
     d = f16(blocks[:, :2])  # (G, 1)
     if fmt.name == "q8_0":
         return blocks[:, 2:].contiguous().view(torch.int8).short(), d, None  # (G, 32)
     if fmt.name == "q4_0":
         return nibbles(blocks[:, 2:]).short() - 8, d, None  # (G, 32), codes centred on zero
-    return nibbles(blocks[:, 4:]).short(), d, f16(blocks[:, 2:4])  # (G, 32), (G, 1), (G, 1)
+    if fmt.name == "q4_1":
+        return nibbles(blocks[:, 4:]).short(), d, f16(blocks[:, 2:4])  # (G, 32), (G, 1), (G, 1)
+    head = 4 if fmt.has_min else 2  # q5_1: d, m; q5_0: d
+    q = (nibbles(blocks[:, head + 4 :]) | fifth_bits(blocks[:, head : head + 4])).short()  # (G, 32) in [0, 31]
+    if fmt.has_min:
+        return q, d, f16(blocks[:, 2:4])
+    return q - 16, d, None  # codes centred on zero
 
 
 def decode_blocks(blocks: Tensor, fmt: BlockFormat) -> Tensor:
-    """(G, nbytes) uint8 blocks -> (G, 32) float32 values, exactly as the C++ ``dequantize_rows`` computes them."""
+    """(G, nbytes) uint8 blocks -> (G, block) float32 values, exactly as the C++ ``dequantize_rows`` computes them."""
     q, d, m = block_parts(blocks, fmt)
     values = d * q.float()  # (G, 32)
     return values if m is None else values + m

@@ -5,12 +5,12 @@ computes it:
 
 1. Each activation row is cut into blocks of 32 and quantized to 8 bits (Q8_0):
    ``amax = max |x_j|``, ``d = amax / 127``, ``q_j = rint(x_j / d)`` (as ``x_j * (1 / d)``, ties to even),
-   and the block keeps ``fp16(d)``. For q4_1 weights (Q8_1) it also keeps ``s = fp16(d * sum_j q_j)``.
+   and the block keeps ``fp16(d)``. For q4_1 and q5_1 weights (Q8_1) it also keeps ``s = fp16(d * sum_j q_j)``.
    A block holding a NaN or an infinity gets codes 0 and ``d = s = NaN``, so its row's outputs are NaN (only
    that row's: nothing is shared between rows).
 2. Per block, an exact integer dot product ``sumi = sum_j qw_j qa_j``.
 3. Per block, one float32 multiply-add into the output, blocks in order:
-   ``y += sumi * (dw * da)``, and for q4_1 ``y += sumi * (dw * da) + mw * sa``.
+   ``y += sumi * (dw * da)``, and for q4_1 and q5_1 ``y += sumi * (dw * da) + mw * sa``.
 
 Every float operation is a single IEEE float32 operation in a fixed order, so any implementation that does the
 same operations in the same order gets the same bits.
@@ -53,23 +53,25 @@ def weight_codes(blocks: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, 
     """Decode (N, K / 32 * nbytes) uint8 rows into codes and scales.
 
     Returns:
-        ``(qw, dw, mw)``: (N, K / 32, 32) int32 signed codes (q4_0's minus 8); (N, K / 32) float32 scales;
-        q4_1's (N, K / 32) float32 minimums, else None.
+        ``(qw, dw, mw)``: (N, K / 32, 32) int32 signed codes (q4_0's minus 8, q5_0's minus 16); (N, K / 32)
+        float32 scales; the (N, K / 32) float32 minimums of q4_1 and q5_1, else None.
     """
     spec = get_format(fmt)
     n = blocks.shape[0]
     b = blocks.reshape(n, -1, spec.nbytes)  # (N, K/32, nbytes)
     dw = b[..., 0:2].copy().view(np.float16)[..., 0].astype(F32)
-    mw = None
+    mw = b[..., 2:4].copy().view(np.float16)[..., 0].astype(F32) if spec.has_min else None
     if spec.name == "q8_0":
-        qw = b[..., 2:].copy().view(np.int8).astype(np.int32)
-    else:
-        packed = b[..., 4:] if spec.name == "q4_1" else b[..., 2:]  # (N, K/32, 16)
-        qw = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int32)  # values 0..15, 16..31
-        if spec.name == "q4_0":
-            qw -= 8
-        else:
-            mw = b[..., 2:4].copy().view(np.float16)[..., 0].astype(F32)
+        return b[..., 2:].copy().view(np.int8).astype(np.int32), dw, mw
+    head = 4 if spec.has_min else 2  # bytes of d (and m)
+    five = spec.name in ("q5_0", "q5_1")
+    packed = b[..., head + 4 :] if five else b[..., head:]  # (N, K/32, 16)
+    qw = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int32)  # values 0..15, 16..31
+    if five:  # qh, a little-endian uint32: bit j is bit 4 of value j
+        qh = b[..., head : head + 4].copy().view("<u4")  # (N, K/32, 1)
+        qw |= ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int32) << 4
+    if not spec.has_min:
+        qw -= 16 if five else 8
     return qw, dw, mw
 
 

@@ -1,10 +1,9 @@
 """The GGUF default path: the memory-mapped reader, every block matrix run as stored, NaN weights refused.
 
-Each Q4_0 / Q4_1 / Q8_0 matrix becomes a ``BlockLinear`` (or, for the token table, a ``BlockEmbedding``) holding
-the file's bytes: their dequantized values equal the exact model's weights bit for bit (query/key rows
-un-interleaved, stacked projections in order), and the logits stay within the rounding of the activations to
-8-bit blocks (llama.cpp's algorithm) of the exact model's.
-"""
+Each Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix becomes a ``BlockLinear`` (or, for the token table, a ``BlockEmbedding``)
+holding the file's bytes: their dequantized values equal the exact model's weights bit for bit (query/key rows
+un-interleaved, stacked projections in order), and the logits stay within the rounding of the activations to 8-bit
+blocks (llama.cpp's algorithm) of the exact model's."""
 
 from __future__ import annotations
 
@@ -37,7 +36,9 @@ def one_tensor_file(path, data, qtype):
     return path
 
 
-@pytest.mark.parametrize(("qtype", "tie"), [(Q.Q4_0, True), (Q.Q4_1, False), (Q.Q8_0, True)])
+@pytest.mark.parametrize(
+    ("qtype", "tie"), [(Q.Q4_0, True), (Q.Q4_1, False), (Q.Q5_0, True), (Q.Q5_1, False), (Q.Q8_0, True)]
+)
 def test_default_model_holds_the_files_blocks_and_nothing_in_float(tmp_path, qtype, tie):
     path = write_gguf(tmp_path / "q.gguf", hf_llama(QUANT, tie=tie, seed=3), qtype)
     fast, exact = from_gguf(path), from_gguf(path, dtype=torch.float32)
@@ -60,7 +61,7 @@ def test_default_model_holds_the_files_blocks_and_nothing_in_float(tmp_path, qty
     assert torch.equal(fast.lm_head.dequantized(), exact.lm_head.weight)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0])
 def test_default_model_stays_within_the_activation_rounding_of_the_exact_one(tmp_path, qtype):
     path = write_gguf(tmp_path / "q.gguf", hf_llama(QUANT, tie=False, seed=3), qtype)
     fast, exact = from_gguf(path), from_gguf(path, dtype=torch.float32)

@@ -196,7 +196,7 @@ def from_gguf(
 ) -> Decoder:
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 
-    By default (``dtype=None``, on the CPU) every Q4_0 / Q4_1 / Q8_0 matrix stays as stored, in a
+    By default (``dtype=None``, on the CPU) every Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix stays as stored, in a
     :class:`~oneblock.layers.quantized.BlockLinear` multiplied by oneblock's block kernels the way llama.cpp
     multiplies it (activations rounded to 8-bit blocks, integer dot products); the query, key and value
     projections are stacked into one, as are the FFN's gate and up projections; a token table in a block format

@@ -5,8 +5,11 @@
 //   Q4_0: d (f16), 16 bytes of 4-bit codes            = 18 bytes per 32 weights; w = d * (q - 8)
 //   Q4_1: d (f16), m (f16), 16 bytes of 4-bit codes   = 20 bytes per 32 weights; w = d * q + m
 //   Q8_0: d (f16), 32 x int8                          = 34 bytes per 32 weights; w = d * q
+//   Q5_0: d (f16), qh (4 bytes), 16 bytes of nibbles  = 22 bytes per 32 weights; w = d * (q - 16)
+//   Q5_1: d (f16), m (f16), qh, 16 bytes of nibbles   = 24 bytes per 32 weights; w = d * q + m
 //
-// In the 4-bit formats byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
+// In the 4- and 5-bit formats byte j holds the low 4 bits of weight j in its low nibble and those of weight j + 16
+// in its high nibble; the 5-bit formats' qh, read as a little-endian uint32, holds bit 4 of weight j in bit j.
 #pragma once
 
 #include <cstdint>
@@ -29,21 +32,39 @@ struct BlockQ8_0 {
   uint16_t d;
   int8_t qs[QK];
 };
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[QK / 2];
+};
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[QK / 2];
+};
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 is 18 bytes per block");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 is 20 bytes per block");
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 is 34 bytes per block");
+static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 is 22 bytes per block");
+static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 is 24 bytes per block");
 
 // The GGUF type ids, which are also the `fmt` argument of the ops.
-enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8 };
 
 inline int64_t block_bytes(int64_t fmt) {
   switch (fmt) {
     case kQ4_0: return sizeof(BlockQ4_0);
     case kQ4_1: return sizeof(BlockQ4_1);
+    case kQ5_0: return sizeof(BlockQ5_0);
+    case kQ5_1: return sizeof(BlockQ5_1);
     case kQ8_0: return sizeof(BlockQ8_0);
     default: return 0;
   }
 }
+
+// Whether a file format stores a minimum m per block (w = d * q + m): its products need the activations' sums.
+inline bool has_min(int64_t fmt) { return fmt == kQ4_1 || fmt == kQ5_1; }
 
 // IEEE half -> float, exact (every half is a float). Bit manipulation, so the scalar path needs no F16C.
 inline float half_to_float(uint16_t h) {
@@ -72,12 +93,24 @@ inline float half_to_float(uint16_t h) {
 
 inline uint16_t load_u16(const void* p) {
   uint16_t v;
-  std::memcpy(&v, p, sizeof v);  // blocks are 18/20/34 bytes: their fields are not aligned
+  std::memcpy(&v, p, sizeof v);  // blocks are 18 to 34 bytes: their fields are not aligned
   return v;
 }
 
+inline uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Code j (0..31) of a 5-bit block: its low nibble, and bit j of qh as bit 4.
+inline int q5_code(const uint8_t* qs, uint32_t qh, int j) {
+  const int low = j < QK / 2 ? (qs[j] & 0x0F) : (qs[j - QK / 2] >> 4);
+  return low | static_cast<int>(((qh >> j) & 1u) << 4);
+}
+
 // One activation row quantized to 8-bit blocks of 32: codes in [-127, 127], per block the float16-rounded scale
-// d (stored as float) and, for Q8_1, s = fp16(d * sum of the codes) (used with Q4_1's minimum).
+// d (stored as float) and, for Q8_1, s = fp16(d * sum of the codes) (used with Q4_1's and Q5_1's minimum).
 struct ActRow {
   const int8_t* q;   // (K,)
   const float* d;    // (K / 32,)

@@ -22,7 +22,7 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
         out[j] = d * static_cast<float>((blk.qs[j] & 0x0F) - 8);
         out[j + QK / 2] = d * static_cast<float>((blk.qs[j] >> 4) - 8);
       }
-    } else {
+    } else if (fmt == kQ4_1) {
       const auto& blk = reinterpret_cast<const BlockQ4_1*>(row)[b];
       const float d = g_half[load_u16(&blk.d)];
       const float m = g_half[load_u16(&blk.m)];
@@ -30,6 +30,17 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
         out[j] = d * static_cast<float>(blk.qs[j] & 0x0F) + m;
         out[j + QK / 2] = d * static_cast<float>(blk.qs[j] >> 4) + m;
       }
+    } else if (fmt == kQ5_0) {
+      const auto& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      const uint32_t qh = load_u32(blk.qh);
+      for (int j = 0; j < QK; ++j) out[j] = d * static_cast<float>(q5_code(blk.qs, qh, j) - 16);
+    } else {
+      const auto& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      const float m = g_half[load_u16(&blk.m)];
+      const uint32_t qh = load_u32(blk.qh);
+      for (int j = 0; j < QK; ++j) out[j] = d * static_cast<float>(q5_code(blk.qs, qh, j)) + m;
     }
   }
 }

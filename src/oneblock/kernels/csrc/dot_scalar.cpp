@@ -108,6 +108,32 @@ float q4_1_one(const BlockQ4_1* blocks, const ActRow& a, int64_t nb) {
   return acc;
 }
 
+float q5_0_one(const BlockQ5_0* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* qa = a.q + b * QK;
+    const uint32_t qh = load_u32(blocks[b].qh);
+    int sumi = 0;
+    for (int j = 0; j < QK; ++j) sumi += (q5_code(blocks[b].qs, qh, j) - 16) * qa[j];
+    acc += static_cast<float>(sumi) * (g_half[load_u16(&blocks[b].d)] * a.d[b]);
+  }
+  return acc;
+}
+
+float q5_1_one(const BlockQ5_1* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* qa = a.q + b * QK;
+    const uint32_t qh = load_u32(blocks[b].qh);
+    int sumi = 0;
+    for (int j = 0; j < QK; ++j) sumi += q5_code(blocks[b].qs, qh, j) * qa[j];
+    const float dw = g_half[load_u16(&blocks[b].d)];
+    const float mw = g_half[load_u16(&blocks[b].m)];
+    acc += static_cast<float>(sumi) * (dw * a.d[b]) + mw * a.s[b];
+  }
+  return acc;
+}
+
 template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
 void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
           int64_t stride) {
@@ -129,6 +155,14 @@ void dot_q4_0_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow
 void dot_q4_1_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                      float* out, int64_t stride) {
   each<BlockQ4_1, q4_1_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q5_0_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  each<BlockQ5_0, q5_0_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q5_1_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  each<BlockQ5_1, q5_1_one>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 
 }  // namespace oneblock

@@ -63,13 +63,16 @@ int best() {
 
 std::atomic<int> g_isa{best()};  // chosen once, at load, from what the CPU reports
 
-// kernels[isa][format]: the file layouts Q4_0, Q4_1, Q8_0, then the interleaved Q4_1x16, Q8_0x16.
-const DotFn kKernels[kIsaCount][5] = {
-    {dot_q4_0_scalar, dot_q4_1_scalar, dot_q8_0_scalar, dot_q4_1x16_scalar, dot_q8_0x16_scalar},
-    {dot_q4_0_avx2, dot_q4_1_avx2, dot_q8_0_avx2, dot_q4_1x16_avx2, dot_q8_0x16_avx2},
-    {dot_q4_0_avx512, dot_q4_1_avx512, dot_q8_0_avx512, dot_q4_1x16_avx512, dot_q8_0x16_avx512},
+// kernels[isa][format]: the file layouts Q4_0, Q4_1, Q8_0, then the interleaved Q4_1x16, Q8_0x16, then the file
+// layouts Q5_0, Q5_1.
+const DotFn kKernels[kIsaCount][7] = {
+    {dot_q4_0_scalar, dot_q4_1_scalar, dot_q8_0_scalar, dot_q4_1x16_scalar, dot_q8_0x16_scalar, dot_q5_0_scalar,
+     dot_q5_1_scalar},
+    {dot_q4_0_avx2, dot_q4_1_avx2, dot_q8_0_avx2, dot_q4_1x16_avx2, dot_q8_0x16_avx2, dot_q5_0_avx2, dot_q5_1_avx2},
+    {dot_q4_0_avx512, dot_q4_1_avx512, dot_q8_0_avx512, dot_q4_1x16_avx512, dot_q8_0x16_avx512, dot_q5_0_avx512,
+     dot_q5_1_avx512},
     {dot_q4_0_avx512_vnni, dot_q4_1_avx512_vnni, dot_q8_0_avx512_vnni, dot_q4_1x16_avx512_vnni,
-     dot_q8_0x16_avx512_vnni},
+     dot_q8_0x16_avx512_vnni, dot_q5_0_avx512_vnni, dot_q5_1_avx512_vnni},
 };
 
 int kernel_column(int64_t fmt) {
@@ -79,6 +82,8 @@ int kernel_column(int64_t fmt) {
     case kQ8_0: return 2;
     case kQ4_1x16: return 3;
     case kQ8_0x16: return 4;
+    case kQ5_0: return 5;
+    case kQ5_1: return 6;
     default: return -1;
   }
 }
@@ -222,7 +227,7 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
 
   // 1. Activations: each row quantized once, used against all N weight rows. The buffers are kept per thread
   // (a decoding step calls this 121 times a token).
-  const bool sums = file_format(fmt) == kQ4_1;
+  const bool sums = has_min(file_format(fmt));
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> d, s;
   thread_local std::vector<ActRow> acts;
