@@ -48,8 +48,8 @@ def quantize(model: M, fmt: str = "q8_0") -> M:
     """
     if not isinstance(model, nn.Module):
         raise InputError(f"quantize expects an nn.Module; got {type(model).__name__}")
-    if fmt not in kernels.FORMATS:
-        raise InputError(f"quantize: unknown block format {fmt!r}; choose one of {sorted(kernels.FORMATS)}")
+    if fmt not in kernels.QUANTIZABLE:
+        raise InputError(f"quantize: unknown block format {fmt!r}; choose one of {list(kernels.QUANTIZABLE)}")
     block = kernels.FORMATS[fmt].block
     for module in list(model.modules()):
         if isinstance(module, MultiHeadAttention) and not module.cross and module.qkv_proj is None:

@@ -1,13 +1,14 @@
 """Float activations times GGUF block matrices, computed as llama.cpp computes them.
 
-A weight matrix W (N, K) stays in its file format (Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0: blocks of 32 values, see
-:mod:`oneblock.kernels.formats`). :func:`block_mm` quantizes each activation row once to 8-bit blocks and
-multiplies integers, one float multiply-add per block: a decoding step reads 4.5 to 8.5 bits per weight and never
-a float copy of the matrix. The C++ (``csrc/``) is built on first use and cached; without a compiler the same
-numbers come from PyTorch (:mod:`oneblock.kernels.fallback`). :mod:`oneblock.kernels.reference` is the
-algorithm in NumPy. :func:`interleave` reorders a q4_1 / q8_0 matrix's rows 16 at a time (``q4_1x16``,
-``q8_0x16``), once, into the layout the vector kernels read fastest; every function here takes either layout.
-Shapes: M activation rows, K the row width (a multiple of 32), N weight rows.
+A weight matrix W (N, K) stays in its file format (Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0: blocks of 32 values; Q6_K:
+super-blocks of 256, multiplied with llama.cpp's Q8_K activation blocks; see :mod:`oneblock.kernels.formats`).
+:func:`block_mm` quantizes each activation row once to 8-bit blocks and multiplies integers, one float multiply-add
+per block: a decoding step reads 4.5 to 8.5 bits per weight and never a float copy of the matrix. The C++
+(``csrc/``) is built on first use and cached; without a compiler the same numbers come from PyTorch
+(:mod:`oneblock.kernels.fallback`). :mod:`oneblock.kernels.reference` is the algorithm in NumPy. :func:`interleave`
+reorders a q4_1 / q8_0 matrix's rows 16 at a time (``q4_1x16``, ``q8_0x16``), once, into the layout the vector
+kernels read fastest; every function here takes either layout. Shapes: M activation rows, K the row width (a
+multiple of the format's block), N weight rows.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from oneblock.kernels.fallback import GEMM_ROWS
 from oneblock.kernels.formats import FORMATS, INTERLEAVED, BlockFormat, get_format
 from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, deinterleave, interleaved_format
 from oneblock.kernels.ops import backend, interleave, interleave_parts
-from oneblock.kernels.quantize import quantize_rows
+from oneblock.kernels.quantize import QUANTIZABLE, quantize_rows
 
 __all__ = [
     "FORMATS",
     "GEMM_ROWS",
     "GROUP_ROWS",
     "INTERLEAVED",
+    "QUANTIZABLE",
     "BlockFormat",
     "backend",
     "block_mm",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from oneblock.kernels.formats import FORMATS, QK, BlockFormat, block_parts, decode_blocks
+from oneblock.kernels.formats import FORMATS, QK, QK_K, BlockFormat, block_parts, decode_blocks, q6_k_parts
 from oneblock.kernels.interleave import deinterleave
 
 _TILE_VALUES = 1 << 21  # weights decoded at once: (tile rows x K) codes, 8 MB of float32
@@ -39,6 +39,47 @@ def quantize_activations(x: Tensor, with_sums: bool) -> tuple[Tensor, Tensor, Te
     return qa, torch.where(finite, d.half().float(), nan), sa
 
 
+def quantize_activations_k(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Q8_K blocks of (M, K) float32 activations, as :func:`reference.quantize_activations_k`.
+
+    Returns:
+        ``(qa, da)``: (M, K / 256, 256) float32 integer codes; (M, K / 256) float32 scales.
+    """
+    m, k = x.shape
+    xb = x.reshape(m, k // QK_K, QK_K)  # (M, K/256, 256)
+    finite = xb.isfinite().all(dim=-1)
+    xb = torch.where(finite[..., None], xb, 0.0)
+    big = torch.gather(xb, -1, xb.abs().argmax(dim=-1, keepdim=True))[..., 0]  # (M, K/256): first of largest |x|
+    nonzero = big != 0
+    ones = torch.ones_like(big)
+    # tensor / tensor: a correctly rounded division (a Python number over a tensor multiplies by its reciprocal)
+    iscale = torch.where(nonzero, torch.full_like(big, -127.0) / torch.where(nonzero, big, ones), 0.0)
+    qa = torch.round(xb * iscale[..., None]).clamp(max=127)  # ties to even
+    da = torch.where(nonzero, ones / torch.where(nonzero, iscale, ones), 0.0)
+    return qa, torch.where(finite, da, float("nan"))
+
+
+def _block_mm_k(x: Tensor, blocks: Tensor) -> Tensor:
+    """The q6_k product with Q8_K activations: exact integer sums per super-block (in float64), then float32."""
+    m, k = x.shape
+    nb = k // QK_K
+    qa, da = quantize_activations_k(x)
+    qa_t = qa.permute(1, 0, 2).double()  # (K/256, M, 256)
+    out = torch.empty(m, blocks.shape[0])
+    rows = max(1, _TILE_VALUES // k)
+    for start in range(0, blocks.shape[0], rows):
+        tile = blocks[start : start + rows].reshape(-1, FORMATS["q6_k"].nbytes)  # (n' K/256, 210)
+        q, sc, d = q6_k_parts(tile)
+        scaled = (q * sc.repeat_interleave(16, dim=1)).double().reshape(-1, nb, QK_K).permute(1, 2, 0)  # (nb, 256, n')
+        isum = torch.bmm(qa_t, scaled).float()  # (K/256, M, n'): exact in float64 (|isum| < 2^31), then rounded
+        dw = d.reshape(-1, nb)  # (n', K/256)
+        acc = torch.zeros(m, dw.shape[0])
+        for b in range(nb):  # super-blocks in order
+            acc = acc + isum[b] * (dw[None, :, b] * da[:, None, b])
+        out[:, start : start + dw.shape[0]] = acc
+    return out
+
+
 def _file_layout(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, BlockFormat]:
     """An interleaved matrix back in its file's layout (this path reads rows whole); others as they are."""
     if fmt.base is None:
@@ -55,6 +96,8 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat, *, bf16: bool = False)
     n, nb = blocks.shape[0], k // fmt.block
     if m >= GEMM_ROWS:
         return _block_mm_dense(x, blocks, fmt, bf16)
+    if fmt.k_quant:
+        return _block_mm_k(x, blocks)
     qa, da, sa = quantize_activations(x, with_sums=fmt.has_min)
     qa_t = qa.permute(1, 0, 2)  # (K/32, M, 32)
     out = torch.empty(m, n)

@@ -11,11 +11,15 @@ q4_1   20 / 32     d (f16), m (f16), 16 bytes of 4-bit codes              d * q 
 q8_0   34 / 32     d (f16), 32 x int8                                     d * q
 q5_0   22 / 32     d (f16), qh (4 bytes), 16 bytes of nibbles             d * (q - 16)
 q5_1   24 / 32     d (f16), m (f16), qh (4 bytes), 16 bytes of nibbles    d * q + m
+q6_k   210 / 256   ql (128 B), qh (64 B), 16 x int8 scales, d (f16)       d * scale * (q - 32)
 =====  ==========  =====================================================  ==================
 
 In the 4- and 5-bit formats byte ``j`` holds (the low 4 bits of) value ``j`` in its low nibble and value ``j + 16``
 in its high nibble; in the 5-bit formats bit ``j`` of ``qh`` (a little-endian uint32) is bit 4 of value ``j``.
-The same layouts are written out once more, for the C++, in ``csrc/blocks.h``.
+q6_k's 256 values form 16 sub-blocks of 16, value ``j`` scaled by ``scales[j // 16]``; of each 128 values (``ql``
+and ``qh`` advancing by 64 and 32 bytes) value ``i`` takes nibble ``i // 64`` of ``ql[i % 64]`` and bits
+``2 * (i // 32)`` of ``qh[i % 32]`` as its top two. The same layouts are written out once more, for the C++, in
+``csrc/blocks.h``.
 
 ``q4_1x16`` and ``q8_0x16`` hold the same blocks with the rows interleaved 16 at a time (see
 :mod:`oneblock.kernels.interleave`): the layout the vector kernels read fastest, made once at load.
@@ -34,6 +38,9 @@ QK = 32
 """Values per block of the 32-value formats (llama.cpp's ``QK4_0 == QK5_0 == QK8_0 == 32``); code outside this
 module reads a format's ``block`` instead."""
 
+QK_K = 256
+"""Values per super-block of the K-quants (llama.cpp's ``QK_K``)."""
+
 
 @dataclass(frozen=True)
 class BlockFormat:
@@ -48,6 +55,7 @@ class BlockFormat:
         base: for an interleaved layout, the name of the file format whose blocks it holds; else None.
         has_min: whether a block stores a minimum ``m`` (``value = d * q + m``): the product then needs the
             activation blocks' sums (Q8_1).
+        d_offset: the byte offset of the float16 scale ``d`` in a block (q6_k stores it last).
     """
 
     name: str
@@ -56,6 +64,12 @@ class BlockFormat:
     ggml_type: int
     base: str | None = None
     has_min: bool = False
+    d_offset: int = 0
+
+    @property
+    def k_quant(self) -> bool:
+        """Whether this is a K-quant: 256-value super-blocks, multiplied with Q8_K activation blocks."""
+        return self.block == QK_K
 
 
 FORMATS: dict[str, BlockFormat] = {
@@ -64,6 +78,7 @@ FORMATS: dict[str, BlockFormat] = {
     "q8_0": BlockFormat("q8_0", QK, 34, 8),
     "q5_0": BlockFormat("q5_0", QK, 22, 6),
     "q5_1": BlockFormat("q5_1", QK, 24, 7, has_min=True),
+    "q6_k": BlockFormat("q6_k", QK_K, 210, 14, d_offset=208),
 }
 """The formats :func:`oneblock.kernels.block_mm` multiplies, by name."""
 
@@ -106,8 +121,24 @@ def fifth_bits(qh: Tensor) -> Tensor:
     return bits.reshape(*qh.shape[:-1], 32) << 4  # (..., 32)
 
 
+def q6_k_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Split (G, 210) uint8 q6_k super-blocks into codes and scales.
+
+    Returns:
+        ``(q, sc, d)``: (G, 256) int16 codes minus 32, in [-32, 31]; (G, 16) int16 sub-block scales; (G, 1) float32
+        ``d``; so that value ``j`` is ``(d * sc[j // 16]) * q[j]``.
+    """
+    ql = blocks[:, :128].reshape(-1, 2, 64)  # (G, 2 halves, 64)
+    qh = blocks[:, 128:192].reshape(-1, 2, 32)  # (G, 2 halves, 32)
+    low = torch.cat([ql & 0x0F, ql >> 4], dim=-1)  # (G, 2, 128)
+    high = torch.cat([(qh >> shift) & 3 for shift in (0, 2, 4, 6)], dim=-1)  # (G, 2, 128)
+    q = (low | (high << 4)).reshape(-1, QK_K).short() - 32  # (G, 256)
+    return q, blocks[:, 192:208].contiguous().view(torch.int8).short(), f16(blocks[:, 208:210])
+
+
 def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Split (G, nbytes) uint8 blocks into integer codes and float scales, without multiplying them out.
+    """Split (G, nbytes) uint8 blocks of a 32-value format into integer codes and float scales, without multiplying
+    them out.
 
     Returns:
         ``(q, d, m)``: (G, 32) int16 signed codes (q4_0's are already ``code - 8``, q5_0's ``code - 16``),
@@ -130,6 +161,9 @@ def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tenso
 
 def decode_blocks(blocks: Tensor, fmt: BlockFormat) -> Tensor:
     """(G, nbytes) uint8 blocks -> (G, block) float32 values, exactly as the C++ ``dequantize_rows`` computes them."""
+    if fmt.name == "q6_k":
+        q, sc, d = q6_k_parts(blocks)
+        return (d * sc.float()).repeat_interleave(16, dim=1) * q.float()  # (G, 256)
     q, d, m = block_parts(blocks, fmt)
     values = d * q.float()  # (G, 32)
     return values if m is None else values + m

@@ -88,14 +88,23 @@ def _q5_1(w: Tensor) -> Tensor:
 
 
 _QUANTIZERS = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1}
+QUANTIZABLE: tuple[str, ...] = tuple(sorted(_QUANTIZERS))
+"""The formats :func:`quantize_rows` writes (the K-quants' searching quantizers are not here: they are read from
+GGUF files only)."""
 
 
 def quantize_rows(w: Tensor, fmt: BlockFormat) -> Tensor:
     """(N, K) float weights -> (N, K / 32 * nbytes) uint8 blocks.
 
     Raises:
-        InputError: ``w`` not a finite 2-D floating tensor with K a multiple of 32.
+        InputError: a format without a quantizer here, or ``w`` not a finite 2-D floating tensor with K a multiple
+            of the format's block.
     """
+    if fmt.name not in _QUANTIZERS:
+        raise InputError(
+            f"quantize cannot write {fmt.name} (its blocks are read from GGUF files only); choose one of "
+            f"{list(QUANTIZABLE)}"
+        )
     if w.dim() != 2 or not w.is_floating_point():
         raise InputError(f"quantize expects an (N, K) floating matrix; got dtype {w.dtype}, shape {tuple(w.shape)}")
     n, k = w.shape

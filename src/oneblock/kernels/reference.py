@@ -12,6 +12,12 @@ computes it:
 3. Per block, one float32 multiply-add into the output, blocks in order:
    ``y += sumi * (dw * da)``, and for q4_1 and q5_1 ``y += sumi * (dw * da) + mw * sa``.
 
+For the K-quants (q6_k: super-blocks of 256 values in 16 sub-blocks of 16 with int8 scales) the activations are
+llama.cpp's Q8_K blocks of 256 (``quantize_row_q8_K_ref``): ``m`` the value of largest magnitude (the first, sign
+kept), ``iscale = -127 / m``, ``q_j = min(127, rint(iscale x_j))``, ``d = 1 / iscale``, a float32 kept unrounded
+(0 and codes 0 for an all-zero block). Per super-block, the exact integer
+``isum = sum_s sc_s sum_{j in s} qw_j qa_j`` and one float32 multiply-add ``y += float(isum) * (dw * da)``.
+
 Every float operation is a single IEEE float32 operation in a fixed order, so any implementation that does the
 same operations in the same order gets the same bits.
 """
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from oneblock.kernels.formats import QK, get_format
+from oneblock.kernels.formats import QK, QK_K, get_format
 
 F32 = np.float32
 
@@ -75,8 +81,60 @@ def weight_codes(blocks: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, 
     return qw, dw, mw
 
 
+def quantize_activations_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_K blocks of (M, K) float32 activations, K a multiple of 256.
+
+    Returns:
+        ``(qa, da)``: (M, K / 256, 256) int64 codes in [-127, 127] (the 16-code sums llama.cpp keeps beside them are
+        sums of these); (M, K / 256) float32 scales (NaN for a block holding NaN or inf).
+    """
+    m, k = x.shape
+    xb = x.astype(F32).reshape(m, k // QK_K, QK_K)
+    finite = np.asarray(np.isfinite(xb).all(axis=-1))
+    xb = np.where(finite[..., None], xb, F32(0))
+    at = np.abs(xb).argmax(axis=-1)[..., None]  # the first value of largest magnitude
+    big = np.take_along_axis(xb, at, axis=-1)[..., 0]  # (M, K/256), sign kept
+    nonzero = big != 0
+    iscale = np.divide(F32(-127), big, out=np.zeros_like(big), where=nonzero)  # float32
+    qa = np.minimum(127, np.rint(xb * iscale[..., None])).astype(np.int64)  # ties to even
+    da = np.divide(F32(1), iscale, out=np.zeros_like(iscale), where=nonzero)
+    return qa, np.where(finite, da, F32(np.nan))
+
+
+def q6_k_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode (N, K / 256 * 210) uint8 q6_k rows.
+
+    Returns:
+        ``(qw, sc, dw)``: (N, K / 256, 256) int64 codes minus 32; (N, K / 256, 16) int64 sub-block scales;
+        (N, K / 256) float32 ``d``.
+    """
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, 210)  # (N, nb, 210)
+    ql = b[..., :128].reshape(n, -1, 2, 64)
+    qh = b[..., 128:192].reshape(n, -1, 2, 32)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=-1)  # (N, nb, 2, 128)
+    high = np.concatenate([(qh >> shift) & 3 for shift in (0, 2, 4, 6)], axis=-1)  # (N, nb, 2, 128)
+    qw = (low | (high << 4)).reshape(n, -1, QK_K).astype(np.int64) - 32
+    sc = b[..., 192:208].copy().view(np.int8).astype(np.int64)
+    dw = b[..., 208:210].copy().view(np.float16)[..., 0].astype(F32)
+    return qw, sc, dw
+
+
+def _block_mm_k(x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    qw, sc, dw = q6_k_codes(blocks)
+    qa, da = quantize_activations_k(x)
+    scaled = qw * np.repeat(sc, 16, axis=-1)  # (N, nb, 256): each code times its sub-block's scale
+    isum = np.einsum("mbj,nbj->mnb", qa, scaled).astype(F32)  # (M, N, nb): exact integers, then rounded
+    y = np.zeros((x.shape[0], qw.shape[0]), dtype=F32)
+    for b in range(qw.shape[1]):  # super-blocks in order
+        y = y + isum[:, :, b] * (dw[None, :, b] * da[:, None, b])
+    return y
+
+
 def block_mm(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
     """(M, K) float32 activations times the (N, K) block matrix transposed -> (M, N) float32."""
+    if get_format(fmt).k_quant:
+        return _block_mm_k(x, blocks)
     qw, dw, mw = weight_codes(blocks, fmt)
     qa, da, sa = quantize_activations(x, with_sums=mw is not None)
     sumi = np.einsum("mbj,nbj->mnb", qa, qw).astype(F32)  # (M, N, K/32): exact, |sumi| < 2^24
@@ -90,7 +148,11 @@ def block_mm(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
-    """(N, K / 32 * nbytes) uint8 rows -> (N, K) float32 values ``d * q (+ m)``."""
+    """(N, K / block * nbytes) uint8 rows -> (N, K) float32 values ``d * q (+ m)`` (q6_k: ``(d * sc) * q``)."""
+    if get_format(fmt).k_quant:
+        qw, sc, d6 = q6_k_codes(blocks)
+        scale = np.repeat(d6[..., None] * sc.astype(F32), 16, axis=-1)  # (N, nb, 256)
+        return (scale * qw.astype(F32)).reshape(blocks.shape[0], -1)
     qw, dw, mw = weight_codes(blocks, fmt)
     values = dw[..., None] * qw.astype(F32)  # (N, K/32, 32)
     if mw is not None:

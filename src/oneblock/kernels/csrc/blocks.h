@@ -8,6 +8,12 @@
 //   Q5_0: d (f16), qh (4 bytes), 16 bytes of nibbles  = 22 bytes per 32 weights; w = d * (q - 16)
 //   Q5_1: d (f16), m (f16), qh, 16 bytes of nibbles   = 24 bytes per 32 weights; w = d * q + m
 //
+// The K-quants cut a row into super-blocks of 256 values, with integer sub-block scales:
+//
+//   Q6_K: ql (128 bytes: low 4 bits), qh (64 bytes: high 2 bits), 16 int8 scales, d (f16) = 210 bytes per 256
+//         weights; w = d * scales[j / 16] * (q - 32) for weight j. Of each 128 weights (ql and qh advancing by 64
+//         and 32 bytes), weight i takes nibble i / 64 of ql[i % 64] and bits 2 * (i / 32) of qh[i % 32].
+//
 // In the 4- and 5-bit formats byte j holds the low 4 bits of weight j in its low nibble and those of weight j + 16
 // in its high nibble; the 5-bit formats' qh, read as a little-endian uint32, holds bit 4 of weight j in bit j.
 #pragma once
@@ -18,6 +24,7 @@
 namespace oneblock {
 
 constexpr int QK = 32;
+constexpr int QK_K = 256;  // values per K-quant super-block
 
 struct BlockQ4_0 {
   uint16_t d;
@@ -43,14 +50,21 @@ struct BlockQ5_1 {
   uint8_t qh[4];
   uint8_t qs[QK / 2];
 };
+struct BlockQ6_K {
+  uint8_t ql[QK_K / 2];
+  uint8_t qh[QK_K / 4];
+  int8_t scales[QK_K / 16];
+  uint16_t d;
+};
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 is 18 bytes per block");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 is 20 bytes per block");
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 is 34 bytes per block");
 static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 is 22 bytes per block");
 static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 is 24 bytes per block");
+static_assert(sizeof(BlockQ6_K) == 210, "Q6_K is 210 bytes per 256 weights");
 
 // The GGUF type ids, which are also the `fmt` argument of the ops.
-enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8 };
+enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ6_K = 14 };
 
 inline int64_t block_bytes(int64_t fmt) {
   switch (fmt) {
@@ -59,9 +73,16 @@ inline int64_t block_bytes(int64_t fmt) {
     case kQ5_0: return sizeof(BlockQ5_0);
     case kQ5_1: return sizeof(BlockQ5_1);
     case kQ8_0: return sizeof(BlockQ8_0);
+    case kQ6_K: return sizeof(BlockQ6_K);
     default: return 0;
   }
 }
+
+// Whether a file format is a K-quant: 256-value super-blocks, multiplied with Q8_K activation blocks.
+inline bool is_k_quant(int64_t fmt) { return fmt == kQ6_K; }
+
+// Weights per block of a file format.
+inline int64_t block_values(int64_t fmt) { return is_k_quant(fmt) ? QK_K : QK; }
 
 // Whether a file format stores a minimum m per block (w = d * q + m): its products need the activations' sums.
 inline bool has_min(int64_t fmt) { return fmt == kQ4_1 || fmt == kQ5_1; }
@@ -109,12 +130,25 @@ inline int q5_code(const uint8_t* qs, uint32_t qh, int j) {
   return low | static_cast<int>(((qh >> j) & 1u) << 4);
 }
 
+// Code j (0..255) of a Q6_K super-block, in [0, 63] (w = d * scales[j / 16] * (q - 32)).
+inline int q6_k_code(const BlockQ6_K& b, int j) {
+  const int half = j / 128, i = j % 128, quarter = i / 32, l = i % 32;
+  const uint8_t low = b.ql[64 * half + l + (quarter & 1) * 32];
+  const int nibble = quarter < 2 ? (low & 0x0F) : (low >> 4);
+  return nibble | (((b.qh[32 * half + l] >> (2 * quarter)) & 3) << 4);
+}
+
 // One activation row quantized to 8-bit blocks of 32: codes in [-127, 127], per block the float16-rounded scale
 // d (stored as float) and, for Q8_1, s = fp16(d * sum of the codes) (used with Q4_1's and Q5_1's minimum).
+//
+// For the K-quants the row is in llama.cpp's Q8_K blocks instead: per 256 values a float32 scale d (not rounded),
+// codes in [-127, 127] (scale -127 / the value of largest magnitude, as ggml's quantize_row_q8_K_ref) and the int16
+// sums of each 16 codes.
 struct ActRow {
-  const int8_t* q;   // (K,)
-  const float* d;    // (K / 32,)
-  const float* s;    // (K / 32,), or nullptr where the format needs no sums
+  const int8_t* q;              // (K,)
+  const float* d;               // (K / 32,), or (K / 256,) for Q8_K
+  const float* s;               // (K / 32,), or nullptr where the format needs no sums
+  const int16_t* bsums = nullptr;  // Q8_K: (K / 16,) sums of each 16 codes
 };
 
 }  // namespace oneblock

@@ -10,6 +10,16 @@
 namespace oneblock {
 
 void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
+  if (fmt == kQ6_K) {
+    for (int64_t b = 0; b < nb; ++b, out += QK_K) {
+      const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      for (int j = 0; j < QK_K; ++j) {
+        out[j] = (d * static_cast<float>(blk.scales[j / 16])) * static_cast<float>(q6_k_code(blk, j) - 32);
+      }
+    }
+    return;
+  }
   for (int64_t b = 0; b < nb; ++b, out += QK) {
     if (fmt == kQ8_0) {
       const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
@@ -73,11 +83,11 @@ at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& rows, int
   const int64_t nbytes = interleaved || !(fmt & kInterleaved) ? block_bytes(file_format(fmt)) : 0;
   TORCH_CHECK(nbytes > 0, "oneblock::dequantize_rows: unknown format id ", fmt);
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.size(1) % nbytes == 0,
-              "oneblock::dequantize_rows: blocks must be (N, K/32 * ", nbytes, ") uint8");
+              "oneblock::dequantize_rows: blocks must be (N, K/", block_values(file_format(fmt)), " * ", nbytes, ") uint8");
   TORCH_CHECK(rows.scalar_type() == at::kLong, "oneblock::dequantize_rows: rows must be int64");
   const at::Tensor w = blocks.contiguous();
   const at::Tensor index = rows.contiguous();
-  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / nbytes, k = nb * QK;
+  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / nbytes, k = nb * block_values(file_format(fmt));
   const int64_t count = index.numel();
   const int64_t* ids = index.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
