@@ -1,10 +1,10 @@
-"""Q6_K, a K-quant (super-blocks of 256 values), multiplied with llama.cpp's Q8_K activation blocks.
+"""Q6_K and Q4_K, the K-quants (super-blocks of 256 values), multiplied with llama.cpp's Q8_K activation blocks.
 
 The decoders equal the ``gguf`` package's dequantizer bit for bit; the C++ kernel on every instruction set equals the
-NumPy reference bit for bit (Q6_K has its scalar kernel alone so far), and so does the PyTorch fallback; every path is
-within the rounding of the activations of ``x @ W^T`` computed in float64 from gguf's values. Blocks are random bytes
-with finite scales, as a file may hold them (oneblock has no K-quant quantizer: ggml's searches for its scales).
-"""
+NumPy reference bit for bit (the K-quants have their scalar kernels alone so far), and so does the PyTorch fallback;
+every path is within the rounding of the activations of ``x @ W^T`` computed in float64 from gguf's values. Blocks are
+random bytes with finite scales, as a file may hold them (oneblock has no K-quant quantizer: ggml's searches for its
+scales)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ def random_blocks(fmt: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
     blocks = torch.randint(0, 256, (count, spec.nbytes), dtype=torch.uint8, generator=g)
     d = (torch.rand(count, 1, generator=g) - 0.5) * 0.02 * torch.logspace(-2, 2, count)[:, None]
     blocks[:, spec.d_offset : spec.d_offset + 2] = d.half().view(torch.uint8)
+    if spec.has_min:  # q4_k's dmin, after d
+        blocks[:, 2:4] = (torch.rand(count, 1, generator=g) * 0.01).half().view(torch.uint8)
     blocks = blocks.reshape(n, -1)
     blocks[0] = 0  # all codes 0 and d 0
     return blocks

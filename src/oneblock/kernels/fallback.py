@@ -10,7 +10,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from oneblock.kernels.formats import FORMATS, QK, QK_K, BlockFormat, block_parts, decode_blocks, q6_k_parts
+from oneblock.kernels.formats import (
+    FORMATS,
+    QK,
+    QK_K,
+    BlockFormat,
+    block_parts,
+    decode_blocks,
+    q4_k_parts,
+    q6_k_parts,
+)
 from oneblock.kernels.interleave import deinterleave
 
 _TILE_VALUES = 1 << 21  # weights decoded at once: (tile rows x K) codes, 8 MB of float32
@@ -59,8 +68,17 @@ def quantize_activations_k(x: Tensor) -> tuple[Tensor, Tensor]:
     return qa, torch.where(finite, da, float("nan"))
 
 
-def _block_mm_k(x: Tensor, blocks: Tensor) -> Tensor:
-    """The q6_k product with Q8_K activations: exact integer sums per super-block (in float64), then float32."""
+def _k_parts(tile: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """(G, nbytes) super-blocks -> ``(codes times scales (G, 256), d (G, 1), minimums (G, 256) or None, dmin)``."""
+    if fmt.name == "q6_k":
+        q, sc, d = q6_k_parts(tile)
+        return q * sc.repeat_interleave(16, dim=1), d, None, torch.zeros_like(d)
+    q, sc, m, d, dmin = q4_k_parts(tile)
+    return q * sc.repeat_interleave(32, dim=1), d, m.repeat_interleave(32, dim=1), dmin
+
+
+def _block_mm_k(x: Tensor, blocks: Tensor, fmt: BlockFormat) -> Tensor:
+    """A K-quant product with Q8_K activations: exact integer sums per super-block (in float64), then float32."""
     m, k = x.shape
     nb = k // QK_K
     qa, da = quantize_activations_k(x)
@@ -68,14 +86,17 @@ def _block_mm_k(x: Tensor, blocks: Tensor) -> Tensor:
     out = torch.empty(m, blocks.shape[0])
     rows = max(1, _TILE_VALUES // k)
     for start in range(0, blocks.shape[0], rows):
-        tile = blocks[start : start + rows].reshape(-1, FORMATS["q6_k"].nbytes)  # (n' K/256, 210)
-        q, sc, d = q6_k_parts(tile)
-        scaled = (q * sc.repeat_interleave(16, dim=1)).double().reshape(-1, nb, QK_K).permute(1, 2, 0)  # (nb, 256, n')
-        isum = torch.bmm(qa_t, scaled).float()  # (K/256, M, n'): exact in float64 (|isum| < 2^31), then rounded
-        dw = d.reshape(-1, nb)  # (n', K/256)
+        tile = blocks[start : start + rows].reshape(-1, fmt.nbytes)  # (n' K/256, nbytes)
+        scaled, d, mins, dmin = _k_parts(tile, fmt)
+        # (K/256, M, n'): exact in float64 (|sum| < 2^31), then rounded to float32 as the C++ converts its int32
+        isum = torch.bmm(qa_t, scaled.double().reshape(-1, nb, QK_K).permute(1, 2, 0)).float()
+        msum = None if mins is None else torch.bmm(qa_t, mins.double().reshape(-1, nb, QK_K).permute(1, 2, 0)).float()
+        dw, dm = d.reshape(-1, nb), dmin.reshape(-1, nb)  # (n', K/256)
         acc = torch.zeros(m, dw.shape[0])
         for b in range(nb):  # super-blocks in order
             acc = acc + isum[b] * (dw[None, :, b] * da[:, None, b])
+            if msum is not None:
+                acc = acc - msum[b] * (dm[None, :, b] * da[:, None, b])
         out[:, start : start + dw.shape[0]] = acc
     return out
 
@@ -97,7 +118,7 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat, *, bf16: bool = False)
     if m >= GEMM_ROWS:
         return _block_mm_dense(x, blocks, fmt, bf16)
     if fmt.k_quant:
-        return _block_mm_k(x, blocks)
+        return _block_mm_k(x, blocks, fmt)
     qa, da, sa = quantize_activations(x, with_sums=fmt.has_min)
     qa_t = qa.permute(1, 0, 2)  # (K/32, M, 32)
     out = torch.empty(m, n)

@@ -12,6 +12,7 @@ q8_0   34 / 32     d (f16), 32 x int8                                     d * q
 q5_0   22 / 32     d (f16), qh (4 bytes), 16 bytes of nibbles             d * (q - 16)
 q5_1   24 / 32     d (f16), m (f16), qh (4 bytes), 16 bytes of nibbles    d * q + m
 q6_k   210 / 256   ql (128 B), qh (64 B), 16 x int8 scales, d (f16)       d * scale * (q - 32)
+q4_k   144 / 256   d, dmin (f16), 12 B of 6-bit scales/mins, 128 B nibbles  d * sc * q - dmin * m
 =====  ==========  =====================================================  ==================
 
 In the 4- and 5-bit formats byte ``j`` holds (the low 4 bits of) value ``j`` in its low nibble and value ``j + 16``
@@ -19,7 +20,9 @@ in its high nibble; in the 5-bit formats bit ``j`` of ``qh`` (a little-endian ui
 q6_k's 256 values form 16 sub-blocks of 16, value ``j`` scaled by ``scales[j // 16]``; of each 128 values (``ql``
 and ``qh`` advancing by 64 and 32 bytes) value ``i`` takes nibble ``i // 64`` of ``ql[i % 64]`` and bits
 ``2 * (i // 32)`` of ``qh[i % 32]`` as its top two. The same layouts are written out once more, for the C++, in
-``csrc/blocks.h``.
+``csrc/blocks.h``. q4_k's 256 values form 8 sub-blocks of 32 with 6-bit scales ``sc`` and minimums ``m``
+(ggml's ``get_scale_min_k4``); sub-blocks ``2c`` and ``2c + 1`` take the low and the high nibbles of bytes
+``32c .. 32c + 31``.
 
 ``q4_1x16`` and ``q8_0x16`` hold the same blocks with the rows interleaved 16 at a time (see
 :mod:`oneblock.kernels.interleave`): the layout the vector kernels read fastest, made once at load.
@@ -79,6 +82,7 @@ FORMATS: dict[str, BlockFormat] = {
     "q5_0": BlockFormat("q5_0", QK, 22, 6),
     "q5_1": BlockFormat("q5_1", QK, 24, 7, has_min=True),
     "q6_k": BlockFormat("q6_k", QK_K, 210, 14, d_offset=208),
+    "q4_k": BlockFormat("q4_k", QK_K, 144, 12, has_min=True),
 }
 """The formats :func:`oneblock.kernels.block_mm` multiplies, by name."""
 
@@ -136,6 +140,22 @@ def q6_k_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return q, blocks[:, 192:208].contiguous().view(torch.int8).short(), f16(blocks[:, 208:210])
 
 
+def q4_k_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Split (G, 144) uint8 q4_k super-blocks into codes, sub-block scales and minimums.
+
+    Returns:
+        ``(q, sc, m, d, dmin)``: (G, 256) int16 codes in [0, 15]; (G, 8) int16 scales and minimums; (G, 1) float32
+        ``d`` and ``dmin``; so that value ``j`` is ``(d * sc[j // 32]) * q[j] - dmin * m[j // 32]``.
+    """
+    raw = blocks[:, 4:16].reshape(-1, 3, 4).short()  # (G, 3, 4): bytes 0-3, 4-7, 8-11
+    low, mid, top = raw[:, 0], raw[:, 1], raw[:, 2]
+    sc = torch.cat([low & 63, (top & 0x0F) | ((low >> 6) << 4)], dim=1)  # (G, 8)
+    m = torch.cat([mid & 63, (top >> 4) | ((mid >> 6) << 4)], dim=1)  # (G, 8)
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)  # (G, 4 byte groups, 1, 32)
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(-1, QK_K).short()  # sub-block 2c low, 2c + 1 high nibbles
+    return q, sc, m, f16(blocks[:, 0:2]), f16(blocks[:, 2:4])
+
+
 def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tensor | None]:
     """Split (G, nbytes) uint8 blocks of a 32-value format into integer codes and float scales, without multiplying
     them out.
@@ -162,8 +182,12 @@ def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tenso
 def decode_blocks(blocks: Tensor, fmt: BlockFormat) -> Tensor:
     """(G, nbytes) uint8 blocks -> (G, block) float32 values, exactly as the C++ ``dequantize_rows`` computes them."""
     if fmt.name == "q6_k":
-        q, sc, d = q6_k_parts(blocks)
-        return (d * sc.float()).repeat_interleave(16, dim=1) * q.float()  # (G, 256)
+        q6, sc6, d6 = q6_k_parts(blocks)
+        return (d6 * sc6.float()).repeat_interleave(16, dim=1) * q6.float()  # (G, 256)
+    if fmt.name == "q4_k":
+        q4, sc4, m4, d4, dmin = q4_k_parts(blocks)
+        scale, low = (d4 * sc4.float()).repeat_interleave(32, dim=1), (dmin * m4.float()).repeat_interleave(32, dim=1)
+        return scale * q4.float() - low  # (G, 256)
     q, d, m = block_parts(blocks, fmt)
     values = d * q.float()  # (G, 32)
     return values if m is None else values + m

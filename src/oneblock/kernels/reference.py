@@ -12,11 +12,13 @@ computes it:
 3. Per block, one float32 multiply-add into the output, blocks in order:
    ``y += sumi * (dw * da)``, and for q4_1 and q5_1 ``y += sumi * (dw * da) + mw * sa``.
 
-For the K-quants (q6_k: super-blocks of 256 values in 16 sub-blocks of 16 with int8 scales) the activations are
+For the K-quants (super-blocks of 256 values; q6_k: 16 sub-blocks of 16 with int8 scales, q4_k: 8 sub-blocks of 32
+with 6-bit scales and minimums) the activations are
 llama.cpp's Q8_K blocks of 256 (``quantize_row_q8_K_ref``): ``m`` the value of largest magnitude (the first, sign
 kept), ``iscale = -127 / m``, ``q_j = min(127, rint(iscale x_j))``, ``d = 1 / iscale``, a float32 kept unrounded
 (0 and codes 0 for an all-zero block). Per super-block, the exact integer
-``isum = sum_s sc_s sum_{j in s} qw_j qa_j`` and one float32 multiply-add ``y += float(isum) * (dw * da)``.
+``isum = sum_s sc_s sum_{j in s} qw_j qa_j`` and one float32 multiply-add ``y += float(isum) * (dw * da)``; for
+q4_k then also ``msum = sum_s m_s sum_{j in s} qa_j`` and ``y -= float(msum) * (dmin * da)``.
 
 Every float operation is a single IEEE float32 operation in a fixed order, so any implementation that does the
 same operations in the same order gets the same bits.
@@ -120,21 +122,52 @@ def q6_k_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return qw, sc, dw
 
 
-def _block_mm_k(x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    qw, sc, dw = q6_k_codes(blocks)
+def q4_k_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Decode (N, K / 256 * 144) uint8 q4_k rows.
+
+    Returns:
+        ``(qw, sc, m, dw, dmin)``: (N, K / 256, 256) int64 codes in [0, 15]; (N, K / 256, 8) int64 sub-block scales
+        and minimums; (N, K / 256) float32 ``d`` and ``dmin``.
+    """
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, 144)  # (N, nb, 144)
+    raw = b[..., 4:16].reshape(n, -1, 3, 4).astype(np.int64)
+    low, mid, top = raw[..., 0, :], raw[..., 1, :], raw[..., 2, :]
+    sc = np.concatenate([low & 63, (top & 0x0F) | ((low >> 6) << 4)], axis=-1)
+    m = np.concatenate([mid & 63, (top >> 4) | ((mid >> 6) << 4)], axis=-1)
+    qs = b[..., 16:].reshape(n, -1, 4, 1, 32)
+    qw = np.concatenate([qs & 0x0F, qs >> 4], axis=-2).reshape(n, -1, QK_K).astype(np.int64)
+    dw = b[..., 0:2].copy().view(np.float16)[..., 0].astype(F32)
+    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(F32)
+    return qw, sc, m, dw, dmin
+
+
+def _k_parts(blocks: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """``(qw, sc, dw, m, dmin)`` of a K-quant, the scales and minimums repeated to one per value (N, nb, 256)."""
+    if fmt == "q6_k":
+        qw, sc6, dw = q6_k_codes(blocks)
+        return qw, np.repeat(sc6, 16, axis=-1), dw, None, np.zeros_like(dw)
+    qw, sc4, m4, dw, dmin = q4_k_codes(blocks)
+    return qw, np.repeat(sc4, 32, axis=-1), dw, np.repeat(m4, 32, axis=-1), dmin
+
+
+def _block_mm_k(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
+    qw, sc, dw, m, dmin = _k_parts(blocks, fmt)
     qa, da = quantize_activations_k(x)
-    scaled = qw * np.repeat(sc, 16, axis=-1)  # (N, nb, 256): each code times its sub-block's scale
-    isum = np.einsum("mbj,nbj->mnb", qa, scaled).astype(F32)  # (M, N, nb): exact integers, then rounded
+    isum = np.einsum("mbj,nbj->mnb", qa, qw * sc).astype(F32)  # (M, N, nb): exact integers, then rounded
+    msum = None if m is None else np.einsum("mbj,nbj->mnb", qa, m).astype(F32)  # minimums times the block sums
     y = np.zeros((x.shape[0], qw.shape[0]), dtype=F32)
     for b in range(qw.shape[1]):  # super-blocks in order
         y = y + isum[:, :, b] * (dw[None, :, b] * da[:, None, b])
+        if msum is not None:
+            y = y - msum[:, :, b] * (dmin[None, :, b] * da[:, None, b])
     return y
 
 
 def block_mm(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
     """(M, K) float32 activations times the (N, K) block matrix transposed -> (M, N) float32."""
     if get_format(fmt).k_quant:
-        return _block_mm_k(x, blocks)
+        return _block_mm_k(x, blocks, fmt)
     qw, dw, mw = weight_codes(blocks, fmt)
     qa, da, sa = quantize_activations(x, with_sums=mw is not None)
     sumi = np.einsum("mbj,nbj->mnb", qa, qw).astype(F32)  # (M, N, K/32): exact, |sumi| < 2^24
@@ -149,10 +182,15 @@ def block_mm(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
 
 def dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
     """(N, K / block * nbytes) uint8 rows -> (N, K) float32 values ``d * q (+ m)`` (q6_k: ``(d * sc) * q``)."""
-    if get_format(fmt).k_quant:
-        qw, sc, d6 = q6_k_codes(blocks)
-        scale = np.repeat(d6[..., None] * sc.astype(F32), 16, axis=-1)  # (N, nb, 256)
+    if fmt == "q6_k":
+        qw, sc6, d6 = q6_k_codes(blocks)
+        scale = np.repeat(d6[..., None] * sc6.astype(F32), 16, axis=-1)  # (N, nb, 256)
         return (scale * qw.astype(F32)).reshape(blocks.shape[0], -1)
+    if fmt == "q4_k":
+        qw, sc4, m4, d4, dmin = q4_k_codes(blocks)
+        scale = np.repeat(d4[..., None] * sc4.astype(F32), 32, axis=-1)  # (N, nb, 256)
+        low = np.repeat(dmin[..., None] * m4.astype(F32), 32, axis=-1)
+        return (scale * qw.astype(F32) - low).reshape(blocks.shape[0], -1)
     qw, dw, mw = weight_codes(blocks, fmt)
     values = dw[..., None] * qw.astype(F32)  # (N, K/32, 32)
     if mw is not None:

@@ -89,26 +89,33 @@ def test_matrices_of_different_formats_are_not_stacked(tmp_path):
     assert (a - b).abs().max().item() <= 0.04 * (b.amax(-1) - b.amin(-1)).mean().item()
 
 
-def test_q6_k_matrices_stay_as_stored(tmp_path):
-    """Q4_K_M files hold Q6_K matrices (rows of a multiple of 256 values): each becomes a BlockLinear of the file's
-    bytes, equal to gguf's dequantized values, and the model keeps to the exact one within the activations' rounding."""
+def test_k_quant_matrices_stay_as_stored(tmp_path):
+    """Q4_K_M files hold Q4_K and Q6_K matrices (rows of a multiple of 256 values): each becomes a BlockLinear of the
+    file's bytes, equal to gguf's dequantized values, and the model keeps to the exact one within the activations'
+    rounding."""
     from oneblock.inference.native_step import NativeStep
 
     sizes = {**QUANT, "hidden_size": 256, "num_attention_heads": 8, "intermediate_size": 256}
     hf = hf_llama(sizes, tie=False, seed=12)
     raw = {}
-    for name, rows in (("blk.0.ffn_down.weight", 256), ("blk.1.attn_output.weight", 256), ("output.weight", 211)):
+    matrices = (("blk.0.ffn_down.weight", 256, Q.Q6_K), ("blk.1.attn_output.weight", 256, Q.Q4_K))
+    for name, rows, qtype in (*matrices, ("output.weight", 211, Q.Q6_K)):
         g = np.random.default_rng(len(raw))
-        blocks = g.integers(0, 256, (rows, 210), dtype=np.uint8)
-        blocks[:, 208:210] = (g.random((rows, 1)) * 2e-3).astype(np.float16).view(np.uint8)  # d, last in a block
-        raw[name] = (Q.Q6_K, blocks)
-    path = write_gguf(tmp_path / "q6k.gguf", hf, Q.Q8_0, raw=raw)
+        blocks = g.integers(0, 256, (rows, 210 if qtype == Q.Q6_K else 144), dtype=np.uint8)
+        scales = (g.random((rows, 2)) * 2e-3).astype(np.float16).view(np.uint8)  # (rows, 4): two float16
+        if qtype == Q.Q6_K:
+            blocks[:, 208:210] = scales[:, :2]  # d, last in a Q6_K block
+        else:
+            blocks[:, 0:4] = scales  # d and dmin, first in a Q4_K block
+        raw[name] = (qtype, blocks)
+    path = write_gguf(tmp_path / "kq.gguf", hf, Q.Q8_0, raw=raw)
     fast, exact = from_gguf(path), from_gguf(path, dtype=torch.float32)
-    for layer, name in ((fast.blocks[0].ffn.w2, "blk.0.ffn_down.weight"), (fast.lm_head, "output.weight")):
-        assert isinstance(layer, BlockLinear) and layer.fmt == "q6_k"
-        theirs = gguf.quants.dequantize(raw[name][1], Q.Q6_K)
+    layers = (fast.blocks[0].ffn.w2, fast.blocks[1].attn.o_proj, fast.lm_head)
+    for layer, name in zip(layers, ("blk.0.ffn_down.weight", "blk.1.attn_output.weight", "output.weight"), strict=True):
+        qtype = raw[name][0]
+        assert isinstance(layer, BlockLinear) and layer.fmt == qtype.name.lower()
+        theirs = gguf.quants.dequantize(raw[name][1], qtype)
         assert torch.equal(layer.dequantized(), torch.from_numpy(theirs))
-    assert isinstance(fast.blocks[1].attn.o_proj, BlockLinear) and fast.blocks[1].attn.o_proj.fmt == "q6_k"
     assert torch.equal(fast.lm_head.dequantized(), exact.lm_head.weight)
     assert NativeStep.of(fast) is None  # the native step multiplies 32-value blocks only: the Python step runs
     x = ids(2, 9, 211, seed=13)

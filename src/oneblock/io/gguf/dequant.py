@@ -18,8 +18,8 @@ Q5_1     24     d (f16), m (f16), qh, nibbles                 d * q + m
 =======  =====  ===========================================  ==================
 
 In the 4- and 5-bit formats byte ``j`` holds value ``j`` in its low nibble and value ``j + 16`` in its high nibble
-(their low 4 bits; bit ``j`` of the 5-bit formats' ``qh`` is bit 4 of value ``j``). Q6_K (256-value super-blocks,
-see :mod:`oneblock.kernels.formats`) is decoded here too; the other "K-quants" (Q2_K..Q5_K, with 6-bit sub-scales)
+(their low 4 bits; bit ``j`` of the 5-bit formats' ``qh`` is bit 4 of value ``j``). Q4_K and Q6_K (256-value
+super-blocks, see :mod:`oneblock.kernels.formats`) are decoded here too; the other "K-quants" (Q2_K, Q3_K, Q5_K)
 by the ``gguf`` package's reference implementation, which llama.cpp maintains next to the C code.
 """
 
@@ -42,8 +42,19 @@ if TYPE_CHECKING:
 _BLOCK = 32
 _CHUNK = 1 << 16  # blocks decoded at once: 2M values, 8 MB of float32
 
-_NATIVE = (types.F32, types.F16, types.BF16, types.Q8_0, types.Q4_0, types.Q4_1, types.Q5_0, types.Q5_1, types.Q6_K)
-_REFERENCE = (types.Q2_K, types.Q3_K, types.Q4_K, types.Q5_K)
+_NATIVE = (
+    types.F32,
+    types.F16,
+    types.BF16,
+    types.Q8_0,
+    types.Q4_0,
+    types.Q4_1,
+    types.Q5_0,
+    types.Q5_1,
+    types.Q6_K,
+    types.Q4_K,
+)
+_REFERENCE = (types.Q2_K, types.Q3_K, types.Q5_K)
 SUPPORTED_TYPES: tuple[int, ...] = _NATIVE + _REFERENCE
 """Every GGML tensor type id :func:`dequantize` accepts (``gguf.GGMLQuantizationType`` values)."""
 

@@ -13,6 +13,9 @@
 //   Q6_K: ql (128 bytes: low 4 bits), qh (64 bytes: high 2 bits), 16 int8 scales, d (f16) = 210 bytes per 256
 //         weights; w = d * scales[j / 16] * (q - 32) for weight j. Of each 128 weights (ql and qh advancing by 64
 //         and 32 bytes), weight i takes nibble i / 64 of ql[i % 64] and bits 2 * (i / 32) of qh[i % 32].
+//   Q4_K: d (f16), dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of nibbles = 144 bytes per 256 weights;
+//         w = d * sc[s] * q - dmin * m[s] for weight j of sub-block s = j / 32. Sub-blocks 2c and 2c + 1 take the
+//         low and the high nibbles of qs[32c .. 32c + 31]; sc and m are unpacked by q4_k_scale_min.
 //
 // In the 4- and 5-bit formats byte j holds the low 4 bits of weight j in its low nibble and those of weight j + 16
 // in its high nibble; the 5-bit formats' qh, read as a little-endian uint32, holds bit 4 of weight j in bit j.
@@ -56,15 +59,22 @@ struct BlockQ6_K {
   int8_t scales[QK_K / 16];
   uint16_t d;
 };
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qs[QK_K / 2];
+};
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 is 18 bytes per block");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 is 20 bytes per block");
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 is 34 bytes per block");
 static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 is 22 bytes per block");
 static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 is 24 bytes per block");
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K is 210 bytes per 256 weights");
+static_assert(sizeof(BlockQ4_K) == 144, "Q4_K is 144 bytes per 256 weights");
 
 // The GGUF type ids, which are also the `fmt` argument of the ops.
-enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ6_K = 14 };
+enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
 
 inline int64_t block_bytes(int64_t fmt) {
   switch (fmt) {
@@ -73,13 +83,14 @@ inline int64_t block_bytes(int64_t fmt) {
     case kQ5_0: return sizeof(BlockQ5_0);
     case kQ5_1: return sizeof(BlockQ5_1);
     case kQ8_0: return sizeof(BlockQ8_0);
+    case kQ4_K: return sizeof(BlockQ4_K);
     case kQ6_K: return sizeof(BlockQ6_K);
     default: return 0;
   }
 }
 
 // Whether a file format is a K-quant: 256-value super-blocks, multiplied with Q8_K activation blocks.
-inline bool is_k_quant(int64_t fmt) { return fmt == kQ6_K; }
+inline bool is_k_quant(int64_t fmt) { return fmt == kQ4_K || fmt == kQ6_K; }
 
 // Weights per block of a file format.
 inline int64_t block_values(int64_t fmt) { return is_k_quant(fmt) ? QK_K : QK; }
@@ -136,6 +147,23 @@ inline int q6_k_code(const BlockQ6_K& b, int j) {
   const uint8_t low = b.ql[64 * half + l + (quarter & 1) * 32];
   const int nibble = quarter < 2 ? (low & 0x0F) : (low >> 4);
   return nibble | (((b.qh[32 * half + l] >> (2 * quarter)) & 3) << 4);
+}
+
+// Scale and minimum (6 bits each) of sub-block j (0..7) of a Q4_K super-block, as ggml's get_scale_min_k4.
+inline void q4_k_scale_min(const uint8_t* q, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Code j (0..255) of a Q4_K super-block, in [0, 15].
+inline int q4_k_code(const BlockQ4_K& b, int j) {
+  const uint8_t byte = b.qs[32 * (j / 64) + j % 32];
+  return (j / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
 }
 
 // One activation row quantized to 8-bit blocks of 32: codes in [-127, 127], per block the float16-rounded scale

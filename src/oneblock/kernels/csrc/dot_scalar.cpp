@@ -183,6 +183,29 @@ float q6_k_one(const BlockQ6_K* blocks, const ActRow& a, int64_t nb) {
   return acc;
 }
 
+// Per super-block the exact integer sums over the 8 sub-blocks of 32: sc * codes . activations, and m * the
+// activations' sum (their two 16-code sums), then two float operations.
+float q4_k_one(const BlockQ4_K* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K& w = blocks[b];
+    const int8_t* qa = a.q + b * QK_K;
+    const int16_t* bs = a.bsums + b * (QK_K / 16);
+    int isum = 0, msum = 0;  // at most 256 * 15 * 127 * 63 and 256 * 127 * 63: fit int32
+    for (int s = 0; s < QK_K / 32; ++s) {
+      int sc, m;
+      q4_k_scale_min(w.scales, s, sc, m);
+      int sub = 0;
+      for (int t = 32 * s; t < 32 * s + 32; ++t) sub += q4_k_code(w, t) * qa[t];
+      isum += sc * sub;
+      msum += m * (bs[2 * s] + bs[2 * s + 1]);
+    }
+    acc += static_cast<float>(isum) * (g_half[load_u16(&w.d)] * a.d[b]);
+    acc -= static_cast<float>(msum) * (g_half[load_u16(&w.dmin)] * a.d[b]);
+  }
+  return acc;
+}
+
 template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
 void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
           int64_t stride) {
@@ -208,6 +231,10 @@ void dot_q4_1_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow
 void dot_q6_k_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                      float* out, int64_t stride) {
   each<BlockQ6_K, q6_k_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q4_k_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  each<BlockQ4_K, q4_k_one>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_q5_0_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                      float* out, int64_t stride) {

@@ -64,16 +64,16 @@ int best() {
 std::atomic<int> g_isa{best()};  // chosen once, at load, from what the CPU reports
 
 // kernels[isa][format]: the file layouts Q4_0, Q4_1, Q8_0, then the interleaved Q4_1x16, Q8_0x16, then the file
-// layouts Q5_0, Q5_1, Q6_K. Q6_K has only its scalar kernel so far: every instruction set runs it.
-const DotFn kKernels[kIsaCount][8] = {
+// layouts Q5_0, Q5_1, Q6_K, Q4_K. The K-quants have only their scalar kernels so far: every instruction set runs them.
+const DotFn kKernels[kIsaCount][9] = {
     {dot_q4_0_scalar, dot_q4_1_scalar, dot_q8_0_scalar, dot_q4_1x16_scalar, dot_q8_0x16_scalar, dot_q5_0_scalar,
-     dot_q5_1_scalar, dot_q6_k_scalar},
+     dot_q5_1_scalar, dot_q6_k_scalar, dot_q4_k_scalar},
     {dot_q4_0_avx2, dot_q4_1_avx2, dot_q8_0_avx2, dot_q4_1x16_avx2, dot_q8_0x16_avx2, dot_q5_0_avx2, dot_q5_1_avx2,
-     dot_q6_k_scalar},
+     dot_q6_k_scalar, dot_q4_k_scalar},
     {dot_q4_0_avx512, dot_q4_1_avx512, dot_q8_0_avx512, dot_q4_1x16_avx512, dot_q8_0x16_avx512, dot_q5_0_avx512,
-     dot_q5_1_avx512, dot_q6_k_scalar},
+     dot_q5_1_avx512, dot_q6_k_scalar, dot_q4_k_scalar},
     {dot_q4_0_avx512_vnni, dot_q4_1_avx512_vnni, dot_q8_0_avx512_vnni, dot_q4_1x16_avx512_vnni,
-     dot_q8_0x16_avx512_vnni, dot_q5_0_avx512_vnni, dot_q5_1_avx512_vnni, dot_q6_k_scalar},
+     dot_q8_0x16_avx512_vnni, dot_q5_0_avx512_vnni, dot_q5_1_avx512_vnni, dot_q6_k_scalar, dot_q4_k_scalar},
 };
 
 int kernel_column(int64_t fmt) {
@@ -86,6 +86,7 @@ int kernel_column(int64_t fmt) {
     case kQ5_0: return 5;
     case kQ5_1: return 6;
     case kQ6_K: return 7;
+    case kQ4_K: return 8;
     default: return -1;
   }
 }
