@@ -1,10 +1,11 @@
 """Q6_K and Q4_K, the K-quants (super-blocks of 256 values), multiplied with llama.cpp's Q8_K activation blocks.
 
 The decoders equal the ``gguf`` package's dequantizer bit for bit; the C++ kernel on every instruction set equals the
-NumPy reference bit for bit (the K-quants have their scalar kernels alone so far), and so does the PyTorch fallback;
-every path is within the rounding of the activations of ``x @ W^T`` computed in float64 from gguf's values. Blocks are
-random bytes with finite scales, as a file may hold them (oneblock has no K-quant quantizer: ggml's searches for its
-scales)."""
+NumPy reference bit for bit (scalar and AVX2 kernels, which sum exact integers per super-block; the AVX-512 paths run
+the AVX2 ones), and so does the PyTorch fallback; every path is within the rounding of the activations of ``x @ W^T``
+computed in float64 from gguf's values. Blocks are random bytes with finite scales, as a file may hold them (oneblock
+has no K-quant quantizer: ggml's searches for its scales).
+"""
 
 from __future__ import annotations
 
