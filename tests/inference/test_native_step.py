@@ -97,10 +97,13 @@ def test_threads_and_instruction_sets_agree():
     assert relative(scalar, python) <= 1e-5
 
 
-@pytest.mark.parametrize("family", WIDE_FAMILIES)
-def test_block_weights_native_step_is_as_faithful_as_the_python_step(family):
+@pytest.mark.parametrize(
+    ("family", "fmt"),
+    [*((family, "q4_1") for family in WIDE_FAMILIES), ("llama-style", "q5_0"), ("gpt2-style", "q5_1")],
+)
+def test_block_weights_native_step_is_as_faithful_as_the_python_step(family, fmt):
     exact = build(family, seed=5, sizes=WIDE)
-    quantized = ob.quantize(copy.deepcopy(exact), "q4_1")
+    quantized = ob.quantize(copy.deepcopy(exact), fmt)
     text = torch.randint(0, 211, (3, 41), generator=torch.Generator().manual_seed(6))
     feed = text[:, 1:].T.tolist()  # teacher forcing: every step is fed the text's next token
     native, python = decode_both(quantized, text[:, :1], steps=40, feed=feed)

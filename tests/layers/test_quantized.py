@@ -20,7 +20,7 @@ from oneblock import kernels  # noqa: E402
 from oneblock.errors import InputError  # noqa: E402
 from oneblock.layers.quantized import BlockEmbedding, BlockLinear  # noqa: E402
 
-TYPES = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q8_0": Q.Q8_0}
+TYPES = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0": Q.Q8_0}
 N, K, M = 37, 96, 5
 
 
@@ -106,8 +106,8 @@ def test_embedding_reads_rows_of_the_same_blocks(fmt):
 
 def test_bad_input_is_refused_with_the_values():
     blocks, _ = gguf_blocks("q8_0")
-    with pytest.raises(InputError, match=r"unknown block format 'q5_0'"):
-        BlockLinear(blocks, "q5_0")
+    with pytest.raises(InputError, match=r"unknown block format 'q3_k'"):
+        BlockLinear(blocks, "q3_k")
     with pytest.raises(InputError, match=r"uint8 q8_0 blocks; got torch.float32, shape \(37, 102\)"):
         BlockLinear(blocks.float(), "q8_0")
     with pytest.raises(InputError, match=r"q8_0 rows hold whole blocks of 34 bytes; got rows of 100"):

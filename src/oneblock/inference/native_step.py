@@ -77,6 +77,8 @@ def _floats(t: Tensor | None) -> Tensor:
 def _matrix(module: nn.Module | None) -> tuple[Tensor, int, Tensor]:
     """``(weight, format, bias)`` of a plain float32 ``nn.Linear`` (format 0) or a ``BlockLinear``."""
     if type(module) is BlockLinear and module.blocks.device.type == "cpu":
+        if kernels.get_format(module.fmt).k_quant:
+            raise _Unsupported(f"{module.fmt} matrices (256-value super-blocks)")
         return module.blocks, module.ggml_type, _floats(module.bias)
     if type(module) is nn.Linear:
         return _floats(module.weight), 0, _floats(module.bias)
@@ -180,6 +182,8 @@ class NativeStep:
         if cfg.position not in _POSITIONS or model.final_logits_bias is not None:
             raise _Unsupported(f"positions {cfg.position!r}")
         tok = embed.tok
+        if type(tok) is BlockEmbedding and kernels.get_format(tok.fmt).k_quant:
+            raise _Unsupported(f"a {tok.fmt} token table (256-value super-blocks)")
         if type(tok) is BlockEmbedding and tok.blocks.device.type == "cpu":
             table, tok_format = tok.blocks, tok.ggml_type
         elif type(tok) is nn.Embedding:

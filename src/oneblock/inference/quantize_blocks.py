@@ -1,10 +1,11 @@
-"""``quantize(model, fmt)``: the linear layers of any oneblock model as GGUF block matrices (Q8_0, Q4_0, Q4_1).
+"""``quantize(model, fmt)``: the linear layers of any oneblock model as GGUF block matrices (Q8_0, Q5_*, Q4_*).
 
 Decoding one token reads every weight once, so its speed is the bytes of the weights: Q8_0 stores 8.5 bits a
-weight, Q4_0 4.5 and Q4_1 5, against 32 for float32. The weights are rounded exactly as ggml's reference quantizer
-rounds them (``quantize_row_q8_0_ref`` and its siblings, through :func:`oneblock.kernels.quantize`), so a model
-quantized here computes what llama.cpp would compute from the same weights written to a GGUF file; the products
-run in oneblock's block kernels (:class:`~oneblock.layers.quantized.BlockLinear`).
+weight, Q5_1 6, Q5_0 5.5, Q4_1 5 and Q4_0 4.5, against 32 for float32. The weights are rounded exactly as ggml's
+reference quantizer rounds them (``quantize_row_q8_0_ref`` and its siblings, through
+:func:`oneblock.kernels.quantize`), so a model quantized here computes what llama.cpp would compute from the same
+weights written to a GGUF file; the products run in oneblock's block kernels
+(:class:`~oneblock.layers.quantized.BlockLinear`).
 
 Quantization is for inference: the layers are frozen (gradients still reach their inputs) and the state dict is
 no longer a checkpoint's.
@@ -37,7 +38,7 @@ def quantize(model: M, fmt: str = "q8_0") -> M:
 
         Args:
             model: a oneblock model (or any module).
-            fmt: ``"q8_0"`` (the most accurate), ``"q4_0"`` or ``"q4_1"``.
+            fmt: ``"q8_0"`` (the most accurate), ``"q5_1"``, ``"q5_0"``, ``"q4_1"`` or ``"q4_0"``.
 
         Returns:
             ``model``, in eval mode.
@@ -47,8 +48,8 @@ def quantize(model: M, fmt: str = "q8_0") -> M:
     """
     if not isinstance(model, nn.Module):
         raise InputError(f"quantize expects an nn.Module; got {type(model).__name__}")
-    if fmt not in kernels.FORMATS:
-        raise InputError(f"quantize: unknown block format {fmt!r}; choose one of {sorted(kernels.FORMATS)}")
+    if fmt not in kernels.QUANTIZABLE:
+        raise InputError(f"quantize: unknown block format {fmt!r}; choose one of {list(kernels.QUANTIZABLE)}")
     block = kernels.FORMATS[fmt].block
     for module in list(model.modules()):
         if isinstance(module, MultiHeadAttention) and not module.cross and module.qkv_proj is None:

@@ -1,13 +1,14 @@
 """Float activations times GGUF block matrices, computed as llama.cpp computes them.
 
-A weight matrix W (N, K) stays in its file format (Q4_0, Q4_1 or Q8_0: blocks of 32 values, see
-:mod:`oneblock.kernels.formats`). :func:`block_mm` quantizes each activation row once to 8-bit blocks and
-multiplies integers, one float multiply-add per block: a decoding step reads 4.5 to 8.5 bits per weight and never
-a float copy of the matrix. The C++ (``csrc/``) is built on first use and cached; without a compiler the same
-numbers come from PyTorch (:mod:`oneblock.kernels.fallback`). :mod:`oneblock.kernels.reference` is the
-algorithm in NumPy. :func:`interleave` reorders a q4_1 / q8_0 matrix's rows 16 at a time (``q4_1x16``,
-``q8_0x16``), once, into the layout the vector kernels read fastest; every function here takes either layout.
-Shapes: M activation rows, K the row width (a multiple of 32), N weight rows.
+A weight matrix W (N, K) stays in its file format (Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0: blocks of 32 values; Q4_K, Q6_K:
+super-blocks of 256, multiplied with llama.cpp's Q8_K activation blocks; see :mod:`oneblock.kernels.formats`).
+:func:`block_mm` quantizes each activation row once to 8-bit blocks and multiplies integers, one float multiply-add
+per block: a decoding step reads 4.5 to 8.5 bits per weight and never a float copy of the matrix. The C++
+(``csrc/``) is built on first use and cached; without a compiler the same numbers come from PyTorch
+(:mod:`oneblock.kernels.fallback`). :mod:`oneblock.kernels.reference` is the algorithm in NumPy. :func:`interleave`
+reorders a q4_1 / q8_0 matrix's rows 16 at a time (``q4_1x16``, ``q8_0x16``), once, into the layout the vector
+kernels read fastest; every function here takes either layout. Shapes: M activation rows, K the row width (a
+multiple of the format's block), N weight rows.
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ from torch import Tensor
 
 from oneblock.errors import InputError
 from oneblock.kernels.fallback import GEMM_ROWS
-from oneblock.kernels.formats import FORMATS, INTERLEAVED, QK, BlockFormat, get_format
+from oneblock.kernels.formats import FORMATS, INTERLEAVED, BlockFormat, get_format
 from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, deinterleave, interleaved_format
 from oneblock.kernels.ops import backend, interleave, interleave_parts
-from oneblock.kernels.quantize import quantize_rows
+from oneblock.kernels.quantize import QUANTIZABLE, quantize_rows
 
 __all__ = [
     "FORMATS",
     "GEMM_ROWS",
     "GROUP_ROWS",
     "INTERLEAVED",
+    "QUANTIZABLE",
     "BlockFormat",
     "backend",
     "block_mm",
@@ -55,13 +57,13 @@ def _check_blocks(blocks: Tensor, spec: BlockFormat) -> int:
         raise InputError(
             f"{spec.name} is interleaved {GROUP_ROWS} rows at a time; got {blocks.shape[0]} rows, not a multiple"
         )
-    return blocks.shape[1] // spec.nbytes * QK
+    return blocks.shape[1] // spec.nbytes * spec.block
 
 
 def block_mm(x: Tensor, blocks: Tensor, fmt: str) -> Tensor:
     """``x @ W.T`` for W (N, K) stored as GGUF blocks: (M, K) float -> (M, N) float32.
 
-    Each activation row is quantized once to 8-bit blocks of 32 (Q8_0; Q8_1, with the block sum, for q4_1),
+    Each activation row is quantized once to 8-bit blocks of 32 (Q8_0; Q8_1, with the block sum, for q4_1 and q5_1),
     each block's dot product is exact in integers, and one float multiply-add per block scales it. Row m of the
     result depends only on ``x[m]`` and the blocks, never on M, for M below ``GEMM_ROWS`` (32); from 32 rows
     up (prompts) the product is ``x @ dequantize(blocks).T`` in float32, a tile of W at a time, which is faster

@@ -9,10 +9,20 @@ name   bytes/vals  layout                                                 value 
 q4_0   18 / 32     d (f16), 16 bytes of 4-bit codes                       d * (q - 8)
 q4_1   20 / 32     d (f16), m (f16), 16 bytes of 4-bit codes              d * q + m
 q8_0   34 / 32     d (f16), 32 x int8                                     d * q
+q5_0   22 / 32     d (f16), qh (4 bytes), 16 bytes of nibbles             d * (q - 16)
+q5_1   24 / 32     d (f16), m (f16), qh (4 bytes), 16 bytes of nibbles    d * q + m
+q6_k   210 / 256   ql (128 B), qh (64 B), 16 x int8 scales, d (f16)       d * scale * (q - 32)
+q4_k   144 / 256   d, dmin (f16), 12 B of 6-bit scales/mins, 128 B nibbles  d * sc * q - dmin * m
 =====  ==========  =====================================================  ==================
 
-In the 4-bit formats byte ``j`` holds value ``j`` in its low nibble and value ``j + 16`` in its high nibble. The
-same layouts are written out once more, for the C++, in ``csrc/blocks.h``.
+In the 4- and 5-bit formats byte ``j`` holds (the low 4 bits of) value ``j`` in its low nibble and value ``j + 16``
+in its high nibble; in the 5-bit formats bit ``j`` of ``qh`` (a little-endian uint32) is bit 4 of value ``j``.
+q6_k's 256 values form 16 sub-blocks of 16, value ``j`` scaled by ``scales[j // 16]``; of each 128 values (``ql``
+and ``qh`` advancing by 64 and 32 bytes) value ``i`` takes nibble ``i // 64`` of ``ql[i % 64]`` and bits
+``2 * (i // 32)`` of ``qh[i % 32]`` as its top two. The same layouts are written out once more, for the C++, in
+``csrc/blocks.h``. q4_k's 256 values form 8 sub-blocks of 32 with 6-bit scales ``sc`` and minimums ``m``
+(ggml's ``get_scale_min_k4``); sub-blocks ``2c`` and ``2c + 1`` take the low and the high nibbles of bytes
+``32c .. 32c + 31``.
 
 ``q4_1x16`` and ``q8_0x16`` hold the same blocks with the rows interleaved 16 at a time (see
 :mod:`oneblock.kernels.interleave`): the layout the vector kernels read fastest, made once at load.
@@ -28,7 +38,11 @@ from torch import Tensor
 from oneblock.errors import InputError
 
 QK = 32
-"""Values per block in every format here (llama.cpp's ``QK4_0 == QK4_1 == QK8_0 == 32``)."""
+"""Values per block of the 32-value formats (llama.cpp's ``QK4_0 == QK5_0 == QK8_0 == 32``); code outside this
+module reads a format's ``block`` instead."""
+
+QK_K = 256
+"""Values per super-block of the K-quants (llama.cpp's ``QK_K``)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,9 @@ class BlockFormat:
         ggml_type: the GGUF tensor type id (``GGMLQuantizationType``), also the ``fmt`` argument of the ops; for
             an interleaved layout, the id of its blocks' format plus ``0x100``.
         base: for an interleaved layout, the name of the file format whose blocks it holds; else None.
+        has_min: whether a block stores a minimum ``m`` (``value = d * q + m``): the product then needs the
+            activation blocks' sums (Q8_1).
+        d_offset: the byte offset of the float16 scale ``d`` in a block (q6_k stores it last).
     """
 
     name: str
@@ -49,17 +66,28 @@ class BlockFormat:
     nbytes: int
     ggml_type: int
     base: str | None = None
+    has_min: bool = False
+    d_offset: int = 0
+
+    @property
+    def k_quant(self) -> bool:
+        """Whether this is a K-quant: 256-value super-blocks, multiplied with Q8_K activation blocks."""
+        return self.block == QK_K
 
 
 FORMATS: dict[str, BlockFormat] = {
     "q4_0": BlockFormat("q4_0", QK, 18, 2),
-    "q4_1": BlockFormat("q4_1", QK, 20, 3),
+    "q4_1": BlockFormat("q4_1", QK, 20, 3, has_min=True),
     "q8_0": BlockFormat("q8_0", QK, 34, 8),
+    "q5_0": BlockFormat("q5_0", QK, 22, 6),
+    "q5_1": BlockFormat("q5_1", QK, 24, 7, has_min=True),
+    "q6_k": BlockFormat("q6_k", QK_K, 210, 14, d_offset=208),
+    "q4_k": BlockFormat("q4_k", QK_K, 144, 12, has_min=True),
 }
 """The formats :func:`oneblock.kernels.block_mm` multiplies, by name."""
 
 INTERLEAVED: dict[str, BlockFormat] = {
-    "q4_1x16": BlockFormat("q4_1x16", QK, 20, 0x100 | 3, base="q4_1"),
+    "q4_1x16": BlockFormat("q4_1x16", QK, 20, 0x100 | 3, base="q4_1", has_min=True),
     "q8_0x16": BlockFormat("q8_0x16", QK, 34, 0x100 | 8, base="q8_0"),
 }
 """The interleaved layouts (16 rows read together, ``csrc/interleaved.h``), by name."""
@@ -91,23 +119,75 @@ def nibbles(codes: Tensor) -> Tensor:
     return torch.cat([low, high], dim=-1)  # (..., 32)
 
 
-def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Split (G, nbytes) uint8 blocks into integer codes and float scales, without multiplying them out.
+def fifth_bits(qh: Tensor) -> Tensor:
+    """(..., 4) bytes of a 5-bit block's ``qh`` -> (..., 32) values 0 or 16: bit ``j`` (little-endian) for value j."""
+    bits = (qh[..., :, None] >> torch.arange(8, dtype=torch.uint8)) & 1  # (..., 4, 8): byte j // 8, bit j % 8
+    return bits.reshape(*qh.shape[:-1], 32) << 4  # (..., 32)
+
+
+def q6_k_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Split (G, 210) uint8 q6_k super-blocks into codes and scales.
 
     Returns:
-        ``(q, d, m)``: (G, 32) int16 signed codes (q4_0's are already ``code - 8``), (G, 1) float32 scales and,
-        for q4_1, (G, 1) float32 minimums (else None), so that ``value = d * q (+ m)``.
+        ``(q, sc, d)``: (G, 256) int16 codes minus 32, in [-32, 31]; (G, 16) int16 sub-block scales; (G, 1) float32
+        ``d``; so that value ``j`` is ``(d * sc[j // 16]) * q[j]``.
+    """
+    ql = blocks[:, :128].reshape(-1, 2, 64)  # (G, 2 halves, 64)
+    qh = blocks[:, 128:192].reshape(-1, 2, 32)  # (G, 2 halves, 32)
+    low = torch.cat([ql & 0x0F, ql >> 4], dim=-1)  # (G, 2, 128)
+    high = torch.cat([(qh >> shift) & 3 for shift in (0, 2, 4, 6)], dim=-1)  # (G, 2, 128)
+    q = (low | (high << 4)).reshape(-1, QK_K).short() - 32  # (G, 256)
+    return q, blocks[:, 192:208].contiguous().view(torch.int8).short(), f16(blocks[:, 208:210])
+
+
+def q4_k_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Split (G, 144) uint8 q4_k super-blocks into codes, sub-block scales and minimums.
+
+    Returns:
+        ``(q, sc, m, d, dmin)``: (G, 256) int16 codes in [0, 15]; (G, 8) int16 scales and minimums; (G, 1) float32
+        ``d`` and ``dmin``; so that value ``j`` is ``(d * sc[j // 32]) * q[j] - dmin * m[j // 32]``.
+    """
+    raw = blocks[:, 4:16].reshape(-1, 3, 4).short()  # (G, 3, 4): bytes 0-3, 4-7, 8-11
+    low, mid, top = raw[:, 0], raw[:, 1], raw[:, 2]
+    sc = torch.cat([low & 63, (top & 0x0F) | ((low >> 6) << 4)], dim=1)  # (G, 8)
+    m = torch.cat([mid & 63, (top >> 4) | ((mid >> 6) << 4)], dim=1)  # (G, 8)
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)  # (G, 4 byte groups, 1, 32)
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(-1, QK_K).short()  # sub-block 2c low, 2c + 1 high nibbles
+    return q, sc, m, f16(blocks[:, 0:2]), f16(blocks[:, 2:4])
+
+
+def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Split (G, nbytes) uint8 blocks of a 32-value format into integer codes and float scales, without multiplying
+    them out.
+
+    Returns:
+        ``(q, d, m)``: (G, 32) int16 signed codes (q4_0's are already ``code - 8``, q5_0's ``code - 16``),
+        (G, 1) float32 scales and, for the formats with a minimum, (G, 1) float32 minimums (else None), so that
+        ``value = d * q (+ m)``.
     """
     d = f16(blocks[:, :2])  # (G, 1)
     if fmt.name == "q8_0":
         return blocks[:, 2:].contiguous().view(torch.int8).short(), d, None  # (G, 32)
     if fmt.name == "q4_0":
         return nibbles(blocks[:, 2:]).short() - 8, d, None  # (G, 32), codes centred on zero
-    return nibbles(blocks[:, 4:]).short(), d, f16(blocks[:, 2:4])  # (G, 32), (G, 1), (G, 1)
+    if fmt.name == "q4_1":
+        return nibbles(blocks[:, 4:]).short(), d, f16(blocks[:, 2:4])  # (G, 32), (G, 1), (G, 1)
+    head = 4 if fmt.has_min else 2  # q5_1: d, m; q5_0: d
+    q = (nibbles(blocks[:, head + 4 :]) | fifth_bits(blocks[:, head : head + 4])).short()  # (G, 32) in [0, 31]
+    if fmt.has_min:
+        return q, d, f16(blocks[:, 2:4])
+    return q - 16, d, None  # codes centred on zero
 
 
 def decode_blocks(blocks: Tensor, fmt: BlockFormat) -> Tensor:
-    """(G, nbytes) uint8 blocks -> (G, 32) float32 values, exactly as the C++ ``dequantize_rows`` computes them."""
+    """(G, nbytes) uint8 blocks -> (G, block) float32 values, exactly as the C++ ``dequantize_rows`` computes them."""
+    if fmt.name == "q6_k":
+        q6, sc6, d6 = q6_k_parts(blocks)
+        return (d6 * sc6.float()).repeat_interleave(16, dim=1) * q6.float()  # (G, 256)
+    if fmt.name == "q4_k":
+        q4, sc4, m4, d4, dmin = q4_k_parts(blocks)
+        scale, low = (d4 * sc4.float()).repeat_interleave(32, dim=1), (dmin * m4.float()).repeat_interleave(32, dim=1)
+        return scale * q4.float() - low  # (G, 256)
     q, d, m = block_parts(blocks, fmt)
     values = d * q.float()  # (G, 32)
     return values if m is None else values + m

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from oneblock.errors import ConfigError, InputError
 from oneblock.kernels import fallback
-from oneblock.kernels.formats import BY_TYPE, FORMATS, QK
+from oneblock.kernels.formats import BY_TYPE, FORMATS
 from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, interleave_reference, interleaved_format
 
 ENV = "ONEBLOCK_KERNELS"
@@ -134,7 +134,7 @@ def _block_mm_fake(x: Tensor, blocks: Tensor, fmt: int) -> Tensor:
 
 
 def _dequantize_rows_fake(blocks: Tensor, rows: Tensor, fmt: int) -> Tensor:
-    k = blocks.shape[1] // BY_TYPE[fmt].nbytes * QK
+    k = blocks.shape[1] // BY_TYPE[fmt].nbytes * BY_TYPE[fmt].block
     return blocks.new_empty(*rows.shape, k, dtype=torch.float32)
 
 
@@ -158,7 +158,7 @@ def grad_input(grad: Tensor, blocks: Tensor, fmt: int) -> Tensor:
     float64 this is the exact gradient of ``x @ dequantize(blocks).T``.
     """
     n = blocks.shape[0]
-    k = blocks.shape[1] // BY_TYPE[fmt].nbytes * QK
+    k = blocks.shape[1] // BY_TYPE[fmt].nbytes * BY_TYPE[fmt].block
     rows = max(1, _BACKWARD_TILE_VALUES // k)
     out = grad.new_zeros(grad.shape[0], k)
     for start in range(0, n, rows):

@@ -1,4 +1,4 @@
-"""Linear layers and embeddings whose weights stay in a GGUF block format (Q4_0, Q4_1, Q8_0).
+"""Linear layers and embeddings whose weights stay in a GGUF block format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 
 Decoding one token reads every weight once: its speed is the memory traffic. A block format stores each row of
 ``W`` (N, K) in groups of 32 weights with one or two float16 numbers per group (4.5 to 8.5 bits a weight, against
@@ -56,8 +56,8 @@ class BlockLinear(nn.Module):
     Args:
         blocks: (N, K / 32 * nbytes) uint8, each row exactly the GGUF bytes of one weight row; kept as given
             (a view of a mapped file stays a view).
-        fmt: ``"q4_0"``, ``"q4_1"``, ``"q8_0"`` (a key of ``oneblock.kernels.FORMATS``), or ``"q4_1x16"``,
-            ``"q8_0x16"`` for blocks already interleaved (``oneblock.kernels.INTERLEAVED``).
+        fmt: ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``, ``"q8_0"`` (a key of ``oneblock.kernels.FORMATS``), or
+            ``"q4_1x16"``, ``"q8_0x16"`` for blocks already interleaved (``oneblock.kernels.INTERLEAVED``).
         bias: (N,) float, or ``None``.
 
     Shape: (..., K) -> (..., N), float32 (or ``x``'s dtype when it is another float type).

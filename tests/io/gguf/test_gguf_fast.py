@@ -1,10 +1,9 @@
 """The GGUF default path: the memory-mapped reader, every block matrix run as stored, NaN weights refused.
 
-Each Q4_0 / Q4_1 / Q8_0 matrix becomes a ``BlockLinear`` (or, for the token table, a ``BlockEmbedding``) holding
-the file's bytes: their dequantized values equal the exact model's weights bit for bit (query/key rows
-un-interleaved, stacked projections in order), and the logits stay within the rounding of the activations to
-8-bit blocks (llama.cpp's algorithm) of the exact model's.
-"""
+Each Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix becomes a ``BlockLinear`` (or, for the token table, a ``BlockEmbedding``)
+holding the file's bytes: their dequantized values equal the exact model's weights bit for bit (query/key rows
+un-interleaved, stacked projections in order), and the logits stay within the rounding of the activations to 8-bit
+blocks (llama.cpp's algorithm) of the exact model's."""
 
 from __future__ import annotations
 
@@ -37,7 +36,9 @@ def one_tensor_file(path, data, qtype):
     return path
 
 
-@pytest.mark.parametrize(("qtype", "tie"), [(Q.Q4_0, True), (Q.Q4_1, False), (Q.Q8_0, True)])
+@pytest.mark.parametrize(
+    ("qtype", "tie"), [(Q.Q4_0, True), (Q.Q4_1, False), (Q.Q5_0, True), (Q.Q5_1, False), (Q.Q8_0, True)]
+)
 def test_default_model_holds_the_files_blocks_and_nothing_in_float(tmp_path, qtype, tie):
     path = write_gguf(tmp_path / "q.gguf", hf_llama(QUANT, tie=tie, seed=3), qtype)
     fast, exact = from_gguf(path), from_gguf(path, dtype=torch.float32)
@@ -60,7 +61,7 @@ def test_default_model_holds_the_files_blocks_and_nothing_in_float(tmp_path, qty
     assert torch.equal(fast.lm_head.dequantized(), exact.lm_head.weight)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0])
 def test_default_model_stays_within_the_activation_rounding_of_the_exact_one(tmp_path, qtype):
     path = write_gguf(tmp_path / "q.gguf", hf_llama(QUANT, tie=False, seed=3), qtype)
     fast, exact = from_gguf(path), from_gguf(path, dtype=torch.float32)
@@ -83,6 +84,41 @@ def test_matrices_of_different_formats_are_not_stacked(tmp_path):
     assert ffn0.w13 is None and (ffn0.w1.file_format, ffn0.w3.file_format) == ("q4_1", "q8_0")
     assert isinstance(ffn1.w13, BlockLinear) and ffn1.w13.file_format == "q4_1"
     x = ids(1, 6, 211, seed=10)
+    with torch.no_grad():
+        a, b = fast(x), exact(x)
+    assert (a - b).abs().max().item() <= 0.04 * (b.amax(-1) - b.amin(-1)).mean().item()
+
+
+def test_k_quant_matrices_stay_as_stored(tmp_path):
+    """Q4_K_M files hold Q4_K and Q6_K matrices (rows of a multiple of 256 values): each becomes a BlockLinear of the
+    file's bytes, equal to gguf's dequantized values, and the model keeps to the exact one within the activations'
+    rounding."""
+    from oneblock.inference.native_step import NativeStep
+
+    sizes = {**QUANT, "hidden_size": 256, "num_attention_heads": 8, "intermediate_size": 256}
+    hf = hf_llama(sizes, tie=False, seed=12)
+    raw = {}
+    matrices = (("blk.0.ffn_down.weight", 256, Q.Q6_K), ("blk.1.attn_output.weight", 256, Q.Q4_K))
+    for name, rows, qtype in (*matrices, ("output.weight", 211, Q.Q6_K)):
+        g = np.random.default_rng(len(raw))
+        blocks = g.integers(0, 256, (rows, 210 if qtype == Q.Q6_K else 144), dtype=np.uint8)
+        scales = (g.random((rows, 2)) * 2e-3).astype(np.float16).view(np.uint8)  # (rows, 4): two float16
+        if qtype == Q.Q6_K:
+            blocks[:, 208:210] = scales[:, :2]  # d, last in a Q6_K block
+        else:
+            blocks[:, 0:4] = scales  # d and dmin, first in a Q4_K block
+        raw[name] = (qtype, blocks)
+    path = write_gguf(tmp_path / "kq.gguf", hf, Q.Q8_0, raw=raw)
+    fast, exact = from_gguf(path), from_gguf(path, dtype=torch.float32)
+    layers = (fast.blocks[0].ffn.w2, fast.blocks[1].attn.o_proj, fast.lm_head)
+    for layer, name in zip(layers, ("blk.0.ffn_down.weight", "blk.1.attn_output.weight", "output.weight"), strict=True):
+        qtype = raw[name][0]
+        assert isinstance(layer, BlockLinear) and layer.fmt == qtype.name.lower()
+        theirs = gguf.quants.dequantize(raw[name][1], qtype)
+        assert torch.equal(layer.dequantized(), torch.from_numpy(theirs))
+    assert torch.equal(fast.lm_head.dequantized(), exact.lm_head.weight)
+    assert NativeStep.of(fast) is None  # the native step multiplies 32-value blocks only: the Python step runs
+    x = ids(2, 9, 211, seed=13)
     with torch.no_grad():
         a, b = fast(x), exact(x)
     assert (a - b).abs().max().item() <= 0.04 * (b.amax(-1) - b.amin(-1)).mean().item()

@@ -13,11 +13,14 @@ BF16     2/val  the top 16 bits of a float32                 x
 Q8_0     34     d (f16), 32 x int8                           d * q
 Q4_0     18     d (f16), 16 bytes of 4-bit codes             d * (q - 8)
 Q4_1     20     d (f16), m (f16), 16 bytes of 4-bit codes    d * q + m
+Q5_0     22     d (f16), qh (4 bytes of fifth bits), nibbles  d * (q - 16)
+Q5_1     24     d (f16), m (f16), qh, nibbles                 d * q + m
 =======  =====  ===========================================  ==================
 
-In the 4-bit formats byte ``j`` holds value ``j`` in its low nibble and value ``j + 16`` in its high nibble.
-The "K-quants" (Q2_K..Q6_K, 256-value super-blocks with 6-bit sub-scales) and Q5_0/Q5_1 are decoded by the
-``gguf`` package's reference implementation, which llama.cpp maintains next to the C code.
+In the 4- and 5-bit formats byte ``j`` holds value ``j`` in its low nibble and value ``j + 16`` in its high nibble
+(their low 4 bits; bit ``j`` of the 5-bit formats' ``qh`` is bit 4 of value ``j``). Q4_K and Q6_K (256-value
+super-blocks, see :mod:`oneblock.kernels.formats`) are decoded here too; the other "K-quants" (Q2_K, Q3_K, Q5_K)
+by the ``gguf`` package's reference implementation, which llama.cpp maintains next to the C code.
 """
 
 from __future__ import annotations
@@ -39,8 +42,19 @@ if TYPE_CHECKING:
 _BLOCK = 32
 _CHUNK = 1 << 16  # blocks decoded at once: 2M values, 8 MB of float32
 
-_NATIVE = (types.F32, types.F16, types.BF16, types.Q8_0, types.Q4_0, types.Q4_1)
-_REFERENCE = (types.Q5_0, types.Q5_1, types.Q2_K, types.Q3_K, types.Q4_K, types.Q5_K, types.Q6_K)
+_NATIVE = (
+    types.F32,
+    types.F16,
+    types.BF16,
+    types.Q8_0,
+    types.Q4_0,
+    types.Q4_1,
+    types.Q5_0,
+    types.Q5_1,
+    types.Q6_K,
+    types.Q4_K,
+)
+_REFERENCE = (types.Q2_K, types.Q3_K, types.Q5_K)
 SUPPORTED_TYPES: tuple[int, ...] = _NATIVE + _REFERENCE
 """Every GGML tensor type id :func:`dequantize` accepts (``gguf.GGMLQuantizationType`` values)."""
 
@@ -51,7 +65,7 @@ def _decoder(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 # The block layouts and their decoders live with the kernels that multiply them (oneblock.kernels.formats).
-_BLOCK_DECODERS = {types.Q8_0: _decoder("q8_0"), types.Q4_0: _decoder("q4_0"), types.Q4_1: _decoder("q4_1")}
+_BLOCK_DECODERS = {spec.ggml_type: _decoder(name) for name, spec in FORMATS.items()}
 
 
 def tensor_shape(tensor: ReaderTensor) -> tuple[int, ...]:
@@ -121,8 +135,8 @@ def decode_bytes(name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.T
     elif ggml_type == types.BF16:
         out = raw.view(torch.bfloat16).float()  # bfloat16 is the upper half of a float32: exact
     elif ggml_type in _BLOCK_DECODERS:
-        blocks = raw.view(-1, type_size)  # (n_values / 32, type_size) uint8
-        out = torch.empty(blocks.shape[0], _BLOCK)  # (n_values / 32, 32)
+        blocks = raw.view(-1, type_size)  # (n_values / block, type_size) uint8
+        out = torch.empty(blocks.shape[0], block_size)  # (n_values / block, block)
         for start in range(0, blocks.shape[0], _CHUNK):  # vectorized per chunk: temporaries stay a few MB
             out[start : start + _CHUNK] = _BLOCK_DECODERS[ggml_type](blocks[start : start + _CHUNK])
     else:

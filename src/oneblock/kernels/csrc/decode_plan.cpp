@@ -33,6 +33,7 @@ Matrix matrix(const at::Tensor& w, int64_t fmt, const at::Tensor& bias, int64_t 
   } else {
     const int64_t nbytes = block_bytes(file_format(fmt));  // an interleaved matrix holds the file's blocks
     TORCH_CHECK(nbytes > 0 && dot_kernel(fmt) != nullptr, kOp, what, ": unknown block format ", fmt);
+    TORCH_CHECK(!is_k_quant(file_format(fmt)), kOp, what, ": the step multiplies 32-value blocks; got K-quant ", fmt);
     TORCH_CHECK(!is_interleaved(fmt) || m.n % kGroupRows == 0, kOp, what, ": an interleaved matrix has a multiple of ",
                 kGroupRows, " rows; got ", m.n);
     TORCH_CHECK(w.scalar_type() == at::kByte && k % QK == 0 && w.size(1) == k / QK * nbytes, kOp, what,

@@ -10,6 +10,29 @@
 namespace oneblock {
 
 void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
+  if (fmt == kQ6_K) {
+    for (int64_t b = 0; b < nb; ++b, out += QK_K) {
+      const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      for (int j = 0; j < QK_K; ++j) {
+        out[j] = (d * static_cast<float>(blk.scales[j / 16])) * static_cast<float>(q6_k_code(blk, j) - 32);
+      }
+    }
+    return;
+  }
+  if (fmt == kQ4_K) {
+    for (int64_t b = 0; b < nb; ++b, out += QK_K) {
+      const auto& blk = reinterpret_cast<const BlockQ4_K*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)], dmin = g_half[load_u16(&blk.dmin)];
+      for (int s = 0; s < QK_K / 32; ++s) {
+        int sc, m;
+        q4_k_scale_min(blk.scales, s, sc, m);
+        const float ds = d * static_cast<float>(sc), ms = dmin * static_cast<float>(m);
+        for (int t = 32 * s; t < 32 * s + 32; ++t) out[t] = ds * static_cast<float>(q4_k_code(blk, t)) - ms;
+      }
+    }
+    return;
+  }
   for (int64_t b = 0; b < nb; ++b, out += QK) {
     if (fmt == kQ8_0) {
       const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
@@ -22,7 +45,7 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
         out[j] = d * static_cast<float>((blk.qs[j] & 0x0F) - 8);
         out[j + QK / 2] = d * static_cast<float>((blk.qs[j] >> 4) - 8);
       }
-    } else {
+    } else if (fmt == kQ4_1) {
       const auto& blk = reinterpret_cast<const BlockQ4_1*>(row)[b];
       const float d = g_half[load_u16(&blk.d)];
       const float m = g_half[load_u16(&blk.m)];
@@ -30,6 +53,17 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
         out[j] = d * static_cast<float>(blk.qs[j] & 0x0F) + m;
         out[j + QK / 2] = d * static_cast<float>(blk.qs[j] >> 4) + m;
       }
+    } else if (fmt == kQ5_0) {
+      const auto& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      const uint32_t qh = load_u32(blk.qh);
+      for (int j = 0; j < QK; ++j) out[j] = d * static_cast<float>(q5_code(blk.qs, qh, j) - 16);
+    } else {
+      const auto& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      const float m = g_half[load_u16(&blk.m)];
+      const uint32_t qh = load_u32(blk.qh);
+      for (int j = 0; j < QK; ++j) out[j] = d * static_cast<float>(q5_code(blk.qs, qh, j)) + m;
     }
   }
 }
@@ -62,11 +96,11 @@ at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& rows, int
   const int64_t nbytes = interleaved || !(fmt & kInterleaved) ? block_bytes(file_format(fmt)) : 0;
   TORCH_CHECK(nbytes > 0, "oneblock::dequantize_rows: unknown format id ", fmt);
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.size(1) % nbytes == 0,
-              "oneblock::dequantize_rows: blocks must be (N, K/32 * ", nbytes, ") uint8");
+              "oneblock::dequantize_rows: blocks must be (N, K/", block_values(file_format(fmt)), " * ", nbytes, ") uint8");
   TORCH_CHECK(rows.scalar_type() == at::kLong, "oneblock::dequantize_rows: rows must be int64");
   const at::Tensor w = blocks.contiguous();
   const at::Tensor index = rows.contiguous();
-  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / nbytes, k = nb * QK;
+  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / nbytes, k = nb * block_values(file_format(fmt));
   const int64_t count = index.numel();
   const int64_t* ids = index.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) {

@@ -47,7 +47,11 @@ DotFn dot_kernel(int64_t fmt);
 // Quantizes one (K,) float32 row into `q` (K,) codes, `d` (K/32,) scales and, if `s` is not null, the Q8_1 sums.
 void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s);
 
-// The float32 values of one weight row of `nb` blocks, d * q (+ m), into out (nb * 32,).
+// Quantizes one (K,) float32 row (K a multiple of 256) into Q8_K blocks: `q` (K,) codes, `d` (K/256,) float32
+// scales, `bsums` (K/16,) sums of each 16 codes. A super-block holding NaN or inf gets codes 0 and d = NaN.
+void quantize_row_q8_k(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums);
+
+// The float32 values of one weight row of `nb` blocks of a file format into out (nb * block_values(fmt),).
 void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out);
 
 // The kernel that block_mm runs for format id `fmt` (a GGUF id, or an interleaved one) on the instruction set
@@ -66,6 +70,18 @@ void dot_q8_0_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, 
 void dot_q4_0_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q4_1_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q8_0_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q5_0_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q5_1_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q5_0_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q5_1_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q5_0_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q5_1_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q5_0_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q5_1_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q6_k_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_k_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q6_k_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_q4_k_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q4_1x16_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q8_0x16_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q4_1x16_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);

@@ -25,7 +25,7 @@ OB_AVX2 inline __m256i dot_signed(__m256i w, __m256i a) {
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-// Unsigned codes u in [0, 15] times signed a: a pair is at most 2 * 15 * 127.
+// Unsigned codes u in [0, 31] times signed a: a pair is at most 2 * 31 * 127.
 OB_AVX2 inline __m256i dot_unsigned(__m256i u, __m256i a) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1));
 }
@@ -35,6 +35,18 @@ OB_AVX2 inline __m256i unpack_nibbles(const uint8_t* qs) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// A 5-bit block's codes in [0, 31]: the nibbles, with bit j of qh (little-endian) set as bit 4 of code j. Byte j
+// of the broadcast qh word takes byte j / 8 of it; or-ing every bit but j % 8 and comparing with all ones tests
+// that bit (ggml's bytes_from_bits_32).
+OB_AVX2 inline __m256i unpack_q5(const uint8_t* qs, const uint8_t* qh) {
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(qh))),
+                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                               0x0101010101010101, 0x0000000000000000));
+  const __m256i others = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE));
+  const __m256i set = _mm256_cmpeq_epi8(others, _mm256_set1_epi64x(-1));  // 0xFF where the fifth bit is 1
+  return _mm256_or_si256(unpack_nibbles(qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
 }
 
 OB_AVX2 inline __m256i load_codes(const int8_t* q) {
@@ -50,6 +62,13 @@ struct Q4_0Codes {
   using Block = BlockQ4_0;
   OB_AVX2 static __m256i codes(const Block& w) {
     return _mm256_sub_epi8(unpack_nibbles(w.qs), _mm256_set1_epi8(8));
+  }
+};
+
+struct Q5_0Codes {
+  using Block = BlockQ5_0;
+  OB_AVX2 static __m256i codes(const Block& w) {
+    return _mm256_sub_epi8(unpack_q5(w.qs, w.qh), _mm256_set1_epi8(16));  // [-16, 15]
   }
 };
 
@@ -82,39 +101,133 @@ struct Signed {
   };
 };
 
-template <int R, int C>
-struct Q4_1Tile {
-  OB_AVX2 static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
-                          int64_t stride) {
-    __m256 acc[R][C];
-    float mins[R][C];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) {
-        acc[r][c] = _mm256_setzero_ps();
-        mins[r][c] = 0.0f;
-      }
-    for (int64_t b = 0; b < nb; ++b) {
-      __m256i qa[R];
-      for (int r = 0; r < R; ++r) qa[r] = load_codes(a[r].q + b * QK);
-      for (int c = 0; c < C; ++c) {
-        const BlockQ4_1& blk = reinterpret_cast<const BlockQ4_1*>(wp + c * row_bytes)[b];
-        const __m256i qw = unpack_nibbles(blk.qs);
-        const float dw = g_half[load_u16(&blk.d)];
-        const float mw = g_half[load_u16(&blk.m)];
-        for (int r = 0; r < R; ++r) {
-          const __m256 sumi = _mm256_cvtepi32_ps(dot_unsigned(qw, qa[r]));
-          acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a[r].d[b]), sumi, acc[r][c]);
-          mins[r][c] += mw * a[r].s[b];
+// Formats with a minimum: unsigned codes (Q4_1's in [0, 15], Q5_1's in [0, 31]: a pair of products is at most
+// 2 * 31 * 127) and m * s added per block.
+struct Q4_1Codes {
+  using Block = BlockQ4_1;
+  OB_AVX2 static __m256i codes(const Block& w) { return unpack_nibbles(w.qs); }
+};
+struct Q5_1Codes {
+  using Block = BlockQ5_1;
+  OB_AVX2 static __m256i codes(const Block& w) { return unpack_q5(w.qs, w.qh); }
+};
+
+template <typename Codes>
+struct WithMin {
+  template <int R, int C>
+  struct Tile {
+    OB_AVX2 static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
+                            int64_t stride) {
+      __m256 acc[R][C];
+      float mins[R][C];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+          acc[r][c] = _mm256_setzero_ps();
+          mins[r][c] = 0.0f;
+        }
+      for (int64_t b = 0; b < nb; ++b) {
+        __m256i qa[R];
+        for (int r = 0; r < R; ++r) qa[r] = load_codes(a[r].q + b * QK);
+        for (int c = 0; c < C; ++c) {
+          const auto& blk = reinterpret_cast<const typename Codes::Block*>(wp + c * row_bytes)[b];
+          const __m256i qw = Codes::codes(blk);
+          const float dw = g_half[load_u16(&blk.d)];
+          const float mw = g_half[load_u16(&blk.m)];
+          for (int r = 0; r < R; ++r) {
+            const __m256 sumi = _mm256_cvtepi32_ps(dot_unsigned(qw, qa[r]));
+            acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a[r].d[b]), sumi, acc[r][c]);
+            mins[r][c] += mw * a[r].s[b];
+          }
         }
       }
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) out[r * stride + c] = hsum(acc[r][c]) + mins[r][c];
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) out[r * stride + c] = hsum(acc[r][c]) + mins[r][c];
-  }
+  };
 };
+
+// K-quants. Every sub-block's integer dot is scaled by its integer scale in int32 lanes (`vpmaddwd` with the scales
+// in place of ones) and the super-block's lanes summed as integers: the exact `isum` of the scalar kernel, then the
+// same float operations, so these equal it bit for bit.
+OB_AVX2 inline int hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 32 Q6_K codes minus 32 from 32 bytes of ql (nibble `high`) and 32 of qh (bit pair `pair`).
+OB_AVX2 inline __m256i q6_k_codes(const uint8_t* ql, bool high, const uint8_t* qh, int pair) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+  low = _mm256_and_si256(high ? _mm256_srli_epi16(low, 4) : low, mask);
+  __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+  top = _mm256_and_si256(_mm256_srli_epi16(top, 2 * pair), _mm256_set1_epi8(3));
+  return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
+}
+
+OB_AVX2 float q6_k_one_avx2(const BlockQ6_K* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ6_K& w = blocks[b];
+    __m256i sums = _mm256_setzero_si256();
+    for (int g = 0; g < QK_K / 32; ++g) {  // 32 codes: sub-blocks 2g and 2g + 1
+      const int half = g / 4, quarter = g % 4;
+      const __m256i qw = q6_k_codes(w.ql + 64 * half + (quarter & 1) * 32, quarter >= 2, w.qh + 32 * half, quarter);
+      const __m256i qa = load_codes(a.q + b * QK_K + 32 * g);
+      // |w| <= 32 and |a| <= 127: a pair of products fits int16; the scale (int8) multiplies it in vpmaddwd
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
+      const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(w.scales[2 * g + 1]), _mm_set1_epi16(w.scales[2 * g]));
+      sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, scales));
+    }
+    acc += static_cast<float>(hsum_epi32(sums)) * (g_half[load_u16(&w.d)] * a.d[b]);
+  }
+  return acc;
+}
+
+OB_AVX2 float q4_k_one_avx2(const BlockQ4_K* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K& w = blocks[b];
+    const int16_t* bs = a.bsums + b * (QK_K / 16);
+    __m256i sums = _mm256_setzero_si256();
+    int msum = 0;
+    for (int c = 0; c < QK_K / 64; ++c) {  // 32 bytes of nibbles: sub-blocks 2c (low) and 2c + 1 (high)
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs + 32 * c));
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * c + h;
+        int sc, m;
+        q4_k_scale_min(w.scales, s, sc, m);
+        const __m256i qw = _mm256_and_si256(h ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+        const __m256i qa = load_codes(a.q + b * QK_K + 32 * s);
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qa), _mm256_set1_epi16(sc)));
+        msum += m * (bs[2 * s] + bs[2 * s + 1]);
+      }
+    }
+    acc += static_cast<float>(hsum_epi32(sums)) * (g_half[load_u16(&w.d)] * a.d[b]);
+    acc -= static_cast<float>(msum) * (g_half[load_u16(&w.dmin)] * a.d[b]);
+  }
+  return acc;
+}
+
+template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
+void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
+          int64_t stride) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) out[r * stride + c] = One(reinterpret_cast<const Block*>(w + c * row_bytes), a[r], nb);
+  }
+}
 
 }  // namespace
 
+void dot_q6_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                   float* out, int64_t stride) {
+  each<BlockQ6_K, q6_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q4_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                   float* out, int64_t stride) {
+  each<BlockQ4_K, q4_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
 void dot_q8_0_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
   tile_dispatch<Signed<Q8_0Codes>::Tile>(w, row_bytes, cols, a, rows, nb, out, stride);
@@ -125,7 +238,15 @@ void dot_q4_0_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* 
 }
 void dot_q4_1_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
-  tile_dispatch<Q4_1Tile>(w, row_bytes, cols, a, rows, nb, out, stride);
+  tile_dispatch<WithMin<Q4_1Codes>::Tile>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q5_0_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                   float* out, int64_t stride) {
+  tile_dispatch<Signed<Q5_0Codes>::Tile>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q5_1_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                   float* out, int64_t stride) {
+  tile_dispatch<WithMin<Q5_1Codes>::Tile>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 
 }  // namespace oneblock

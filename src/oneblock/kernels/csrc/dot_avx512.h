@@ -65,6 +65,19 @@ OB_TARGET inline __m256i unpack_one(const uint8_t* qs) {
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
 }
 
+// A 5-bit block's fifth bits (qh, little-endian) are a byte mask: bit j set adds 16 to code j. Two blocks' masks
+// side by side give the 64 codes of unpack_two's order.
+OB_TARGET inline __m512i unpack5_two(const uint8_t* qs0, const uint8_t* qh0, const uint8_t* qs1, const uint8_t* qh1) {
+  const __mmask64 fifth = static_cast<__mmask64>(load_u32(qh0)) | (static_cast<__mmask64>(load_u32(qh1)) << 32);
+  const __m512i low = unpack_two(qs0, qs1);
+  return _mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16));
+}
+
+OB_TARGET inline __m256i unpack5_one(const uint8_t* qs, const uint8_t* qh) {
+  const __m256i low = unpack_one(qs);
+  return _mm256_mask_add_epi8(low, static_cast<__mmask32>(load_u32(qh)), low, _mm256_set1_epi8(16));
+}
+
 OB_TARGET inline __m256i codes256(const int8_t* q) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)); }
 OB_TARGET inline __m512i codes512(const int8_t* q) { return _mm512_loadu_si512(q); }
 
@@ -80,6 +93,16 @@ struct Q4_0Codes {
     return _mm512_sub_epi8(unpack_two(w[0].qs, w[1].qs), _mm512_set1_epi8(8));
   }
   OB_TARGET static __m256i narrow(const Block* w) { return _mm256_sub_epi8(unpack_one(w[0].qs), _mm256_set1_epi8(8)); }
+};
+
+struct Q5_0Codes {
+  using Block = BlockQ5_0;
+  OB_TARGET static __m512i wide(const Block* w) {
+    return _mm512_sub_epi8(unpack5_two(w[0].qs, w[0].qh, w[1].qs, w[1].qh), _mm512_set1_epi8(16));
+  }
+  OB_TARGET static __m256i narrow(const Block* w) {
+    return _mm256_sub_epi8(unpack5_one(w[0].qs, w[0].qh), _mm256_set1_epi8(16));
+  }
 };
 
 template <typename Codes>
@@ -127,58 +150,80 @@ struct Signed {
   };
 };
 
-template <int R, int C>
-struct Q4_1Tile {
-  OB_TARGET static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
-                            int64_t stride) {
-    __m512 acc[R][C];
-    __m256 tail[R][C];
-    float mins[R][C];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) {
-        acc[r][c] = _mm512_setzero_ps();
-        tail[r][c] = _mm256_setzero_ps();
-        mins[r][c] = 0.0f;
-      }
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      __m512i qa[R];
-      for (int r = 0; r < R; ++r) qa[r] = codes512(a[r].q + b * QK);
-      for (int c = 0; c < C; ++c) {
-        const BlockQ4_1* w = reinterpret_cast<const BlockQ4_1*>(wp + c * row_bytes) + b;
-        const __m512i qw = unpack_two(w[0].qs, w[1].qs);
-        const float d0 = g_half[load_u16(&w[0].d)], d1 = g_half[load_u16(&w[1].d)];
-        const float m0 = g_half[load_u16(&w[0].m)], m1 = g_half[load_u16(&w[1].m)];
-        for (int r = 0; r < R; ++r) {
-          const __m512 sumi = _mm512_cvtepi32_ps(dot_us(qw, qa[r]));
-          acc[r][c] = _mm512_fmadd_ps(scales(d0 * a[r].d[b], d1 * a[r].d[b + 1]), sumi, acc[r][c]);
-          mins[r][c] += m0 * a[r].s[b];
-          mins[r][c] += m1 * a[r].s[b + 1];
+// Formats with a minimum: unsigned codes (Q4_1's in [0, 15], Q5_1's in [0, 31]) and m * s added per block.
+struct Q4_1Codes {
+  using Block = BlockQ4_1;
+  OB_TARGET static __m512i wide(const Block* w) { return unpack_two(w[0].qs, w[1].qs); }
+  OB_TARGET static __m256i narrow(const Block* w) { return unpack_one(w[0].qs); }
+};
+struct Q5_1Codes {
+  using Block = BlockQ5_1;
+  OB_TARGET static __m512i wide(const Block* w) { return unpack5_two(w[0].qs, w[0].qh, w[1].qs, w[1].qh); }
+  OB_TARGET static __m256i narrow(const Block* w) { return unpack5_one(w[0].qs, w[0].qh); }
+};
+
+template <typename Codes>
+struct WithMin {
+  template <int R, int C>
+  struct Tile {
+    OB_TARGET static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
+                              int64_t stride) {
+      using Block = typename Codes::Block;
+      __m512 acc[R][C];
+      __m256 tail[R][C];
+      float mins[R][C];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+          acc[r][c] = _mm512_setzero_ps();
+          tail[r][c] = _mm256_setzero_ps();
+          mins[r][c] = 0.0f;
+        }
+      int64_t b = 0;
+      for (; b + 2 <= nb; b += 2) {
+        __m512i qa[R];
+        for (int r = 0; r < R; ++r) qa[r] = codes512(a[r].q + b * QK);
+        for (int c = 0; c < C; ++c) {
+          const Block* w = reinterpret_cast<const Block*>(wp + c * row_bytes) + b;
+          const __m512i qw = Codes::wide(w);
+          const float d0 = g_half[load_u16(&w[0].d)], d1 = g_half[load_u16(&w[1].d)];
+          const float m0 = g_half[load_u16(&w[0].m)], m1 = g_half[load_u16(&w[1].m)];
+          for (int r = 0; r < R; ++r) {
+            const __m512 sumi = _mm512_cvtepi32_ps(dot_us(qw, qa[r]));
+            acc[r][c] = _mm512_fmadd_ps(scales(d0 * a[r].d[b], d1 * a[r].d[b + 1]), sumi, acc[r][c]);
+            mins[r][c] += m0 * a[r].s[b];
+            mins[r][c] += m1 * a[r].s[b + 1];
+          }
         }
       }
-    }
-    if (b < nb) {
-      for (int c = 0; c < C; ++c) {
-        const BlockQ4_1* w = reinterpret_cast<const BlockQ4_1*>(wp + c * row_bytes) + b;
-        const __m256i qw = unpack_one(w[0].qs);
-        const float d0 = g_half[load_u16(&w[0].d)], m0 = g_half[load_u16(&w[0].m)];
-        for (int r = 0; r < R; ++r) {
-          const __m256 sumi = _mm256_cvtepi32_ps(dot_us256(qw, codes256(a[r].q + b * QK)));
-          tail[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * a[r].d[b]), sumi, tail[r][c]);
-          mins[r][c] += m0 * a[r].s[b];
+      if (b < nb) {
+        for (int c = 0; c < C; ++c) {
+          const Block* w = reinterpret_cast<const Block*>(wp + c * row_bytes) + b;
+          const __m256i qw = Codes::narrow(w);
+          const float d0 = g_half[load_u16(&w[0].d)], m0 = g_half[load_u16(&w[0].m)];
+          for (int r = 0; r < R; ++r) {
+            const __m256 sumi = _mm256_cvtepi32_ps(dot_us256(qw, codes256(a[r].q + b * QK)));
+            tail[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * a[r].d[b]), sumi, tail[r][c]);
+            mins[r][c] += m0 * a[r].s[b];
+          }
         }
       }
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c)
+          out[r * stride + c] = _mm512_reduce_add_ps(acc[r][c]) + hsum256(tail[r][c]) + mins[r][c];
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c)
-        out[r * stride + c] = _mm512_reduce_add_ps(acc[r][c]) + hsum256(tail[r][c]) + mins[r][c];
-  }
+  };
 };
 
 template <int R, int C>
 using Q8_0Tile = Signed<Q8_0Codes>::Tile<R, C>;
 template <int R, int C>
 using Q4_0Tile = Signed<Q4_0Codes>::Tile<R, C>;
+template <int R, int C>
+using Q5_0Tile = Signed<Q5_0Codes>::Tile<R, C>;
+template <int R, int C>
+using Q4_1Tile = WithMin<Q4_1Codes>::Tile<R, C>;
+template <int R, int C>
+using Q5_1Tile = WithMin<Q5_1Codes>::Tile<R, C>;
 
 }  // namespace OB_CAT(ns_, OB_SUFFIX)
 
@@ -190,6 +235,8 @@ using Q4_0Tile = Signed<Q4_0Codes>::Tile<R, C>;
 OB_EXPORT(q8_0, Q8_0Tile)
 OB_EXPORT(q4_0, Q4_0Tile)
 OB_EXPORT(q4_1, Q4_1Tile)
+OB_EXPORT(q5_0, Q5_0Tile)
+OB_EXPORT(q5_1, Q5_1Tile)
 #undef OB_EXPORT
 
 }  // namespace oneblock

@@ -63,13 +63,17 @@ int best() {
 
 std::atomic<int> g_isa{best()};  // chosen once, at load, from what the CPU reports
 
-// kernels[isa][format]: the file layouts Q4_0, Q4_1, Q8_0, then the interleaved Q4_1x16, Q8_0x16.
-const DotFn kKernels[kIsaCount][5] = {
-    {dot_q4_0_scalar, dot_q4_1_scalar, dot_q8_0_scalar, dot_q4_1x16_scalar, dot_q8_0x16_scalar},
-    {dot_q4_0_avx2, dot_q4_1_avx2, dot_q8_0_avx2, dot_q4_1x16_avx2, dot_q8_0x16_avx2},
-    {dot_q4_0_avx512, dot_q4_1_avx512, dot_q8_0_avx512, dot_q4_1x16_avx512, dot_q8_0x16_avx512},
+// kernels[isa][format]: the file layouts Q4_0, Q4_1, Q8_0, then the interleaved Q4_1x16, Q8_0x16, then the file
+// layouts Q5_0, Q5_1, Q6_K, Q4_K. The K-quants have scalar and AVX2 kernels so far: the AVX-512 paths run the AVX2 ones.
+const DotFn kKernels[kIsaCount][9] = {
+    {dot_q4_0_scalar, dot_q4_1_scalar, dot_q8_0_scalar, dot_q4_1x16_scalar, dot_q8_0x16_scalar, dot_q5_0_scalar,
+     dot_q5_1_scalar, dot_q6_k_scalar, dot_q4_k_scalar},
+    {dot_q4_0_avx2, dot_q4_1_avx2, dot_q8_0_avx2, dot_q4_1x16_avx2, dot_q8_0x16_avx2, dot_q5_0_avx2, dot_q5_1_avx2,
+     dot_q6_k_avx2, dot_q4_k_avx2},
+    {dot_q4_0_avx512, dot_q4_1_avx512, dot_q8_0_avx512, dot_q4_1x16_avx512, dot_q8_0x16_avx512, dot_q5_0_avx512,
+     dot_q5_1_avx512, dot_q6_k_avx2, dot_q4_k_avx2},
     {dot_q4_0_avx512_vnni, dot_q4_1_avx512_vnni, dot_q8_0_avx512_vnni, dot_q4_1x16_avx512_vnni,
-     dot_q8_0x16_avx512_vnni},
+     dot_q8_0x16_avx512_vnni, dot_q5_0_avx512_vnni, dot_q5_1_avx512_vnni, dot_q6_k_avx2, dot_q4_k_avx2},
 };
 
 int kernel_column(int64_t fmt) {
@@ -79,6 +83,10 @@ int kernel_column(int64_t fmt) {
     case kQ8_0: return 2;
     case kQ4_1x16: return 3;
     case kQ8_0x16: return 4;
+    case kQ5_0: return 5;
+    case kQ5_1: return 6;
+    case kQ6_K: return 7;
+    case kQ4_K: return 8;
     default: return -1;
   }
 }
@@ -140,7 +148,7 @@ inline uint16_t to_bf16(float f) {
 // gives the product (rounded to bfloat16, widened back).
 at::Tensor block_mm_dense(const at::Tensor& x, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t fmt,
                           bool bf16) {
-  const int64_t m = x.size(0), k = x.size(1), nb = k / QK;
+  const int64_t m = x.size(0), k = x.size(1), nb = k / block_values(file_format(fmt));
   const int64_t rows = std::min(n, std::max<int64_t>(1, (bf16 ? 2 : 1) * kGemmTileValues / k));
   at::Tensor out = rows < n ? at::empty({m, n}, x.options()) : at::Tensor();  // one tile: its product is it
   at::Tensor tile = at::empty({rows, k}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
@@ -207,12 +215,13 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
   const at::Tensor x = x_in.contiguous();
   const at::Tensor blocks = blocks_in.contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0);
-  TORCH_CHECK(k % QK == 0 && blocks.size(1) == k / QK * nbytes, "oneblock::block_mm: x has K = ", k,
-              " but the blocks hold rows of ", blocks.size(1), " bytes (", nbytes, " per 32 values)");
+  const int64_t qk = block_values(file_format(fmt));
+  TORCH_CHECK(k % qk == 0 && blocks.size(1) == k / qk * nbytes, "oneblock::block_mm: x has K = ", k,
+              " but the blocks hold rows of ", blocks.size(1), " bytes (", nbytes, " per ", qk, " values)");
   const bool interleaved = is_interleaved(fmt);
   TORCH_CHECK(!interleaved || n % kGroupRows == 0, "oneblock::block_mm: an interleaved matrix has a multiple of ",
               kGroupRows, " rows; got ", n);
-  const int64_t nb = k / QK, row_bytes = blocks.size(1);
+  const int64_t nb = k / qk, row_bytes = blocks.size(1);
   if (m >= kGemmRows && n > 0 && k > 0) {
     return block_mm_dense(x, blocks.data_ptr<uint8_t>(), row_bytes, n, fmt, bf16);
   }
@@ -221,19 +230,27 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
   if (k == 0) return out.zero_();
 
   // 1. Activations: each row quantized once, used against all N weight rows. The buffers are kept per thread
-  // (a decoding step calls this 121 times a token).
-  const bool sums = file_format(fmt) == kQ4_1;
+  // (a decoding step calls this 121 times a token). K-quants take Q8_K blocks of 256 (scales and 16-code sums).
+  const bool sums = has_min(file_format(fmt));
+  const bool k_quant = is_k_quant(file_format(fmt));
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> d, s;
+  thread_local std::vector<int16_t> bsums;
   thread_local std::vector<ActRow> acts;
   q.resize(static_cast<size_t>(m * k));
   d.resize(static_cast<size_t>(m * nb));
   s.resize(static_cast<size_t>(sums ? m * nb : 0));
+  bsums.resize(static_cast<size_t>(k_quant ? m * k / 16 : 0));
   acts.resize(static_cast<size_t>(m));
   const float* xs = x.data_ptr<float>();
   for (int64_t i = 0; i < m; ++i) {
-    quantize_row_q8(xs + i * k, k, q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr);
-    acts[i] = {q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr};
+    if (k_quant) {
+      quantize_row_q8_k(xs + i * k, k, q.data() + i * k, d.data() + i * nb, bsums.data() + i * k / 16);
+      acts[i] = {q.data() + i * k, d.data() + i * nb, nullptr, bsums.data() + i * k / 16};
+    } else {
+      quantize_row_q8(xs + i * k, k, q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr);
+      acts[i] = {q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr};
+    }
   }
 
   // 2. Weight rows in chunks over the threads (whole groups of 16 for an interleaved matrix).
