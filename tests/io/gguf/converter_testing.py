@@ -29,6 +29,15 @@ GRANITE = {
     "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0, "attention_multiplier": 0.0625,
     "tie_word_embeddings": True,
 }  # fmt: skip
+PHI3 = {  # Phi-4-mini's partial rotary and LongRoPE (opened at the original context, 256), Phi-3's window
+    "partial_rotary_factor": 0.75, "sliding_window": 24, "max_position_embeddings": 1024,
+    "original_max_position_embeddings": 256, "tie_word_embeddings": False,
+    "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + 0.1 * i for i in range(6)],
+        "long_factor": [2.0 + 0.1 * i for i in range(6)], "original_max_position_embeddings": 256,
+        "partial_rotary_factor": 0.75,
+    },
+}  # fmt: skip
 GEMMA = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24, "num_key_value_heads": 1}
 # family -> (transformers config class, its sizes beyond the shared ones, the sdist's vocabulary)
 FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -38,6 +47,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
     "granite": ("GraniteConfig", GRANITE, "llama-bpe"),
     "smollm3": ("SmolLM3Config", {"num_hidden_layers": 4, "tie_word_embeddings": True}, "llama-bpe"),
     "olmo2": ("Olmo2Config", {"tie_word_embeddings": False}, "qwen2"),
+    "phi3": ("Phi3Config", PHI3, "spm"),
     "gemma2": ("Gemma2Config", {**GEMMA, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}, "spm"),
     "gemma3": ("Gemma3TextConfig", {**GEMMA, "num_hidden_layers": 7}, "spm"),
 }
@@ -66,8 +76,8 @@ def make_hf(directory: Path, family: str, seed: int = 0) -> Path:
 
     converter()
     config_class, sizes, vocab = FAMILIES[family]
-    if vocab == "spm":
-        return _make_gemma(directory, family, config_class, sizes, seed)
+    if vocab == "spm":  # Gemma's norms store offsets around 0
+        return _make_spm(directory, config_class, sizes, seed, 0.0 if family.startswith("gemma") else 1.0)
     tokenizer = GGUFTokenizer.from_gguf(SDIST / "models" / f"ggml-vocab-{vocab}.gguf")
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
     config = getattr(transformers, config_class)(vocab_size=tokenizer.vocab_size, **{**SHARED, **sizes, **ids})
@@ -93,8 +103,8 @@ TEXT = (
 ) * 20
 
 
-def _make_gemma(directory: Path, family: str, config_class: str, sizes: dict[str, Any], seed: int) -> Path:
-    """A Gemma model with a SentencePiece vocabulary trained on ``TEXT`` (ids 0-3: pad, eos, bos, unk)."""
+def _make_spm(directory: Path, config_class: str, sizes: dict[str, Any], seed: int, offset: float) -> Path:
+    """A model with a SentencePiece vocabulary trained on ``TEXT`` (ids 0-3: pad, eos, bos, unk)."""
     import sentencepiece
     import transformers
 
@@ -106,7 +116,7 @@ def _make_gemma(directory: Path, family: str, config_class: str, sizes: dict[str
     )  # fmt: skip
     ids = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
     config = getattr(transformers, config_class)(vocab_size=320, **{**SHARED, **sizes, **ids})
-    _randomised(transformers.AutoModelForCausalLM.from_config(config), seed, 0.0).save_pretrained(directory)
+    _randomised(transformers.AutoModelForCausalLM.from_config(config), seed, offset).save_pretrained(directory)
     return directory
 
 

@@ -3,7 +3,8 @@
 Each family (Qwen2 with its q/k/v biases, Qwen3 with its per-head q/k norms and a head width of its own, Llama 3
 with its rescaled rotary frequencies, Gemma 2 with sandwich norms, GeGLU, soft-caps and a sliding window on every
 other layer, Gemma 3 with q/k norms, five local layers to one global and two rotary bases, Granite with its four
-scalars, SmolLM3 without rotary in every fourth layer, OLMo 2 with norms after the sublayers) is made as a user's
+scalars, SmolLM3 without rotary in every fourth layer, OLMo 2 with norms after the sublayers, Phi-3 with stacked
+matrices, partial rotary, LongRoPE and a window on every layer) is made as a user's
 files are (``converter_testing``): transformers from a config with every parameter randomised, then llama.cpp's own
 converter, to F32 and to Q8_0. Sequences run to 300 positions, past Llama 3's ``original_max_position_embeddings``
 of 64 and Gemma's window of 24, so the scaled frequencies and the window matter.
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 LENGTH = 300
 PYTHON_STEP = {  # family -> why the Python step decodes, in the reason it gives
     "qwen3": "qk_norm", "gemma2": "sandwich", "gemma3": "sandwich", "granite": "Granite", "smollm3": "SmolLM3",
-    "olmo2": "OLMo 2",
+    "olmo2": "OLMo 2", "phi3": "Phi-3",
 }  # fmt: skip
 
 
@@ -77,7 +78,7 @@ BLOCK = {
     "qkv_bias": False, "qk_norm": False, "qk_norm_span": "head", "rope": None, "d_head": 16, "norm_position": "pre",
     "ffn": "swiglu", "scale_embeddings": False, "attn_softcap": None, "logit_softcap": None, "sliding_window": None,
     "global_every": 1, "rope_local_theta": None, "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
-    "logits_scaling": 1.0, "no_rope_every": 0,
+    "logits_scaling": 1.0, "no_rope_every": 0, "rope_dims": 16,
 }  # fmt: skip
 GEMMA = {"norm_position": "sandwich", "ffn": "gated", "scale_embeddings": True, "sliding_window": 24}
 OPTIONS = {  # what each family's file sets beyond the Llama block
@@ -89,6 +90,7 @@ OPTIONS = {  # what each family's file sets beyond the Llama block
     "granite": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0},
     "smollm3": {"no_rope_every": 4},
     "olmo2": {"norm_position": "output", "qk_norm": True, "qk_norm_span": "width"},
+    "phi3": {"rope_dims": 12, "rope": "longrope", "sliding_window": 24, "global_every": 4},
 }
 
 
@@ -167,6 +169,6 @@ def test_the_files_byte_level_tokenizer_is_transformers(name, tmp_path_factory):
 
 
 def test_an_architecture_oneblock_does_not_run_is_refused_naming_those_it_does():
-    with pytest.raises(ConversionError, match=r"'phi3' is not supported; oneblock runs llama .*qwen2 .*gemma3"):
-        architecture_of({"general.architecture": "phi3"})
-    assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3"}
+    with pytest.raises(ConversionError, match=r"'mistral3' is not supported; oneblock runs llama .*qwen2 .*phi3"):
+        architecture_of({"general.architecture": "mistral3"})
+    assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3", "phi3"}

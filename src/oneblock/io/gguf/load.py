@@ -144,6 +144,8 @@ def _checked(source: Source) -> tuple[ModelConfig, GGUFLayout, Architecture]:
     layout = open_layout(source)
     arch = architecture_of(layout.metadata)
     cfg = decoder_config(arch, layout)
+    if arch.split is not None:  # stacked matrices cut into the usual records, views of the same bytes
+        layout = arch.split(layout, cfg)
     check_model_size(cfg, what="the GGUF metadata", error=ConversionError)  # before any allocation
     for t in _weights(layout, arch):  # fail before the slow part if anything is unreadable
         oneblock_name(t.name)

@@ -5,10 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from oneblock.errors import ConversionError
-from oneblock.io.gguf.archs import gemma, llama, more, qwen2, qwen3
+from oneblock.io.gguf.archs import gemma, llama, more, phi3, qwen2, qwen3
 from oneblock.io.gguf.archs.base import Architecture
 
-_ALL = (llama.ARCH, qwen2.ARCH, qwen3.ARCH, gemma.GEMMA2, gemma.GEMMA3, more.GRANITE, more.OLMO2, more.SMOLLM3)
+_ALL = (
+    llama.ARCH,
+    qwen2.ARCH,
+    qwen3.ARCH,
+    gemma.GEMMA2,
+    gemma.GEMMA3,
+    more.GRANITE,
+    more.OLMO2,
+    more.SMOLLM3,
+    phi3.ARCH,
+)
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in _ALL}
 
 

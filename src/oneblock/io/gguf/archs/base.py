@@ -16,6 +16,8 @@ from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, ConversionError
 from oneblock.io.gguf.layout import GGUFLayout
 
+Split = Callable[[GGUFLayout, ModelConfig], GGUFLayout]
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -28,6 +30,7 @@ class Architecture:
             the loader undoes it. Families that rotate halves are stored as they are.
         options: the ``ModelConfig`` fields the file sets beyond the Llama block, read from the layout.
         consumed: tensors read into the config (``rope_freqs.weight``), not loaded as weights.
+        split: cuts a file's stacked matrices into the usual records (Phi-3's ``attn_qkv``), or ``None``.
     """
 
     name: str
@@ -35,6 +38,7 @@ class Architecture:
     permuted: bool
     options: Callable[[GGUFLayout], dict[str, Any]]
     consumed: tuple[str, ...] = ()
+    split: Split | None = None
 
 
 def need(metadata: dict[str, Any], key: str) -> Any:
@@ -97,12 +101,6 @@ def decoder_config(arch: Architecture, layout: GGUFLayout) -> ModelConfig:
             f"{name}.attention.value_length ({value_length}) differs from key_length ({d_head}); "
             "oneblock's attention uses one head width for keys and values"
         )
-    rope_dims = int(metadata.get(f"{name}.rope.dimension_count", d_head))
-    if rope_dims != d_head:
-        raise ConversionError(
-            f"{name}.rope.dimension_count ({rope_dims}) differs from the head width ({d_head}); "
-            "oneblock rotates the whole head, not a part of it"
-        )
     if "token_embd.weight" not in shapes:
         raise ConversionError("the GGUF file has no token_embd.weight tensor")
     vocab_size = shapes["token_embd.weight"][0]
@@ -125,6 +123,7 @@ def decoder_config(arch: Architecture, layout: GGUFLayout) -> ModelConfig:
         "activation": "silu",  # unused by SwiGLU, which always gates with SiLU; recorded for readers
         "bias": False,
         "tie_embeddings": "output.weight" not in shapes,
+        "rope_dims": int(metadata.get(f"{name}.rope.dimension_count", d_head)),
         "dropout": 0.0,
         "norm_eps": float(need(metadata, f"{name}.attention.layer_norm_rms_epsilon")),
         "ffn": "swiglu",

@@ -1,0 +1,74 @@
+"""``phi3``: Phi-3, Phi-3.5 and Phi-4-mini. The Llama block stored with q, k and v as one matrix (``attn_qkv``) and
+gate and up as one (``ffn_up`` of 2 x d_ff rows, gate first), rotate-half, rotary on ``rope.dimension_count``
+features of each head, and LongRoPE's per-frequency factors as two tensors (``rope_factors_short`` / ``_long``)
+with ``rope.scaling.attn_factor``.
+
+The stacked matrices are cut by rows into the usual ``attn_q`` / ``attn_k`` / ``attn_v`` and ``ffn_gate`` /
+``ffn_up`` records, views of the same bytes (a row of blocks is whole), so the loader treats them as any other
+file's. As from Hugging Face, a LongRoPE model opens at its original context with the short factors (llama.cpp
+picks those too for a context that fits); the sliding window of Phi-3-mini applies to every layer as in
+transformers (llama.cpp turns it off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from oneblock.config import ModelConfig
+from oneblock.errors import ConversionError
+from oneblock.io.gguf.archs.base import Architecture, need
+from oneblock.io.gguf.dequant import dequantize
+from oneblock.io.gguf.layout import GGUFLayout, TensorRecord
+
+SHORT, LONG = "rope_factors_short.weight", "rope_factors_long.weight"
+
+
+def _options(layout: GGUFLayout) -> dict[str, Any]:
+    metadata = layout.metadata
+    c, heads = int(need(metadata, "phi3.embedding_length")), int(need(metadata, "phi3.attention.head_count"))
+    d_head = int(metadata.get("phi3.attention.key_length", c // heads))
+    options: dict[str, Any] = {"rope_dims": int(metadata.get("phi3.rope.dimension_count", d_head))}
+    window = int(metadata.get("phi3.attention.sliding_window") or 0)
+    layers = int(need(metadata, "phi3.block_count"))
+    if window:
+        options.update(sliding_window=window, global_every=layers + 1)
+    if SHORT in layout.tensors:
+        factors = dequantize(layout.tensors[SHORT]).reshape(-1)
+        context = int(need(metadata, "phi3.context_length"))
+        original = int(metadata.get("phi3.rope.scaling.original_context_length") or context)
+        gain = float(metadata.get("phi3.rope.scaling.attn_factor", 1.0))
+        options["rope_scaling"] = {"type": "longrope", "factors": [float(f) for f in factors], "attention_factor": gain}
+        options["max_seq_len"] = min(context, original)
+    return options
+
+
+def _rows(t: TensorRecord, name: str, start: int, stop: int) -> TensorRecord:
+    """Rows ``start:stop`` of a matrix record, as a record of their own over the same bytes."""
+    row = t.data.numel() // t.shape[0]
+    return TensorRecord(name, (stop - start, *t.shape[1:]), t.ggml_type, t.offset + start * row,
+                        t.data[start * row : stop * row], t.mapped)  # fmt: skip
+
+
+def _split(layout: GGUFLayout, cfg: ModelConfig) -> GGUFLayout:
+    q, kv, f = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff
+    tensors: dict[str, TensorRecord] = {}
+    for name, t in layout.tensors.items():
+        prefix, _, suffix = name.rpartition(".attn_qkv.")
+        if prefix and suffix == "weight":
+            if t.shape[0] != q + 2 * kv:
+                raise ConversionError(f"{name} has {t.shape[0]} rows; q, k and v need {q} + {kv} + {kv}")
+            for part, (a, b) in zip(("q", "k", "v"), ((0, q), (q, q + kv), (q + kv, q + 2 * kv)), strict=True):
+                tensors[f"{prefix}.attn_{part}.weight"] = _rows(t, f"{prefix}.attn_{part}.weight", a, b)
+            continue
+        prefix, _, suffix = name.rpartition(".ffn_up.")
+        if prefix and suffix == "weight" and t.shape[0] == 2 * f:
+            tensors[f"{prefix}.ffn_gate.weight"] = _rows(t, f"{prefix}.ffn_gate.weight", 0, f)
+            tensors[name] = _rows(t, name, f, 2 * f)
+            continue
+        tensors[name] = t
+    return dataclasses.replace(layout, tensors=tensors)
+
+
+ARCH = Architecture("phi3", "Phi-3, Phi-3.5, Phi-4-mini", permuted=False, options=_options, consumed=(SHORT, LONG),
+                    split=_split)  # fmt: skip
