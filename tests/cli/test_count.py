@@ -22,11 +22,17 @@ PUBLISHED = {
     "smollm2-135m": 134_515_008,
     "t5-small": 60_506_624,  # as transformers counts T5ForConditionalGeneration
     "t5-v1_1-small": 76_961_152,
-    "qwen2.5-0.5b": 494_032_768,  # these five equal transformers' numel: tests/test_presets.py
+    "qwen2.5-0.5b": 494_032_768,  # these eleven equal transformers' numel: tests/test_presets.py
     "qwen2.5-1.5b": 1_543_714_304,
     "qwen3-0.6b": 596_049_920,
     "llama-3.2-1b": 1_235_814_400,
     "llama-3.2-3b": 3_212_749_824,
+    "gemma-2-2b": 2_614_341_888,
+    "gemma-3-1b": 999_885_952,
+    "gemma-3-270m": 268_098_176,
+    "granite-3.1-2b": 2_533_531_648,
+    "smollm3-3b": 3_075_098_624,
+    "olmo-2-1b": 1_484_916_736,
 }
 
 
