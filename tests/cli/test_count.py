@@ -182,6 +182,25 @@ def test_diff_lists_how_the_block_differs_from_the_lessons(capsys):
     assert "The block is the lesson's: no option differs." in capsys.readouterr().out
 
 
+def test_diff_of_gemma_3_lists_its_options(capsys):
+    data = count_json(capsys, "--preset", "gemma-3-1b", "--diff")
+    by_key = {row["key"]: row for row in data["block_diff"]}
+    assert list(by_key) == [
+        "norm_position", "norm", "ffn", "activation", "position", "rope_local_theta", "n_kv_heads", "d_head", "bias",
+        "qk_norm", "sliding_window", "attn_scale", "scale_embeddings",
+    ]  # fmt: skip
+    assert by_key["norm_position"]["parameters"] == 2 * 26 * 1152 and by_key["sliding_window"]["parameters"] == 0
+    assert by_key["position"]["reverted"] == {"position": "learned", "rope_local_theta": None}
+    assert main(["count", "--preset", "gemma-3-1b", "--diff"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long labels
+    for text in ("sandwich norms", "+59,904", "sliding window 512", "22 of 26 layers", "base 10,000", "+13,312",
+                 "multi-query attention", "a mask has no parameters", "a rotary base has no parameters"):  # fmt: skip
+        assert text in out
+    assert main(["count", "--preset", "gemma-2-2b", "--diff"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tanh(s / 50) x 50" in out and "tanh(z / 30) x 30" in out and "13 of 26 layers" in out
+
+
 def test_diff_marks_a_figure_the_lessons_rule_cannot_give(capsys):
     assert main(["count", "--model", "t5-v1_1-small", "--diff"]) == 0
     out = " ".join(capsys.readouterr().out.split())
