@@ -81,6 +81,114 @@ _LLAMA_3_2_1B = ModelConfig(
     eos_token_id=128001,
 )
 
+# Gemma 2 2B (2,614,341,888): sandwich norms, GeGLU (tanh GELU), embeddings times sqrt(C), queries scaled by
+# 256**-0.5, scores soft-capped at 50 and logits at 30, a 4,096-token window on every other layer.
+_GEMMA_2_2B = ModelConfig(
+    vocab_size=256000,
+    d_model=2304,
+    n_heads=8,
+    n_kv_heads=4,
+    d_head=256,
+    n_layers=26,
+    d_ff=9216,
+    max_seq_len=8192,
+    norm_position="sandwich",
+    norm="rmsnorm",
+    norm_eps=1e-6,
+    activation="gelu_tanh",
+    ffn="gated",
+    position="rope",
+    rope_theta=10000.0,
+    bias=False,
+    attn_scale=256**-0.5,
+    scale_embeddings=True,
+    attn_softcap=50.0,
+    logit_softcap=30.0,
+    sliding_window=4096,
+    global_every=2,
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=1,
+)
+# Gemma 3 1B (999,885,952): Gemma 2's block without soft-caps, with per-head q/k norms, a 512-token window on five
+# layers of six and two rotary bases (1,000,000 global, 10,000 local); one key/value head.
+_GEMMA_3_1B = _GEMMA_2_2B.replace(
+    vocab_size=262144,
+    d_model=1152,
+    n_heads=4,
+    n_kv_heads=1,
+    d_ff=6912,
+    max_seq_len=32768,
+    rope_theta=1000000.0,
+    rope_local_theta=10000.0,
+    attn_softcap=None,
+    logit_softcap=None,
+    sliding_window=512,
+    global_every=6,
+    qk_norm=True,
+)
+# Granite 3.1 2B (2,533,531,648): the Llama block with four scalars, embeddings times 12, scores times 1/64 (not
+# 1/sqrt(64)), each sublayer's output times 0.22 before the add, logits divided by 8.
+_GRANITE_3_1_2B = ModelConfig(
+    vocab_size=49155,
+    d_model=2048,
+    n_heads=32,
+    n_kv_heads=8,
+    n_layers=40,
+    d_ff=8192,
+    max_seq_len=131072,
+    norm="rmsnorm",
+    norm_eps=1e-5,
+    activation="silu",
+    ffn="swiglu",
+    position="rope",
+    rope_theta=5000000.0,
+    bias=False,
+    attn_scale=0.015625,
+    embedding_multiplier=12.0,
+    residual_multiplier=0.22,
+    logits_scaling=8.0,
+    pad_token_id=0,
+    bos_token_id=0,
+    eos_token_id=0,
+)
+# SmolLM3 3B (3,075,098,624): the Llama block, 16 query heads over 4 key/value heads, no rotary in every 4th layer.
+_SMOLLM3_3B = _GRANITE_3_1_2B.replace(
+    vocab_size=128256,
+    n_heads=16,
+    n_kv_heads=4,
+    n_layers=36,
+    d_ff=11008,
+    max_seq_len=65536,
+    norm_eps=1e-6,
+    attn_scale=None,
+    embedding_multiplier=1.0,
+    residual_multiplier=1.0,
+    logits_scaling=1.0,
+    no_rope_every=4,
+    pad_token_id=128004,
+    bos_token_id=128000,
+    eos_token_id=128012,
+)
+# OLMo 2 1B, April 2025 (1,484,916,736): no norm before a sublayer, an RMSNorm after each, RMSNorms over the
+# whole width of q and k; 16 heads of 128 (no grouping), an untied head.
+_OLMO_2_1B = _SMOLLM3_3B.replace(
+    vocab_size=100352,
+    n_kv_heads=16,
+    n_layers=16,
+    d_ff=8192,
+    max_seq_len=4096,
+    norm_position="output",
+    rope_theta=500000.0,
+    no_rope_every=0,
+    qk_norm=True,
+    qk_norm_span="width",
+    tie_embeddings=False,
+    pad_token_id=100277,
+    bos_token_id=None,
+    eos_token_id=100257,
+)
+
 PRESETS: dict[str, ModelConfig] = {
     # The lesson: 172,288 parameters, 49,984 per block.
     "lesson": ModelConfig(),
@@ -205,6 +313,13 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-3.2-1b": _LLAMA_3_2_1B,
     # Llama 3.2 3B (3,212,749,824): 24 query heads of 128 over 8 key/value heads, 28 layers (d_ff stays 8192).
     "llama-3.2-3b": _LLAMA_3_2_1B.replace(d_model=3072, n_heads=24, d_head=128, n_layers=28, d_ff=8192),
+    "gemma-2-2b": _GEMMA_2_2B,
+    "gemma-3-1b": _GEMMA_3_1B,
+    # Gemma 3 270M (268,098,176): 18 layers, 640 wide, a narrower feed-forward (2,048); most of it is the vocabulary.
+    "gemma-3-270m": _GEMMA_3_1B.replace(d_model=640, n_layers=18, d_ff=2048),
+    "granite-3.1-2b": _GRANITE_3_1_2B,
+    "smollm3-3b": _SMOLLM3_3B,
+    "olmo-2-1b": _OLMO_2_1B,
 }
 
 

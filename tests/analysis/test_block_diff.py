@@ -38,8 +38,10 @@ def test_each_row_is_the_count_less_the_count_with_its_option_reverted(preset):
             continue
         back = cfg.replace(**row.reverted)
         assert row.parameters == total(cfg) - total(back)
-        # switching the option back removes exactly that row
-        assert [r.key for r in block_differences(back)] == [r.key for r in rows if r.key != row.key]
+        # switching the option back removes exactly that row, and the rows it takes along (a local rotary base
+        # goes with the window and with rotary positions, the span of the q/k norms with the norms)
+        taken = {r.key for r in rows if r.reverted.items() <= row.reverted.items()}
+        assert [r.key for r in block_differences(back)] == [r.key for r in rows if r.key not in taken]
 
 
 def test_llama_3_2_1b_rows_by_hand():
@@ -87,6 +89,70 @@ def test_rows_equal_differences_of_built_models(options):
     assert len(rows) >= 5
     for row in rows:
         assert row.parameters == numel(cfg) - numel(cfg.replace(**row.reverted)), row.key
+
+
+_MODERN = {"norm": "rmsnorm", "position": "rope", "bias": False}
+
+
+@pytest.mark.parametrize(
+    ("options", "keys"),
+    [
+        ({**_MODERN, "norm_position": "sandwich", "ffn": "gated", "activation": "gelu_tanh", "n_layers": 5,
+          "n_kv_heads": 1, "d_head": 10, "qk_norm": True, "attn_softcap": 50.0, "logit_softcap": 30.0,
+          "sliding_window": 4, "global_every": 3, "rope_local_theta": 100.0, "scale_embeddings": True,
+          "attn_scale": 0.25},
+         ["norm_position", "rope_local_theta", "qk_norm", "sliding_window", "attn_softcap", "logit_softcap"]),
+        ({**_MODERN, "norm_position": "output", "ffn": "swiglu", "n_kv_heads": 1, "qk_norm": True,
+          "qk_norm_span": "width", "tie_embeddings": False},
+         ["norm_position", "qk_norm", "qk_norm_span"]),
+        ({**_MODERN, "ffn": "swiglu", "n_layers": 4, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+          "logits_scaling": 8.0, "attn_scale": 0.015625, "no_rope_every": 2},
+         ["no_rope_every", "embedding_multiplier", "residual_multiplier", "logits_scaling"]),
+    ],
+)  # fmt: skip
+def test_rows_of_gemma_olmo2_granite_and_smollm3_options_equal_differences_of_built_models(options, keys):
+    cfg = ob.ModelConfig(vocab_size=101, d_model=36, n_heads=3, d_ff=37, max_seq_len=11, **options)
+    rows = block_differences(cfg)
+    assert set(keys) <= {row.key for row in rows}
+    for row in rows:
+        assert row.parameters == numel(cfg) - numel(cfg.replace(**row.reverted)), row.key
+    by_key = {row.key: row.parameters for row in rows}
+    layers = cfg.n_layers
+    if cfg.norm_position == "sandwich":
+        assert by_key["norm_position"] == 2 * layers * 36  # each sublayer's output norm
+        assert by_key["qk_norm"] == 2 * layers * 10
+    if cfg.qk_norm_span == "width":
+        assert by_key["norm_position"] == 0  # two norms per block either way, moved
+        assert by_key["qk_norm"] == layers * (3 + 1) * 12  # q is 3 heads wide, k one head
+        assert by_key["qk_norm_span"] == layers * ((3 + 1) * 12 - 2 * 12)
+    assert all(by_key[key] == 0 for key in keys if key not in ("norm_position", "qk_norm", "qk_norm_span"))
+
+
+def test_gemma_olmo2_granite_and_smollm3_rows_by_hand():
+    gemma2 = {row.key: row for row in block_differences(ob.get_preset("gemma-2-2b"))}
+    assert gemma2["norm_position"].parameters == 2 * 26 * 2304
+    assert gemma2["norm_position"].label.startswith("sandwich norms")
+    assert gemma2["sliding_window"].label == "sliding window 4096 on 13 of 26 layers"
+    assert gemma2["attn_softcap"].label == "attention scores soft-capped: tanh(s / 50) x 50"
+    assert gemma2["logit_softcap"].label == "logits soft-capped: tanh(z / 30) x 30"
+    assert (gemma2["attn_softcap"].parameters, gemma2["logit_softcap"].parameters) == (0, 0)
+    assert gemma2["attn_scale"].label == "scores scaled by a stated 0.0625 (equal to 1/sqrt(Dh) here)"
+    gemma3 = {row.key: row for row in block_differences(ob.get_preset("gemma-3-1b"))}
+    assert gemma3["sliding_window"].label == "sliding window 512 on 22 of 26 layers"
+    assert gemma3["rope_local_theta"].label == "local layers rotate with base 10,000 (global: 1,000,000)"
+    assert gemma3["qk_norm"].parameters == 26 * 2 * 256 and "attn_softcap" not in gemma3
+    assert gemma3["n_kv_heads"].label == "multi-query attention (1 key/value head of 4)"
+    olmo = figures(ob.get_preset("olmo-2-1b"))
+    assert olmo["norm_position"] == 0 and olmo["qk_norm"] == 16 * 2 * 2048
+    assert olmo["qk_norm_span"] == 16 * (2 * 2048 - 2 * 128) and olmo["tie_embeddings"] == 100352 * 2048
+    granite = {row.key: row for row in block_differences(ob.get_preset("granite-3.1-2b"))}
+    assert granite["embedding_multiplier"].label == "token embeddings times 12 (Granite)"
+    assert granite["residual_multiplier"].label == "each sublayer's output times 0.22 before the add (Granite)"
+    assert granite["logits_scaling"].label == "logits divided by 8 (Granite)"
+    assert granite["attn_scale"].label == "scores scaled by 0.015625 instead of 1/sqrt(Dh)"
+    smol = {row.key: row for row in block_differences(ob.get_preset("smollm3-3b"))}
+    assert smol["no_rope_every"].label == "no rotary positions in every 4th layer (9 of 36)"
+    assert smol["no_rope_every"].parameters == 0
 
 
 def test_labels_name_the_wiring_and_the_details():

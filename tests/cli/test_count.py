@@ -22,11 +22,17 @@ PUBLISHED = {
     "smollm2-135m": 134_515_008,
     "t5-small": 60_506_624,  # as transformers counts T5ForConditionalGeneration
     "t5-v1_1-small": 76_961_152,
-    "qwen2.5-0.5b": 494_032_768,  # these five equal transformers' numel: tests/test_presets.py
+    "qwen2.5-0.5b": 494_032_768,  # these eleven equal transformers' numel: tests/test_presets.py
     "qwen2.5-1.5b": 1_543_714_304,
     "qwen3-0.6b": 596_049_920,
     "llama-3.2-1b": 1_235_814_400,
     "llama-3.2-3b": 3_212_749_824,
+    "gemma-2-2b": 2_614_341_888,
+    "gemma-3-1b": 999_885_952,
+    "gemma-3-270m": 268_098_176,
+    "granite-3.1-2b": 2_533_531_648,
+    "smollm3-3b": 3_075_098_624,
+    "olmo-2-1b": 1_484_916_736,
 }
 
 
@@ -174,6 +180,25 @@ def test_diff_lists_how_the_block_differs_from_the_lessons(capsys):
         assert text in out
     assert main(["count", "--diff"]) == 0
     assert "The block is the lesson's: no option differs." in capsys.readouterr().out
+
+
+def test_diff_of_gemma_3_lists_its_options(capsys):
+    data = count_json(capsys, "--preset", "gemma-3-1b", "--diff")
+    by_key = {row["key"]: row for row in data["block_diff"]}
+    assert list(by_key) == [
+        "norm_position", "norm", "ffn", "activation", "position", "rope_local_theta", "n_kv_heads", "d_head", "bias",
+        "qk_norm", "sliding_window", "attn_scale", "scale_embeddings",
+    ]  # fmt: skip
+    assert by_key["norm_position"]["parameters"] == 2 * 26 * 1152 and by_key["sliding_window"]["parameters"] == 0
+    assert by_key["position"]["reverted"] == {"position": "learned", "rope_local_theta": None}
+    assert main(["count", "--preset", "gemma-3-1b", "--diff"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long labels
+    for text in ("sandwich norms", "+59,904", "sliding window 512", "22 of 26 layers", "base 10,000", "+13,312",
+                 "multi-query attention", "a mask has no parameters", "a rotary base has no parameters"):  # fmt: skip
+        assert text in out
+    assert main(["count", "--preset", "gemma-2-2b", "--diff"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tanh(s / 50) x 50" in out and "tanh(z / 30) x 30" in out and "13 of 26 layers" in out
 
 
 def test_diff_marks_a_figure_the_lessons_rule_cannot_give(capsys):

@@ -212,6 +212,26 @@ def test_card_lists_how_the_block_differs_from_the_lessons(encoder, seq2seq):
     assert [row["key"] for row in rows] == ["arch"] and rows[0]["parameters"] > 0
 
 
+def test_card_lists_the_rows_of_gemma_and_olmo2_options():
+    from oneblock.analysis.block_diff import block_differences
+
+    gemma = tiny("decoder", norm="rmsnorm", norm_position="sandwich", ffn="gated", activation="gelu_tanh",
+                 position="rope", bias=False, n_kv_heads=1, qk_norm=True, attn_softcap=50.0, logit_softcap=30.0,
+                 sliding_window=8, global_every=2, rope_local_theta=100.0)  # fmt: skip
+    card = client(gemma).get("/api/card").json()
+    rows = {row["key"]: row for row in card["parameters"]["differences"]}
+    assert card["parameters"]["differences"] == [row.as_dict() for row in block_differences(gemma.config)]
+    assert rows["norm_position"]["parameters"] == 2 * 2 * 36  # each sublayer's output norm in two blocks
+    assert rows["sliding_window"]["label"] == "sliding window 8 on 1 of 2 layers"
+    assert rows["rope_local_theta"]["label"] == "local layers rotate with base 100 (global: 10,000)"
+    assert (rows["attn_softcap"]["parameters"], rows["logit_softcap"]["parameters"]) == (0, 0)
+    assert card["parameters"]["actual"] == card["parameters"]["total"]
+    olmo = tiny("decoder", norm="rmsnorm", norm_position="output", ffn="swiglu", position="rope", bias=False,
+                qk_norm=True, qk_norm_span="width")  # fmt: skip
+    rows = {row["key"]: row for row in client(olmo).get("/api/card").json()["parameters"]["differences"]}
+    assert rows["norm_position"]["parameters"] == 0 and rows["qk_norm_span"]["parameters"] == 2 * (2 * 36 - 2 * 12)
+
+
 @pytest.mark.parametrize(
     ("body", "match"),
     [

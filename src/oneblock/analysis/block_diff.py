@@ -89,11 +89,19 @@ def _wiring(cfg: ModelConfig, lesson: ModelConfig) -> list[_Row]:
         label = f"encoder-decoder: an encoder of {cfg.n_layers} blocks, cross-attention in each decoder block"
         rows.append(("arch", label, {"arch": lesson.arch, "n_layers": cfg.n_decoder_layers}, "the encoder's share"))
     if cfg.norm_position != lesson.norm_position:
-        rows.append(
-            ("norm_position", "post-LN: a norm after each residual add, none at the end of the stack",
-             {"norm_position": lesson.norm_position}, "pre-LN closes each stack with a final norm")
-        )  # fmt: skip
+        label, note = _NORM_POSITIONS[cfg.norm_position]
+        rows.append(("norm_position", label, {"norm_position": lesson.norm_position}, note))
     return rows
+
+
+_NORM_POSITIONS = {
+    "post": ("post-LN: a norm after each residual add, none at the end of the stack",
+             "pre-LN closes each stack with a final norm"),
+    "sandwich": ("sandwich norms: pre-LN plus a norm of each sublayer's output before the add (Gemma)",
+                 "two more norms per block"),
+    "output": ("norms after the sublayers only: x + norm(f(x)), none before them (OLMo 2)",
+               "as many norms as pre-LN, moved"),
+}  # fmt: skip
 
 
 def _layers(cfg: ModelConfig, lesson: ModelConfig) -> list[_Row]:
@@ -119,18 +127,33 @@ def _layers(cfg: ModelConfig, lesson: ModelConfig) -> list[_Row]:
             "relative": f"relative position bias ({cfg.relative_buckets} buckets per head, T5) instead of a table",
             "none": "no positions at all instead of a learned table",
         }[cfg.position]
-        rows.append(("position", label, {"position": lesson.position}, "the learned table would be max_seq_len x C"))
+        # a local rotary base needs rotary positions: it goes back with them
+        reverted = {"position": lesson.position, **_local_theta_off(cfg)}
+        rows.append(("position", label, reverted, "the learned table would be max_seq_len x C"))
     if cfg.rope_scaling:
         rows.append(("rope_scaling", f"rotary frequencies rescaled: {_scaling(cfg.rope_scaling)}",
                      {"rope_scaling": {}}, "a rule on the frequencies, no parameters"))  # fmt: skip
+    if cfg.rope_local_theta is not None:
+        label = f"local layers rotate with base {_number(cfg.rope_local_theta)} (global: {_number(cfg.rope_theta)})"
+        rows.append(("rope_local_theta", label, {"rope_local_theta": None}, "a rotary base has no parameters"))
+    if cfg.no_rope_every:
+        plain = sum(1 for i in range(cfg.n_layers) if (i + 1) % cfg.no_rope_every == 0)
+        label = f"no rotary positions in every {_ordinal(cfg.no_rope_every)} layer ({plain} of {cfg.n_layers})"
+        rows.append(("no_rope_every", label, {"no_rope_every": 0}, "leaving rotary out has no parameters"))
     return rows
+
+
+def _local_theta_off(cfg: ModelConfig) -> dict[str, Any]:
+    """``rope_local_theta`` switched off too, where it is set (it needs rotary positions and a window)."""
+    return {"rope_local_theta": None} if cfg.rope_local_theta is not None else {}
 
 
 def _attention(cfg: ModelConfig, lesson: ModelConfig) -> list[_Row]:
     rows: list[_Row] = []
     if cfg.n_kv_heads != cfg.n_heads:
         kind = "multi-query" if cfg.n_kv_heads == 1 else "grouped-query"
-        label = f"{kind} attention ({cfg.n_kv_heads} key/value heads of {cfg.n_heads})"
+        heads = "head" if cfg.n_kv_heads == 1 else "heads"
+        label = f"{kind} attention ({cfg.n_kv_heads} key/value {heads} of {cfg.n_heads})"
         rows.append(("n_kv_heads", label, {"n_kv_heads": cfg.n_heads}, "smaller k and v projections"))
     if cfg.n_heads * cfg.d_head != cfg.d_model:
         whole = cfg.d_model % cfg.n_heads == 0
@@ -145,10 +168,22 @@ def _attention(cfg: ModelConfig, lesson: ModelConfig) -> list[_Row]:
             if cfg.bias
             else "no biases in the linear layers"
         )
-        reverted = {"bias": lesson.bias, "qkv_bias": lesson.qkv_bias}
+        reverted: dict[str, Any] = {"bias": lesson.bias, "qkv_bias": lesson.qkv_bias}
         rows.append(("bias", label, reverted, "the lesson's linear layers all have biases"))
     if cfg.qk_norm != lesson.qk_norm:
-        rows.append(("qk_norm", "per-head RMSNorm over q and k (Qwen3)", {"qk_norm": lesson.qk_norm}, "2 x Dh gammas"))
+        reverted = {"qk_norm": lesson.qk_norm, "qk_norm_span": lesson.qk_norm_span}
+        if cfg.qk_norm_span == "width":
+            note = f"(H + H_kv) x Dh = {(cfg.n_heads + cfg.n_kv_heads) * cfg.d_head} gammas per block"
+            rows.append(("qk_norm", "RMSNorm over the whole width of q and of k (OLMo 2)", reverted, note))
+            label = "q/k norms over the whole width instead of over each head"
+            rows.append(("qk_norm_span", label, {"qk_norm_span": lesson.qk_norm_span}, "against 2 x Dh gammas"))
+        else:
+            rows.append(("qk_norm", "per-head RMSNorm over q and k (Qwen3, Gemma 3)", reverted, "2 x Dh gammas"))
+    if cfg.sliding_window is not None:
+        local = sum(1 for i in range(cfg.n_layers) if cfg.is_local(i))
+        label = f"sliding window {cfg.sliding_window} on {local} of {cfg.n_layers} layers"
+        reverted = {"sliding_window": None, "global_every": lesson.global_every, **_local_theta_off(cfg)}
+        rows.append(("sliding_window", label, reverted, "a mask has no parameters"))
     if cfg.arch != "encoder" and cfg.tie_embeddings != lesson.tie_embeddings:
         rows.append(("tie_embeddings", "untied LM head", {"tie_embeddings": lesson.tie_embeddings}, "a V x C matrix"))
     return rows
@@ -158,20 +193,43 @@ def _details(cfg: ModelConfig, lesson: ModelConfig) -> list[_Row]:
     """The scalars and small tables of published checkpoints."""
     rows: list[_Row] = []
     flags = {
-        "attn_scale": f"scores scaled by {cfg.attn_scale:g} instead of 1/sqrt(Dh)"
-        if cfg.attn_scale is not None
+        "attn_scale": _attn_scale(cfg),
+        "attn_softcap": f"attention scores soft-capped: tanh(s / {cfg.attn_softcap:g}) x {cfg.attn_softcap:g}"
+        if cfg.attn_softcap is not None
         else "",
+        "logit_softcap": f"logits soft-capped: tanh(z / {cfg.logit_softcap:g}) x {cfg.logit_softcap:g}"
+        if cfg.logit_softcap is not None
+        else "",
+        "embedding_multiplier": f"token embeddings times {cfg.embedding_multiplier:g} (Granite)",
+        "residual_multiplier": f"each sublayer's output times {cfg.residual_multiplier:g} before the add (Granite)",
+        "logits_scaling": f"logits divided by {cfg.logits_scaling:g} (Granite)",
         "scale_tied_logits": "the tied head reads h * C^-0.5 (T5)",
-        "scale_embeddings": "token embeddings times sqrt(C) (BART)",
+        "scale_embeddings": "token embeddings times sqrt(C) (BART, Gemma)",
         "embed_norm": "a norm right after the embeddings (BERT, BART)",
         "type_vocab_size": f"segment embeddings, {cfg.type_vocab_size} rows (BERT)",
         "position_offset": f"the position table offset by {cfg.position_offset} rows (BART)",
         "final_logits_bias": "a bias added to the logits (BART), a buffer rather than a parameter",
     }
+    scalars = ("attn_softcap", "logit_softcap", "embedding_multiplier", "residual_multiplier", "logits_scaling")
     for name, label in flags.items():
         if getattr(cfg, name) != getattr(lesson, name):
-            rows.append((name, label, {name: getattr(lesson, name)}, ""))
+            note = "a scalar, no parameters" if name in scalars else ""
+            rows.append((name, label, {name: getattr(lesson, name)}, note))
     return rows
+
+
+def _attn_scale(cfg: ModelConfig) -> str:
+    if cfg.attn_scale is None:
+        return ""
+    if abs(cfg.attn_scale - cfg.d_head**-0.5) <= 1e-12 * cfg.attn_scale:
+        return f"scores scaled by a stated {cfg.attn_scale:g} (equal to 1/sqrt(Dh) here)"
+    return f"scores scaled by {cfg.attn_scale:g} instead of 1/sqrt(Dh)"
+
+
+def _ordinal(n: int) -> str:
+    """``2nd``, ``4th``, ``11th``, ``21st``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _number(value: float) -> str:
