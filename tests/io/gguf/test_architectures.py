@@ -11,7 +11,8 @@ of 64 and Gemma's window of 24, so the scaled frequencies and the window matter.
 * the F32 GGUF file: within 1e-4 of the range (llama.cpp's converter wrote it: names, row order, rope_freqs);
 * the Q8_0 file in llama.cpp (llama-cpp-python) and in oneblock, each against the float32 model: oneblock's mean
   KL divergence at most 1.1x llama.cpp's, top-1 agreement no more than a point lower;
-* cached decoding (the native step where it applies, the Python step otherwise) equals the full forward;
+* cached decoding (the native step, which computes every family's options) equals the full forward, and the
+  native step equals the Python step;
 * the file's tokenizer, rebuilt by oneblock, equals transformers' on the directory.
 """
 
@@ -32,7 +33,6 @@ from oneblock.io.hf.convert import from_hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LENGTH = 300
-PYTHON_STEP = {"qwen3": "qk_norm", "gemma2": "sandwich", "gemma3": "sandwich"}  # family -> why, in the reason
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -86,25 +86,21 @@ def test_each_family_sets_its_options_of_the_block(family):
 
 
 def test_cached_decoding_equals_the_full_forward(family):
-    name, directory, ids, _ = family
+    _, directory, ids, _ = family
     model = from_gguf(directory / "f32.gguf", dtype=torch.float32)
     stats: dict = {}
     out, logits = generate(model, ids[:, :40], 24, greedy=True, return_logits=True, stats=stats)
     with torch.no_grad():
         full = model(out[:, :-1])[0, 39:]  # (24, V): the same positions in one forward
     assert _spread(logits[0], full) < 1e-5
-    assert stats["decode_step"] == ("python" if name in PYTHON_STEP else "native")
+    assert stats["decode_step"] == "native"
 
 
-def test_the_native_step_equals_the_python_step_or_says_why_it_does_not_run(family, monkeypatch):
-    name, directory, ids, _ = family
+def test_the_native_step_equals_the_python_step(family, monkeypatch):
+    _, directory, ids, _ = family
     model = from_gguf(directory / "f32.gguf", dtype=torch.float32)
     native: dict = {}
     _, fast = generate(model, ids[:, :40], 16, greedy=True, return_logits=True, stats=native)
-    if name in PYTHON_STEP:  # an option the native step does not compute: the Python step decodes, and says so
-        assert native["decode_step"] == "python"
-        assert PYTHON_STEP[name] in native["decode_step_reason"]
-        return
     monkeypatch.setenv("ONEBLOCK_NATIVE_STEP", "0")
     python: dict = {}
     _, slow = generate(model, ids[:, :40], 16, greedy=True, return_logits=True, stats=python)
