@@ -20,9 +20,10 @@ adapter of each row, read from the model's ``AdapterRows`` as the Python step's 
 bytes, float weights as they are) into the op's argument lists. ``NativeStep.of(model)`` returns ``None`` where
 the native step would not compute what the Python step computes, so the caller keeps the Python step: models with
 parts other than plain ``nn.Linear`` / ``BlockLinear`` layers, alone or under a ``MultiLoraLinear`` (a single
-adapter's ``LoraLinear``, int8 layers), embeddings with a scale, segments or a norm, a scaled tied head, weights
-that are not float32, a model off the CPU; and everywhere when the C++ library is not built (no compiler) or
-``ONEBLOCK_NATIVE_STEP=0``.
+adapter's ``LoraLinear``, int8 layers), embeddings with segments or a norm, a scaled tied head, weights that are
+not float32, a model off the CPU; and everywhere when the C++ library is not built (no compiler) or
+``ONEBLOCK_NATIVE_STEP=0``. The block's options go in: per-head q/k norms (Qwen3), sandwich norms, scaled
+embeddings, soft-capped scores and logits, sliding windows and local rotary tables (Gemma 2 and 3).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from oneblock.adapters.multi import AdapterRows, MultiLoraLinear
 from oneblock.errors import ConfigError
 from oneblock.kernels import decode_step
 from oneblock.layers.attention import MultiHeadAttention
+from oneblock.layers.block import Block
 from oneblock.layers.feedforward import FeedForward
 from oneblock.layers.kv_cache import Cache
 from oneblock.layers.norms import LayerNorm, RMSNorm
@@ -163,22 +165,18 @@ class NativeStep:
     @classmethod
     def _gather(cls, model: Decoder) -> NativeStep:
         cfg, embed = model.config, model.embed
-        if cfg.norm_position == "sandwich":
-            raise _Unsupported("norms of the sublayers' outputs (sandwich norms, as in Gemma)")
-        if cfg.attn_softcap is not None or cfg.logit_softcap is not None:
-            raise _Unsupported("soft-capped attention scores or logits (as in Gemma 2)")
-        if cfg.sliding_window is not None:
-            raise _Unsupported("sliding-window attention (as in Gemma and Phi-3)")
         if cfg.norm_position == "output":
             raise _Unsupported("norms of the sublayers' outputs alone (as in OLMo 2)")
+        if cfg.qk_norm and cfg.qk_norm_span != "head":
+            raise _Unsupported("q/k norms over the whole width (as in OLMo 2)")
         if cfg.residual_multiplier != 1.0 or cfg.logits_scaling != 1.0:
             raise _Unsupported("scaled residual branches or logits (as in Granite)")
         if cfg.no_rope_every:
             raise _Unsupported("layers without rotary positions (as in SmolLM3)")
         if cfg.position == "rope" and cfg.rope_dims != cfg.d_head:
             raise _Unsupported("rotary positions on part of each head (as in Phi-4-mini)")
-        if embed.scale != 1.0 or embed.segment is not None or embed.norm is not None or cfg.scale_tied_logits:
-            raise _Unsupported("scaled, segmented or normalized embeddings, or a scaled head")
+        if embed.segment is not None or embed.norm is not None or cfg.scale_tied_logits:
+            raise _Unsupported("segmented or normalized embeddings, or a scaled head")
         if cfg.position not in _POSITIONS or model.final_logits_bias is not None:
             raise _Unsupported(f"positions {cfg.position!r}")
         tok = embed.tok
@@ -193,6 +191,9 @@ class NativeStep:
         pos = _floats(embed.pos.weight) if embed.pos is not None else _NONE
         cos = _floats(model.rope.cos) if model.rope is not None else _NONE
         sin = _floats(model.rope.sin) if model.rope is not None else _NONE
+        local = model.rope_local
+        local_cos = _floats(local.cos) if local is not None and model.rope is not None else _NONE
+        local_sin = _floats(local.sin) if local is not None and model.rope is not None else _NONE
         kind: int | None = None
         eps: float | None = None
         final_w = final_b = _NONE
@@ -200,15 +201,19 @@ class NativeStep:
             kind, eps, final_w, final_b = _norm(model.final_norm, kind, eps)
         head_w, head_format, head_b = _matrix(model.lm_head)
         adapters = _Adapters()
-        weights = [table, pos, cos, sin, final_w, final_b, head_w, head_b]
-        formats = [tok_format, 0, 0, 0, 0, 0, head_format, 0]
+        weights = [table, pos, cos, sin, final_w, final_b, head_w, head_b, local_cos, local_sin]
+        formats = [tok_format, 0, 0, 0, 0, 0, head_format, 0, 0, 0]
         attn = model.block(0).attn
+        sandwich, qk_norm = model.block(0).attn_out_norm is not None, attn.q_norm is not None
+        layer_sizes: list[dict[str, int]] = []
         for i in range(len(model.blocks)):
             block = model.block(i)
             if type(block.attn) is not MultiHeadAttention or type(block.ffn) is not FeedForward:
                 raise _Unsupported("a block with other attention or feed-forward modules")
-            if block.attn.q_norm is not None:
-                raise _Unsupported("per-head query and key norms (qk_norm, as in Qwen3)")
+            if (block.attn.scale, block.attn.softcap) != (attn.scale, attn.softcap):
+                raise _Unsupported("blocks with different attention scales or soft caps")
+            if block.attn.local_rope and not local_cos.numel():
+                raise _Unsupported("local rotary tables without rotary positions")
             kind, eps, n1_w, n1_b = _norm(block.attn_norm, kind, eps)
             _, _, n2_w, n2_b = _norm(block.ffn_norm, kind, eps)
             a, ffn = block.attn, block.ffn
@@ -227,16 +232,53 @@ class NativeStep:
                     weight, fmt, bias = adapters.matrix(part, len(weights))
                 weights += [weight, bias]
                 formats += [fmt, 0]
+            weights += cls._options(block, sandwich, qk_norm, kind, eps)
+            formats += [0] * 6
+            layer_sizes.append({"window": a.window or 0, "local_rope": int(a.local_rope)})
         if kind is None or eps is None:
             raise _Unsupported("a model without norms")
         act = "silu" if cfg.ffn == "swiglu" else cfg.activation
-        sizes = [
-            len(model.blocks), cfg.d_model, attn.n_heads, attn.n_kv_heads, attn.d_head, cfg.d_ff, cfg.vocab_size,
-            kind, 0 if cfg.ffn == "mlp" else 1, _ACTIVATIONS[act], _POSITIONS[cfg.position], embed.offset,
-            int(model.final_norm is not None),
-        ]  # fmt: skip
-        scale = attn.scale if attn.scale is not None else 1.0 / math.sqrt(attn.d_head)
-        return cls(weights, formats, sizes, [eps, float(scale)], adapters)
+        sizes = decode_step.pack_sizes(
+            {
+                "n_layers": len(model.blocks), "d_model": cfg.d_model, "n_heads": attn.n_heads,
+                "n_kv_heads": attn.n_kv_heads, "d_head": attn.d_head, "d_ff": cfg.d_ff, "vocab": cfg.vocab_size,
+                "norm": kind, "ffn": 0 if cfg.ffn == "mlp" else 1, "activation": _ACTIVATIONS[act],
+                "position": _POSITIONS[cfg.position], "position_offset": embed.offset,
+                "final_norm": int(model.final_norm is not None), "sandwich": int(sandwich), "qk_norm": int(qk_norm),
+            },
+            layer_sizes,
+        )  # fmt: skip
+        scalars = decode_step.pack_scalars(
+            {
+                "norm_eps": eps,
+                "attn_scale": attn.scale if attn.scale is not None else 1.0 / math.sqrt(attn.d_head),
+                "embed_scale": embed.scale,
+                "attn_softcap": attn.softcap or 0.0,  # 0: none
+                "logit_softcap": cfg.logit_softcap or 0.0,
+            }
+        )
+        return cls(weights, formats, sizes, scalars, adapters)
+
+    @staticmethod
+    def _options(block: Block, sandwich: bool, qk_norm: bool, kind: int | None, eps: float | None) -> list[Tensor]:
+        """A layer's option tensors in the op's order: q_norm_w, k_norm_w (per-head RMSNorms with the model's eps),
+        attn_out_norm_w, attn_out_norm_b, ffn_out_norm_w, ffn_out_norm_b (a sandwich block's); empty where absent.
+        """
+        a = block.attn
+        if (a.q_norm is not None) != qk_norm or (block.attn_out_norm is not None) != sandwich:
+            raise _Unsupported("blocks with different options (qk_norm, sandwich norms) in one model")
+        q_w = k_w = _NONE
+        if a.q_norm is not None and a.k_norm is not None:
+            norms = (a.q_norm, a.k_norm)
+            if any(type(n) is not RMSNorm or n.eps != eps for n in norms):
+                raise _Unsupported("q/k norms other than RMSNorms with the model's eps")
+            q_w, k_w = _floats(a.q_norm.weight), _floats(a.k_norm.weight)
+        out = [_NONE] * 4
+        if block.attn_out_norm is not None:
+            _, _, w1, b1 = _norm(block.attn_out_norm, kind, eps)
+            _, _, w2, b2 = _norm(block.ffn_out_norm, kind, eps)
+            out = [w1, b1, w2, b2]
+        return [q_w, k_w, *out]
 
     @property
     def adapted(self) -> bool:

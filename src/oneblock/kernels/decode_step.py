@@ -7,7 +7,9 @@
                           Tensor adapters, Tensor[] lora, int[] lora_sites, float[] lora_scales,
                           int logits_from=0) -> Tensor
 
-computes one new token's logits (B - logits_from, V) float32 for B rows of a pre-LN decoder in one call
+computes one new token's logits (B - logits_from, V) float32 for B rows of a pre-LN decoder in one call, with the
+block's options (per-head q/k norms, sandwich norms, scaled embeddings, soft caps, sliding windows, local rotary
+tables: ``SIZES``, ``LAYER_SIZES``, ``SCALARS`` name the fields of ``sizes`` and ``scalars``)
 (``csrc/decode_step.cpp``; rows that share a cache are the tokens of one prompt, each at its own column;
 the argument layout is written out in ``csrc/decode_step.h``), each row with its own LoRA adapter's updates where
 ``lora`` holds some (``csrc/decode_lora.cpp``; empty lists and an empty ``adapters`` for a model without them).
@@ -23,9 +25,26 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-SIZES = 13
-"""Length of the ``sizes`` argument; index 6 is the vocabulary V."""
-_VOCAB = 6
+SIZES = (
+    "n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab", "norm", "ffn", "activation",
+    "position", "position_offset", "final_norm", "sandwich", "qk_norm",
+)  # fmt: skip
+"""The model's fields of the ``sizes`` argument, in order (``csrc/decode_step.h`` says what each holds)."""
+LAYER_SIZES = ("window", "local_rope")
+"""Each layer's fields of ``sizes``, after the model's, in order."""
+SCALARS = ("norm_eps", "attn_scale", "embed_scale", "attn_softcap", "logit_softcap")
+"""The fields of the ``scalars`` argument, in order."""
+_VOCAB = SIZES.index("vocab")
+
+
+def pack_sizes(model: dict[str, int], layers: Sequence[dict[str, int]]) -> list[int]:
+    """The ``sizes`` argument from named fields: the model's (``SIZES``), then each layer's (``LAYER_SIZES``)."""
+    return [model[name] for name in SIZES] + [layer[name] for layer in layers for name in LAYER_SIZES]
+
+
+def pack_scalars(values: dict[str, float]) -> list[float]:
+    """The ``scalars`` argument from named fields (``SCALARS``)."""
+    return [float(values[name]) for name in SCALARS]
 
 
 def defined() -> bool:

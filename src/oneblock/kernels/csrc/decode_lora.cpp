@@ -47,7 +47,8 @@ void add_lora(Plan& p, const at::Tensor& adapters, at::TensorList weights, at::T
     const int64_t at = sites[2 * u], adapter = sites[2 * u + 1];
     const int64_t l = (at - kGlobalWeights) / kLayerWeights, slot = (at - kGlobalWeights) % kLayerWeights;
     // The layer's matrices: q_w 2, k_w 4, v_w 6 (the q/k/v product), o_w 8, gate_w 12, up_w 14, down_w 16.
-    const bool matrix = at >= kGlobalWeights && l < p.n_layers && slot >= 2 && slot % 2 == 0 && slot != 10;
+    const bool matrix = at >= kGlobalWeights && l < p.n_layers && slot >= 2 && slot < kLayerMatrices &&
+                        slot % 2 == 0 && slot != 10;
     TORCH_CHECK(matrix && present(weights[at]) && adapter >= 1, kOp, "LoRA update ", u, ": weight ", at,
                 " is not a layer's matrix the model has, or adapter ", adapter, " is not 1 or more");
     Layer& layer = p.layers[static_cast<size_t>(l)];

@@ -74,13 +74,19 @@ const int64_t* ids(const at::Tensor& t, int64_t rows, const char* what) {
 Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& columns,
                const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats, at::TensorList keys,
                at::TensorList values, at::IntArrayRef sizes, c10::ArrayRef<double> scalars) {
-  TORCH_CHECK(sizes.size() == 13 && scalars.size() == 2, kOp, "sizes needs 13 values and scalars 2");
+  TORCH_CHECK(!sizes.empty() && static_cast<int64_t>(sizes.size()) == kSizes + kLayerSizes * sizes[0] &&
+                  static_cast<int64_t>(scalars.size()) == kScalars,
+              kOp, "sizes needs ", kSizes, " values and ", kLayerSizes, " per layer, scalars ", kScalars, "; got ",
+              sizes.size(), " and ", scalars.size());
   Plan p;
   p.rows = tokens.numel();
   p.n_layers = sizes[0], p.d_model = sizes[1], p.heads = sizes[2], p.kv_heads = sizes[3], p.d_head = sizes[4];
   p.d_ff = sizes[5], p.vocab = sizes[6], p.norm = sizes[7], p.ffn = sizes[8], p.act = sizes[9];
   p.position = sizes[10], p.position_offset = sizes[11], p.final_norm = sizes[12] != 0;
+  p.sandwich = sizes[13] != 0, p.qk_norm = sizes[14] != 0;
   p.eps = static_cast<float>(scalars[0]), p.scale = static_cast<float>(scalars[1]);
+  p.embed_scale = static_cast<float>(scalars[2]), p.attn_softcap = static_cast<float>(scalars[3]);
+  p.logit_softcap = static_cast<float>(scalars[4]);
   const int64_t L = p.n_layers, C = p.d_model, rows = p.rows;
   TORCH_CHECK(L > 0 && C > 0 && p.heads > 0 && p.kv_heads > 0 && p.heads % p.kv_heads == 0 && p.d_head > 0 &&
                   p.d_ff > 0 && p.vocab > 0 && rows > 0,
@@ -96,7 +102,7 @@ Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::
 
   // The token table and the positions.
   p.tok = matrix(weights[0], formats[0], at::Tensor(), C, -1, "the token table");
-  int64_t table = -1;  // rows of the position table
+  int64_t table = -1, local_table = -1;  // rows of the position table, of the local rotary tables
   if (p.position == 1) {
     TORCH_CHECK(weights[1].dim() == 2 && weights[1].size(1) == C, kOp, "the position table must be (P, ", C, ")");
     table = weights[1].size(0);
@@ -108,10 +114,20 @@ Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::
     p.rope_cos = floats(weights[2], table * p.d_head, "rope_cos");
     p.rope_sin = floats(weights[3], table * p.d_head, "rope_sin");
   }
+  const float* local_cos = nullptr;
+  const float* local_sin = nullptr;
+  if (p.position == 2 && present(weights[8])) {
+    TORCH_CHECK(weights[8].dim() == 2 && weights[8].size(1) == p.d_head, kOp, "the local rotary tables must be (P, ",
+                p.d_head, ")");
+    local_table = weights[8].size(0);
+    local_cos = floats(weights[8], local_table * p.d_head, "rope_local_cos");
+    local_sin = floats(weights[9], local_table * p.d_head, "rope_local_sin");
+  }
   for (int64_t r = 0; r < rows; ++r) {
     TORCH_CHECK(p.tokens[r] >= 0 && p.tokens[r] < p.tok.n, kOp, "token ", p.tokens[r], " outside [0, ", p.tok.n, ")");
     const int64_t at = p.positions[r] + (p.position == 1 ? p.position_offset : 0);
     TORCH_CHECK(table < 0 || (at >= 0 && at < table), kOp, "position ", p.positions[r], " outside the tables");
+    TORCH_CHECK(local_table < 0 || at < local_table, kOp, "position ", p.positions[r], " outside the local tables");
   }
   p.final_w = p.final_norm ? floats(weights[4], C, "final_norm_w") : nullptr;
   p.final_b = p.final_norm ? floats(weights[5], C, "final_norm_b") : nullptr;
@@ -132,6 +148,27 @@ Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::
     layer.up = product(weights, formats, w + 12, 2, C, ff, "gate/up");
     layer.down = product(weights, formats, w + 16, 1, p.d_ff, C, "down");
     TORCH_CHECK(layer.attn_norm_w != nullptr && layer.ffn_norm_w != nullptr, kOp, "layer ", l, " lacks a norm");
+    // The options.
+    const int64_t o = w + kLayerMatrices, window = sizes[kSizes + kLayerSizes * l];
+    const bool local_rope = sizes[kSizes + kLayerSizes * l + 1] != 0;
+    if (p.qk_norm) {
+      layer.q_norm_w = floats(weights[o], p.d_head, "q_norm_w");
+      layer.k_norm_w = floats(weights[o + 1], p.d_head, "k_norm_w");
+      TORCH_CHECK(layer.q_norm_w != nullptr && layer.k_norm_w != nullptr, kOp, "layer ", l, " lacks a q/k norm");
+    }
+    if (p.sandwich) {
+      layer.attn_out_norm_w = floats(weights[o + 2], C, "attn_out_norm_w");
+      layer.attn_out_norm_b = floats(weights[o + 3], C, "attn_out_norm_b");
+      layer.ffn_out_norm_w = floats(weights[o + 4], C, "ffn_out_norm_w");
+      layer.ffn_out_norm_b = floats(weights[o + 5], C, "ffn_out_norm_b");
+      TORCH_CHECK(layer.attn_out_norm_w != nullptr && layer.ffn_out_norm_w != nullptr, kOp, "layer ", l,
+                  " lacks a sandwich norm");
+    }
+    TORCH_CHECK(window >= 0, kOp, "layer ", l, "'s window must be 0 (none) or positive; got ", window);
+    TORCH_CHECK(!local_rope || local_cos != nullptr, kOp, "layer ", l, " rotates with local tables the model lacks");
+    layer.window = window;
+    layer.rope_cos = local_rope ? local_cos : p.rope_cos;
+    layer.rope_sin = local_rope ? local_sin : p.rope_sin;
   }
 
   // The caches: L tensors of all rows (B, Hkv, capacity, Dh), or rows * L tensors (1, Hkv, capacity_r, Dh).

@@ -7,12 +7,14 @@
 //
 // The passes mirror the Python step (oneblock.inference.decode.LeanDecode.step) one for one:
 //
-//   embed                   token row (+ learned position row)                           per row
+//   embed                   token row (* embed_scale) (+ learned position row)            per row
 //   per layer:
 //     attn_norm             norm, and the 8-bit blocks of the result (once, for q, k and v)   per row
 //     qkv                   [q | k | v] = x W^T + b                                      per range of columns
-//     attention             rotate q and k, write k and v at the row's column, attend over the row's keys,
-//                           and the 8-bit blocks of the heads' output                    per (row, kv head)
+//     attention             normalize q and k per head (qk_norm), rotate them (a local layer with its own
+//                           tables), write k and v at the row's column, attend over the row's keys (a local
+//                           layer's last `window`; scores soft-capped), and the 8-bit blocks of the heads'
+//                           output                                                       per (row, kv head)
 //                           (rows sharing a cache, the tokens of one prompt: a pass writes every row's k and v
 //                           first, so that each row attends over the rows before it)
 //     o                     x += out W_o^T + b                                           per range of columns
@@ -20,7 +22,12 @@
 //     up                    h = act(gate) * up (gated) or act(x W_1^T + b) (MLP), and its 8-bit blocks
 //                                                                                        per range of columns
 //     down                  x += h W_2^T + b                                             per range of columns
-//   final_norm, head        logits = norm(x) W_head^T                                    per row, per range
+//   final_norm, head        logits = norm(x) W_head^T (soft-capped)                      per row, per range
+//
+// A sandwich block (Gemma) normalizes each sublayer's output before the residual add; the norm needs the whole
+// output row, so the add moves from the product's pass to the next per-row pass (ffn_norm after o; the next
+// layer's attn_norm, or final_norm, after down): x += norm(y), then that pass's own norm. A model without an
+// option computes nothing of it (a test of a flag or a null pointer per pass).
 //
 // With LoRA adapters (decode_lora.cpp), a product some adapter updates gets its update's two halves: x A^T for
 // each row's adapter in the pass that completes the product's input row (the norms; a pass of its own for the
@@ -173,40 +180,62 @@ void normalize(const Plan& p, const float* x, const float* w, const float* b, fl
   }
 }
 
-// One (row, kv head): rotate and store the head's key and value at the row's column.
-void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row) {
+// A sandwich block's sublayer output y joins the stream: x += norm(y) (y normalized in place).
+void join(const Plan& p, const float* w, const float* b, float* y, float* x) {
+  normalize(p, y, w, b, y);
+  for (int64_t i = 0; i < p.d_model; ++i) x[i] += y[i];
+}
+
+// One (row, kv head): normalize (qk_norm), rotate and store the head's key and value at the row's column.
+// `scratch` holds a normalized key.
+void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch) {
+  const Layer& layer = p.layers[static_cast<size_t>(l)];
   const int64_t dh = p.d_head, col = p.columns[r], cap = p.capacity[static_cast<size_t>(r)];
   float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
   float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
   const float* k = qkv_row + (p.heads + g) * dh;
   const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
-  if (p.rope_cos != nullptr) {
-    rotate(k, p.rope_cos + p.positions[r] * dh, p.rope_sin + p.positions[r] * dh, dh, keys + col * dh);
+  if (layer.k_norm_w != nullptr) {
+    fit(scratch, dh);
+    rms_norm(p.math, k, layer.k_norm_w, p.eps, dh, scratch.data());
+    k = scratch.data();
+  }
+  if (layer.rope_cos != nullptr) {
+    rotate(k, layer.rope_cos + p.positions[r] * dh, layer.rope_sin + p.positions[r] * dh, dh, keys + col * dh);
   } else {
     std::memcpy(keys + col * dh, k, static_cast<size_t>(dh) * sizeof(float));
   }
   std::memcpy(values + col * dh, v, static_cast<size_t>(dh) * sizeof(float));
 }
 
-// One (row, kv head): the query heads it serves attend over the row's keys (its own stored already).
+// One (row, kv head): the query heads it serves attend over the row's keys (its own stored already), a local
+// layer's over its last `window` columns.
 void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
                   std::vector<float>& scratch) {
-  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = p.columns[r], start = p.starts[r];
+  const Layer& layer = p.layers[static_cast<size_t>(l)];
+  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = p.columns[r];
+  const int64_t start = layer.window > 0 ? std::max(p.starts[r], col - layer.window + 1) : p.starts[r];
   const int64_t cap = p.capacity[static_cast<size_t>(r)];
   const float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
   const float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const float* cos = p.rope_cos != nullptr ? p.rope_cos + p.positions[r] * dh : nullptr;
-  const float* sin = p.rope_sin != nullptr ? p.rope_sin + p.positions[r] * dh : nullptr;
+  const float* cos = layer.rope_cos != nullptr ? layer.rope_cos + p.positions[r] * dh : nullptr;
+  const float* sin = layer.rope_sin != nullptr ? layer.rope_sin + p.positions[r] * dh : nullptr;
   const int64_t n = col - start + 1;
-  fit(scratch, n + dh);
-  float* q = scratch.data() + n;
+  fit(scratch, n + 2 * dh);
+  float* q = scratch.data() + n;  // the rotated query
+  float* normed = q + dh;         // the normalized one (qk_norm)
   for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
     const float* query = qkv_row + h * dh;
+    if (layer.q_norm_w != nullptr) {
+      rms_norm(p.math, query, layer.q_norm_w, p.eps, dh, normed);
+      query = normed;
+    }
     if (cos != nullptr) {
       rotate(query, cos, sin, dh, q);
       query = q;
     }
-    attend(p.math, query, keys + start * dh, values + start * dh, n, dh, p.scale, scratch.data(), att_row + h * dh);
+    attend(p.math, query, keys + start * dh, values + start * dh, n, dh, p.scale, p.attn_softcap, scratch.data(),
+           att_row + h * dh);
   }
 }
 
@@ -256,6 +285,9 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
           decode_row(p.tok.data + p.tokens[r] * p.tok.row_bytes, p.tok.fmt, C / QK, row);
         }
       }
+      if (p.embed_scale != 1.0f) {
+        for (int64_t i = 0; i < C; ++i) row[i] *= p.embed_scale;
+      }
       if (p.pos != nullptr) {
         const float* pos = p.pos + (p.positions[r] + p.position_offset) * C;
         for (int64_t i = 0; i < C; ++i) row[i] += pos[i];
@@ -264,6 +296,10 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     for (int64_t l = 0; l < p.n_layers; ++l) {
       const Layer& layer = p.layers[static_cast<size_t>(l)];
       walk.pass(rows, [&](int64_t r) {
+        if (p.sandwich && l > 0) {  // the previous layer's feed-forward output joins the stream
+          const Layer& before = p.layers[static_cast<size_t>(l - 1)];
+          join(p, before.ffn_out_norm_w, before.ffn_out_norm_b, y + r * C, x + r * C);
+        }
         normalize(p, x + r * C, layer.attn_norm_w, layer.attn_norm_b, xn + r * C);
         if (layer.qkv.block) quantize_range(xin, C, r, 0, C);
         if (!layer.qkv.lora.empty()) lora_a(p, layer.qkv, r, xn + r * C, lt + r * W);
@@ -275,14 +311,15 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       });
       if (p.shared_cache) {  // rows of one sequence: every key stored before any row attends
         walk.pass(rows * p.kv_heads, [&](int64_t i) {
+          thread_local std::vector<float> scratch;
           const int64_t r = i / p.kv_heads;
-          store(p, l, r, i % p.kv_heads, qkv + r * nqkv);
+          store(p, l, r, i % p.kv_heads, qkv + r * nqkv, scratch);
         });
       }
       walk.pass(rows * p.kv_heads, [&](int64_t i) {
         thread_local std::vector<float> scratch;
         const int64_t r = i / p.kv_heads, g = i % p.kv_heads, width = p.heads / p.kv_heads * p.d_head;
-        if (!p.shared_cache) store(p, l, r, g, qkv + r * nqkv);
+        if (!p.shared_cache) store(p, l, r, g, qkv + r * nqkv, scratch);
         attend_group(p, l, r, g, qkv + r * nqkv, att + r * hd, scratch);
         if (layer.o.block && att_blocks_per_group) quantize_range(ain, hd, r, g * width, (g + 1) * width);
       });
@@ -296,11 +333,12 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
         multiply(p, layer.o, ain, j0, j1, y, C);
         if (!layer.o.lora.empty()) lora_b(p, layer.o, lt, j0, j1, y, C);
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t r = 0; r < rows && !p.sandwich; ++r) {  // sandwich: joins in the next pass, normalized
           for (int64_t j = j0; j < j1; ++j) x[r * C + j] += y[r * C + j];
         }
       });
       walk.pass(rows, [&](int64_t r) {
+        if (p.sandwich) join(p, layer.attn_out_norm_w, layer.attn_out_norm_b, y + r * C, x + r * C);
         normalize(p, x + r * C, layer.ffn_norm_w, layer.ffn_norm_b, xn + r * C);
         if (layer.up.block) quantize_range(xin, C, r, 0, C);
         if (!layer.up.lora.empty()) lora_a(p, layer.up, r, xn + r * C, lt + r * W);
@@ -328,7 +366,7 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
         multiply(p, layer.down, hin, j0, j1, y, C);
         if (!layer.down.lora.empty()) lora_b(p, layer.down, lt, j0, j1, y, C);
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t r = 0; r < rows && !p.sandwich; ++r) {  // sandwich: joins in the next pass, normalized
           for (int64_t j = j0; j < j1; ++j) x[r * C + j] += y[r * C + j];
         }
       });
@@ -336,6 +374,10 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     const int64_t r0 = p.logits_from;  // the rows whose logits are asked for: [r0, rows)
     walk.pass(rows - r0, [&](int64_t i) {
       const int64_t r = r0 + i;
+      if (p.sandwich) {
+        const Layer& last = p.layers.back();
+        join(p, last.ffn_out_norm_w, last.ffn_out_norm_b, y + r * C, x + r * C);
+      }
       if (p.final_norm) {
         normalize(p, x + r * C, p.final_w, p.final_b, xn + r * C);
       } else {
@@ -345,7 +387,11 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     });
     const Input head_in{xin.x + r0 * C, xin.q + r0, xin.codes, xin.d, xin.s};
     walk.pass(chunks(p.vocab, cols_v), [&](int64_t i) {
-      multiply(p, p.head, head_in, i * cols_v, std::min(p.vocab, (i + 1) * cols_v), logits, p.vocab, rows - r0);
+      const int64_t j0 = i * cols_v, j1 = std::min(p.vocab, j0 + cols_v);
+      multiply(p, p.head, head_in, j0, j1, logits, p.vocab, rows - r0);
+      if (p.logit_softcap > 0.0f) {
+        for (int64_t r = 0; r < rows - r0; ++r) softcap(logits + r * p.vocab + j0, j1 - j0, p.logit_softcap);
+      }
     });
   };
   if (GOMP_parallel != nullptr && threads > 1) {

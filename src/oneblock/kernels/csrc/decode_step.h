@@ -4,16 +4,23 @@
 // The op's arguments (built once per generation by oneblock/inference/native_step.py):
 //
 //   sizes   = [n_layers, d_model, n_heads, n_kv_heads, d_head, d_ff, vocab, norm, ffn, activation, position,
-//              position_offset, final_norm]
+//              position_offset, final_norm, sandwich, qk_norm], then 2 per layer: [window, local_rope]
 //             norm 0 LayerNorm / 1 RMSNorm; ffn 0 MLP / 1 gated (act(gate) * up); activation as step_math.h;
-//             position 0 none / 1 learned / 2 rotary
-//   scalars = [norm_eps, attn_scale]
-//   weights = 8 model tensors, then 18 per layer; an empty tensor stands for one the model does not have:
-//             tok, pos, rope_cos, rope_sin, final_norm_w, final_norm_b, head_w, head_b,
+//             position 0 none / 1 learned / 2 rotary; sandwich 1: each sublayer's output normalized before the
+//             residual add (Gemma); qk_norm 1: an RMSNorm over each head of q and of k before rotary (Qwen3);
+//             per layer: window 0 (the whole context) or W (a query at column c sees columns > c - W), local_rope
+//             1 to rotate with the local tables (Gemma 3's local layers)
+//   scalars = [norm_eps, attn_scale, embed_scale, attn_softcap, logit_softcap]
+//             embed_scale multiplies the token row (1: none); a softcap of 0 is none, else s -> tanh(s / cap) * cap
+//             on the scaled scores before the softmax / on the logits
+//   weights = 10 model tensors, then 24 per layer; an empty tensor stands for one the model does not have:
+//             tok, pos, rope_cos, rope_sin, final_norm_w, final_norm_b, head_w, head_b, rope_local_cos,
+//             rope_local_sin,
 //             per layer: attn_norm_w, attn_norm_b, q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b,
-//                        ffn_norm_w, ffn_norm_b, gate_w, gate_b, up_w, up_b, down_w, down_b
+//                        ffn_norm_w, ffn_norm_b, gate_w, gate_b, up_w, up_b, down_w, down_b,   (kLayerMatrices)
+//                        q_norm_w, k_norm_w, attn_out_norm_w, attn_out_norm_b, ffn_out_norm_w, ffn_out_norm_b
 //             q_w may hold q, k and v stacked (k_w, v_w empty); gate_w gate and up stacked (up_w empty), or the
-//             MLP's first matrix
+//             MLP's first matrix; the options' tensors are empty in a model without them
 //   formats = one per weight: 0 = float32 (N, K), else the GGUF type of (N, K / 32 * nbytes) uint8 blocks
 //
 // LoRA adapters, rows of different adapters in one step (oneblock/adapters/multi.py, MultiLoraLinear); all empty
@@ -41,8 +48,12 @@
 
 namespace oneblock {
 
-constexpr int64_t kGlobalWeights = 8;
-constexpr int64_t kLayerWeights = 18;
+constexpr int64_t kGlobalWeights = 10;
+constexpr int64_t kLayerWeights = 24;
+constexpr int64_t kLayerMatrices = 18;  // a layer's norms and matrices, (weight, bias) pairs; its options after
+constexpr int64_t kSizes = 15;          // then kLayerSizes per layer
+constexpr int64_t kLayerSizes = 2;
+constexpr int64_t kScalars = 5;
 constexpr int64_t kMaxParts = 3;
 
 // One weight matrix (N, K): float32 rows (fmt 0) or GGUF block rows.
@@ -83,13 +94,23 @@ struct Layer {
   const float* ffn_norm_w;
   const float* ffn_norm_b;
   Product qkv, o, up, down;
+  // The options, null / 0 where the model does not have them.
+  const float* q_norm_w = nullptr;  // (Dh,) each
+  const float* k_norm_w = nullptr;
+  const float* attn_out_norm_w = nullptr;  // (C,) each: a sandwich block's
+  const float* attn_out_norm_b = nullptr;
+  const float* ffn_out_norm_w = nullptr;
+  const float* ffn_out_norm_b = nullptr;
+  int64_t window = 0;  // a local layer's last columns attended; 0: all
+  const float* rope_cos = nullptr;  // (P, Dh): the model's tables or the local ones, or null
+  const float* rope_sin = nullptr;
 };
 
 struct Plan {
   int64_t rows, n_layers, d_model, heads, kv_heads, d_head, d_ff, vocab;
   int64_t norm, ffn, act, position, position_offset;
-  bool final_norm;
-  float eps, scale;
+  bool final_norm, sandwich, qk_norm;
+  float eps, scale, embed_scale, attn_softcap, logit_softcap;
   Matrix tok;              // (V, C) token table
   const float* pos = nullptr;  // (P, C) learned positions, or null
   const float* rope_cos = nullptr;  // (P, Dh), or null

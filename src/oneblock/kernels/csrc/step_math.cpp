@@ -120,17 +120,20 @@ void rotate(const float* x, const float* cos, const float* sin, int64_t d_head, 
   for (int64_t i = half; i < d_head; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
+void softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / cap) * cap;
+}
+
 void attend(const FloatMath& m, const float* q, const float* keys, const float* values, int64_t n, int64_t d_head,
-            float scale, float* scores, float* out) {
+            float scale, float cap, float* scores, float* out) {
   for (int64_t j = 0; j < n; j += 4) {
     const int cols = static_cast<int>(std::min<int64_t>(4, n - j));
     m.dot(keys + j * d_head, d_head, cols, q, scores + j);
   }
+  for (int64_t j = 0; j < n; ++j) scores[j] *= scale;
+  if (cap > 0.0f) softcap(scores, n, cap);
   float top = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    scores[j] *= scale;
-    top = std::max(top, scores[j]);
-  }
+  for (int64_t j = 0; j < n; ++j) top = std::max(top, scores[j]);
   float total = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
     scores[j] = std::exp(scores[j] - top);  // the largest term is 1: no overflow, the sum is at least 1

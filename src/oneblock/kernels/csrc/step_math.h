@@ -9,7 +9,8 @@
 //   rms_norm      w * (x * rsqrt(mean(x^2) + eps))                      oneblock.layers.norms.RMSNorm
 //   layer_norm    (x - mean) * rsqrt(var + eps) * w + b                 F.layer_norm
 //   rotate        x * cos + rotate_half(x) * sin                        oneblock.layers.rotary.apply_rotary
-//   attend        softmax(scale * q K^T) V over one row's cached keys   F.scaled_dot_product_attention
+//   softcap       tanh(x / cap) * cap                                   Gemma 2's capped scores and logits
+//   attend        softmax(cap(scale * q K^T)) V over one row's keys     F.scaled_dot_product_attention
 //   activation    gelu, gelu_tanh, relu, silu                           oneblock.layers.activations
 #pragma once
 
@@ -48,9 +49,12 @@ void layer_norm(const float* x, const float* w, const float* b, float eps, int64
 // out = x * cos + rotate_half(x) * sin, with rotate_half([x1, x2]) = [-x2, x1]; `out` must not alias `x`.
 void rotate(const float* x, const float* cos, const float* sin, int64_t d_head, float* out);
 
-// One query head over `n` cached keys and values (n, d_head) each: out (d_head,) = softmax(scale q.k_j) v.
-// `scores` is scratch for n floats.
+// x[i] = tanh(x[i] / cap) * cap for i < n, in place (MultiHeadAttention's scores, Decoder.logits).
+void softcap(float* x, int64_t n, float cap);
+
+// One query head over `n` cached keys and values (n, d_head) each: out (d_head,) = softmax(scale q.k_j) v, the
+// scaled scores soft-capped first where `cap` > 0. `scores` is scratch for n floats.
 void attend(const FloatMath& m, const float* q, const float* keys, const float* values, int64_t n, int64_t d_head,
-            float scale, float* scores, float* out);
+            float scale, float cap, float* scores, float* out);
 
 }  // namespace oneblock
