@@ -47,7 +47,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
     "granite": ("GraniteConfig", GRANITE, "llama-bpe"),
     "smollm3": ("SmolLM3Config", {"num_hidden_layers": 4, "tie_word_embeddings": True}, "llama-bpe"),
     "olmo2": ("Olmo2Config", {"tie_word_embeddings": False}, "qwen2"),
-    "phi3": ("Phi3Config", PHI3, "spm"),
+    "phi3": ("Phi3Config", PHI3, "gpt-2"),
     "gemma2": ("Gemma2Config", {**GEMMA, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}, "spm"),
     "gemma3": ("Gemma3TextConfig", {**GEMMA, "num_hidden_layers": 7}, "spm"),
 }
@@ -77,13 +77,15 @@ def make_hf(directory: Path, family: str, seed: int = 0) -> Path:
     converter()
     config_class, sizes, vocab = FAMILIES[family]
     if vocab == "spm":  # Gemma's norms store offsets around 0
-        return _make_spm(directory, config_class, sizes, seed, 0.0 if family.startswith("gemma") else 1.0)
+        return _make_spm(directory, config_class, sizes, seed, 0.0)
     tokenizer = GGUFTokenizer.from_gguf(SDIST / "models" / f"ggml-vocab-{vocab}.gguf")
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
     config = getattr(transformers, config_class)(vocab_size=tokenizer.vocab_size, **{**SHARED, **sizes, **ids})
     _randomised(transformers.AutoModelForCausalLM.from_config(config), seed).save_pretrained(directory)
     tokenizer.tokenizer.save(str(directory / "tokenizer.json"))
     special = {k.removesuffix("_id"): tokenizer.token(v) for k, v in ids.items() if v is not None}
+    if family == "phi3":  # Phi-4-mini's byte-level BPE (the converter reads Phi-3's SentencePiece otherwise)
+        special["tokenizer_class"] = "GPT2Tokenizer"
     (directory / "tokenizer_config.json").write_text(json.dumps(special))
     return directory
 
@@ -104,7 +106,8 @@ TEXT = (
 
 
 def _make_spm(directory: Path, config_class: str, sizes: dict[str, Any], seed: int, offset: float) -> Path:
-    """A model with a SentencePiece vocabulary trained on ``TEXT`` (ids 0-3: pad, eos, bos, unk)."""
+    """A model (norm weights around ``offset``), its SentencePiece vocabulary trained on ``TEXT`` (ids 0-3: pad,
+    eos, bos, unk)."""
     import sentencepiece
     import transformers
 
@@ -125,7 +128,8 @@ def convert(directory: Path, out: Path, outtype: str = "f32") -> Path:
     script = converter()
     env = {**os.environ, "PYTHONPATH": str(SDIST / "gguf-py"), "NO_LOCAL_GGUF": ""}
     done = subprocess.run(
-        [sys.executable, str(script), str(directory), "--outtype", outtype, "--outfile", str(out)],
+        # a name of its own: llama.cpp treats a file whose name says "phi3" as a real Phi-3 (its chat tokens)
+        [sys.executable, str(script), str(directory), "--outtype", outtype, "--outfile", str(out), "--model-name", "t"],
         env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     if done.returncode != 0:

@@ -79,6 +79,7 @@ def _qwen2_split() -> pre_tokenizers.PreTokenizer:
 PRE_TOKENIZERS = {
     "default": _gpt2_split,
     "gpt2": _gpt2_split,
+    "gpt-2": _gpt2_split,  # llama.cpp's name for GPT-2's regex
     "smollm": _smollm_split,
     "llama-bpe": _llama3_split,
     "llama3": _llama3_split,
