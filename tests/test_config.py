@@ -46,7 +46,7 @@ def test_json_round_trip():
         ({"dropout": 1.5}, r"dropout must be in \[0, 1\); got 1.5"),
         ({"dropout": -0.1}, r"dropout must be in \[0, 1\); got -0.1"),
         ({"arch": "gpt"}, "arch must be one of 'encoder', 'decoder', 'encoder-decoder'; got 'gpt'"),
-        ({"norm_position": "middle"}, "norm_position must be one of 'pre', 'post', 'sandwich'; got 'middle'"),
+        ({"norm_position": "middle"}, "norm_position must be one of 'pre', 'post', 'sandwich', 'output'; got 'middle'"),
         ({"norm": "batchnorm"}, "norm must be one of 'layernorm', 'rmsnorm'; got 'batchnorm'"),
         ({"activation": "tanh"}, "activation must be one of"),
         ({"n_kv_heads": 3}, r"n_kv_heads \(3\) must divide n_heads \(4\)"),

@@ -178,12 +178,12 @@ class ModelConfig:
                 f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}); "
                 f"choose n_kv_heads from {_divisors(self.n_heads)}"
             )
+        if self.position == "rope" and self.d_head % 2 != 0:
+            raise ConfigError(f"rotary positions need an even head width; got d_head {self.d_head}")
         if self.position == "rope" and (self.rope_dims % 2 or self.rope_dims > self.d_head):
             raise ConfigError(f"rope_dims ({self.rope_dims}) must be even and at most d_head ({self.d_head})")
         _check_rope_scaling(self.rope_scaling, self.rope_dims)
         self._check_gemma_options()
-        if self.position == "rope" and self.d_head % 2 != 0:
-            raise ConfigError(f"rotary positions need an even head width; got d_head {self.d_head}")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
             raise ConfigError(f"dropout must be in [0, 1); got {self.dropout!r}")
         if not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:

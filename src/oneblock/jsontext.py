@@ -73,6 +73,26 @@ def loads(
     return value
 
 
+def loads_at(
+    text: str, start: int, *, what: str, error: type[OneBlockError] = InputError, max_depth: int = MAX_DEPTH
+) -> tuple[Any, int]:
+    """The JSON value that begins at ``start`` in ``text`` (a schema written inside a grammar) and the index where
+    it ends, bounded in depth as ``loads``.
+
+    Raises:
+        ``error``: naming ``what``: too deep, or not JSON there.
+    """
+    try:
+        value, end = json.JSONDecoder().raw_decode(text, start)
+    except RecursionError:
+        raise error(f"{what} nests arrays or objects too deeply to read (the limit is {max_depth})") from None
+    except ValueError as err:
+        raise error(f"{what} is not JSON: {err}") from None
+    if nesting_depth(value, stop_after=max_depth) > max_depth:
+        raise error(f"{what} nests arrays or objects more than {max_depth} deep; the limit is {max_depth}")
+    return value, end
+
+
 def _bounded(kind: type, limit: int) -> Any:
     """A ``json`` number hook that refuses numbers of more than ``limit`` characters before converting them."""
 

@@ -22,7 +22,7 @@ def _bf16_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.bfloat16().double() @ w.bfloat16().double().T
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", kernels.QUANTIZABLE)
 @pytest.mark.parametrize("n", [37, 1000])  # one tile; several tiles (2^20 values a tile at K = 1024)
 def test_from_gemm_rows_up_it_is_the_bfloat16_product(fmt, n, case):
     x, blocks = case(fmt, fallback.GEMM_ROWS + 5, n, 1024 if n > 100 else 96)
@@ -50,11 +50,27 @@ def test_an_interleaved_matrix_gives_what_its_file_layout_gives(fmt, case):
     )
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", kernels.QUANTIZABLE)
 def test_below_gemm_rows_it_is_block_mm_exactly(fmt, case):
     x, blocks = case(fmt, fallback.GEMM_ROWS - 1, 21, 96)
     code = FORMATS[fmt].ggml_type
     assert torch.equal(torch.ops.oneblock.block_mm_bf16(x, blocks, code), torch.ops.oneblock.block_mm(x, blocks, code))
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_k_quant_tiles_are_the_bfloat16_product_and_below_gemm_rows_block_mm(fmt):
+    from test_k_quants import random_blocks  # valid 256-value blocks: oneblock writes no K-quants
+
+    blocks, code = random_blocks(fmt, 37, 512), FORMATS[fmt].ggml_type
+    x = torch.randn(fallback.GEMM_ROWS + 5, 512, generator=torch.Generator().manual_seed(5))
+    expected = _bf16_product(x, kernels.dequantize(blocks, fmt))
+    scale = expected.abs().amax(dim=1, keepdim=True)
+    got = torch.ops.oneblock.block_mm_bf16(x, blocks, code)
+    assert ((got.double() - expected).abs() <= 2**-8 * expected.abs() + 1e-5 * scale).all()
+    few = x[: fallback.GEMM_ROWS - 1]
+    assert torch.equal(
+        torch.ops.oneblock.block_mm_bf16(few, blocks, code), torch.ops.oneblock.block_mm(few, blocks, code)
+    )
 
 
 def test_block_linear_takes_bfloat16_tiles_only_inside_prompt_tiles_and_without_gradients(case):

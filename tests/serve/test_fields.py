@@ -29,6 +29,7 @@ class NoEmbedder:
     """Stands for the embedding model: these requests are refused before anything is embedded."""
 
     dim = 8
+    vocab_size = 30522
 
     def tokenize(self, texts):
         raise AssertionError("not reached")

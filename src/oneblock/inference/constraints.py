@@ -29,8 +29,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from oneblock import jsontext
 from oneblock.errors import InputError
-from oneblock.inference.grammar_bounds import check_lark, check_schema, on_large_stack
+from oneblock.inference.grammar_bounds import JSON_DEPTH, check_lark, check_schema, on_large_stack
 
 INSTALL = "pip install llguidance"
 # JSON is written as json.dumps writes it: ", " and ": " between items, no other whitespace. llguidance's default
@@ -80,8 +81,8 @@ def _reason(matcher: Any) -> str:
 def _loaded(text: str) -> Any:
     """A schema's JSON text as a value, for measuring (``None`` for text that is not JSON: llguidance says why)."""
     try:
-        return json.loads(text)
-    except ValueError:
+        return jsontext.loads(text, what="the JSON schema", max_depth=JSON_DEPTH)
+    except InputError:
         return None
 
 

@@ -10,19 +10,20 @@ several times the deepest recursion the bounds allow (``on_large_stack``).
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from oneblock import jsontext
 from oneblock.errors import InputError
 
 MAX_GRAMMAR_BYTES = 512_000
 MAX_RULES = 2_000  # Lark rules and terminals; a JSON schema's distinct references count the same
 MAX_REF_DEPTH = 256  # references followed one inside the other (real schemas nest a few deep)
 MAX_BRANCHES = 1_000  # alternatives of one anyOf / oneOf: llguidance allows 2,000 Earley items in a row
+JSON_DEPTH = 4 * MAX_REF_DEPTH  # nesting a schema's JSON may have to be read and measured (deeper: llguidance says)
 COMPILE_STACK_BYTES = 64 << 20  # 4 times what MAX_RULES chained rules or references (2 to 8 KB each) need
 _STACK_LOCK = threading.Lock()  # threading.stack_size is process-wide: one compile thread is started at a time
 _RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_]\w*(?:\.-?\d+)?[ \t]*:", re.MULTILINE)
@@ -40,11 +41,10 @@ def check_lark(grammar: str) -> None:
     rules = len(_RULE.findall(grammar))
     if rules > MAX_RULES:
         raise InputError(f"the Lark grammar has {rules:,} rules; the limit is {MAX_RULES:,}: write fewer rules")
-    decoder = json.JSONDecoder()
     for found in _JSON.finditer(grammar):
         try:
-            schema, _ = decoder.raw_decode(grammar, found.end())
-        except ValueError:
+            schema, _ = jsontext.loads_at(grammar, found.end(), what="a grammar's JSON schema", max_depth=JSON_DEPTH)
+        except InputError:
             continue  # llguidance reports the grammar's own errors
         check_schema(schema)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -137,18 +138,29 @@ def convert(directory: Path, out: Path, outtype: str = "f32") -> Path:
     return out
 
 
-def made(root: Path, family: str) -> Path:
-    """The HF directory of ``family`` with its F32 (``f32.gguf``) and Q8_0 (``q8_0.gguf``) conversions, made once
-    under ``root`` for every test worker (the first one to ask makes it, the others wait on a lock)."""
-    import fcntl
+MODELS = Path.home() / ".cache" / "oneblock" / "test-models"
+"""Where the models and llama.cpp's conversions are kept between runs, under a digest of this file: changing how
+they are made makes new ones (``ONEBLOCK_TEST_MODELS`` moves the folder)."""
 
+
+def made(family: str) -> Path:
+    """The HF directory of ``family`` with its F32 (``f32.gguf``) and Q8_0 (``q8_0.gguf``) conversions, made once
+    and kept for later runs (the first test worker to ask makes it, the others wait on a lock)."""
+    import fcntl
+    import hashlib
+
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    root = Path(os.environ.get("ONEBLOCK_TEST_MODELS", MODELS)) / digest
     directory = root / family
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"{family}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (directory / "q8_0.gguf").is_file():
-            directory.mkdir(exist_ok=True)
-            make_hf(directory, family)
-            convert(directory, directory / "f32.gguf", "f32")
-            convert(directory, directory / "q8_0.gguf", "q8_0")
+        if not directory.is_dir():  # made whole in a folder of its own, then renamed: never half there
+            work = root / f".{family}.partial"
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir()
+            make_hf(work, family)
+            convert(work, work / "f32.gguf", "f32")
+            convert(work, work / "q8_0.gguf", "q8_0")
+            work.rename(directory)
     return directory

@@ -42,11 +42,11 @@ PYTHON_STEP = {  # family -> why the Python step decodes, in the reason it gives
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request, tmp_path_factory):
+def family(request):
     """(name, directory holding the HF model, f32.gguf and q8_0.gguf, transformers' model, ids, its logits)."""
     import transformers
 
-    directory = made(tmp_path_factory.getbasetemp().parent / "architectures", request.param)
+    directory = made(request.param)
     reference = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     ids = torch.randint(0, reference.config.vocab_size, (1, LENGTH), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -159,10 +159,10 @@ def test_the_f32_file_is_the_float32_model_in_llama_cpp(family):
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (_, _, vocab) in FAMILIES.items() if vocab != "spm"))
-def test_the_files_byte_level_tokenizer_is_transformers(name, tmp_path_factory):
+def test_the_files_byte_level_tokenizer_is_transformers(name):
     from transformers import AutoTokenizer
 
-    directory = made(tmp_path_factory.getbasetemp().parent / "architectures", name)
+    directory = made(name)
     ours = GGUFTokenizer.from_gguf(directory / "f32.gguf")
     theirs = AutoTokenizer.from_pretrained(directory)
     text = "Hello world 12345, it's  a\n\n test of 3.14159 \u00e9t\u00e9 \U0001f680!"

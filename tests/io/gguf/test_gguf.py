@@ -301,7 +301,7 @@ U32 = gguf.GGUFValueType.UINT32
     [
         ({"llama.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING)}, "RoPE scaling.*'yarn'"),
         ({"llama.expert_count": (8, U32)}, r"mixture-of-experts models \(llama.expert_count=8\)"),
-        ({"llama.rope.dimension_count": (4, U32)}, r"dimension_count \(4\) differs from the head width \(8\)"),
+        ({"llama.rope.dimension_count": (10, U32)}, r"rope_dims \(10\) must be even and at most d_head \(8\)"),
         ({"llama.vocab_size": (999, U32)}, r"vocab_size \(999\) disagrees with token_embd.weight \(203 rows\)"),
         ({"llama.attention.head_count": (None, U32)}, "lacks 'llama.attention.head_count'"),
         ({"tokenizer.ggml.padding_token_id": (5000, U32)}, r"impossible model: pad_token_id \(5000\) must lie in"),

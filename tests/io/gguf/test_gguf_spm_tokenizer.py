@@ -207,7 +207,7 @@ def test_logprob_bytes_spell_the_pieces(vocab):
 def test_a_gemma_file_from_llama_cpps_converter_equals_llama_cpp(tmp_path_factory):
     from converter_testing import made
 
-    directory = made(tmp_path_factory.getbasetemp().parent / "architectures", "gemma3")  # shared with its tests
+    directory = made("gemma3")  # shared with its tests
     path = directory / "f32.gguf"
     ours = GGUFTokenizer.from_gguf(path)
     assert read_layout(path).metadata["tokenizer.ggml.add_space_prefix"] is False  # as the converter writes Gemma
