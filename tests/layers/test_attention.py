@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from oneblock.errors import ConfigError, InputError
-from oneblock.layers.attention import CrossAttention, MultiHeadAttention
+from oneblock.layers.attention import MultiHeadAttention
+from oneblock.layers.cross_attention import CrossAttention
 from oneblock.layers.kv_cache import KVCache
 from oneblock.layers.masks import causal_mask
 from oneblock.layers.state import AttentionRecorder, AttentionState

@@ -1,8 +1,9 @@
 """The pieces of a transformer block, each standing alone."""
 
 from oneblock.layers.activations import GELU, gelu_reference, gelu_tanh_reference, make_activation
-from oneblock.layers.attention import CrossAttention, MultiHeadAttention
+from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.block import Block
+from oneblock.layers.cross_attention import CrossAttention
 from oneblock.layers.feedforward import FeedForward
 from oneblock.layers.kv_cache import Cache, KVCache
 from oneblock.layers.masks import causal_mask, padding_to_attention_mask

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
-from oneblock.layers.attention import CrossAttention, MultiHeadAttention
+from oneblock.layers.attention import MultiHeadAttention
+from oneblock.layers.cross_attention import CrossAttention
 from oneblock.layers.feedforward import FeedForward
 from oneblock.layers.norms import make_norm
 from oneblock.layers.state import EMPTY, AttentionState

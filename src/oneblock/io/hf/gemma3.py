@@ -10,18 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torch import Tensor
-
 from oneblock.config import ModelConfig
 from oneblock.errors import ConversionError
 from oneblock.io.hf import gemma2, llama
-from oneblock.io.hf.common import TensorSource, config_mismatches, refuse
+from oneblock.io.hf.common import config_mismatches, refuse
 
 FAMILY = "Gemma 3"
 MODEL_TYPE = "gemma3_text"
 PREFIX = gemma2.PREFIX
 IGNORE = gemma2.IGNORE
 _pairs = gemma2._pairs
+weights_from_hf, weights_to_hf = gemma2.weights_from_hf, gemma2.weights_to_hf  # the same tensors, the same names
 
 
 def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
@@ -41,11 +40,6 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
         if hf.get(key):
             refuse(FAMILY, key, hf[key], "Gemma 3 has no soft-caps (Gemma 2 does)")
     return gemma2.gemma_config(FAMILY, hf, rope_theta=theta, rope_scaling=scaling, rope_local_theta=local, qk_norm=True)
-
-
-def weights_from_hf(cfg: ModelConfig, source: TensorSource) -> dict[str, Tensor]:
-    """oneblock-named tensors from a Gemma 3 checkpoint."""
-    return gemma2.weights_from_hf(cfg, source)
 
 
 def mismatches(cfg: ModelConfig) -> list[str]:
@@ -70,8 +64,3 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "rope_parameters": {"full_attention": full, "sliding_attention": local},
         "attn_logit_softcapping": None, "final_logit_softcapping": None,
     }  # fmt: skip
-
-
-def weights_to_hf(cfg: ModelConfig, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """``Gemma3ForCausalLM`` state_dict entries."""
-    return gemma2.weights_to_hf(cfg, state)

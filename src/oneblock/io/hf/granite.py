@@ -10,18 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torch import Tensor
-
 from oneblock.config import ModelConfig
 from oneblock.io.hf import llama
-from oneblock.io.hf.common import TensorSource, config_mismatches, refuse
+from oneblock.io.hf.common import config_mismatches, refuse
 
 FAMILY = "Granite"
 MODEL_TYPE = "granite"
 PREFIX = llama.PREFIX
 IGNORE = llama.IGNORE
 _pairs = llama.decoder_pairs
-SCALARS = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "attn_scale")
+weights_from_hf, weights_to_hf = llama.weights_from_hf, llama.weights_to_hf  # the same tensors, the same names
 
 
 def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
@@ -35,11 +33,6 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
         residual_multiplier=float(hf.get("residual_multiplier", 1.0)),
         logits_scaling=float(hf.get("logits_scaling", 1.0)),
     )  # fmt: skip
-
-
-def weights_from_hf(cfg: ModelConfig, source: TensorSource) -> dict[str, Tensor]:
-    """oneblock-named tensors from a Granite checkpoint."""
-    return llama.weights_from_hf(cfg, source)
 
 
 def mismatches(cfg: ModelConfig) -> list[str]:
@@ -58,8 +51,3 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "embedding_multiplier": cfg.embedding_multiplier, "residual_multiplier": cfg.residual_multiplier,
         "logits_scaling": cfg.logits_scaling, "attention_multiplier": cfg.attn_scale,
     }  # fmt: skip
-
-
-def weights_to_hf(cfg: ModelConfig, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """``GraniteForCausalLM`` state_dict entries."""
-    return llama.weights_to_hf(cfg, state)

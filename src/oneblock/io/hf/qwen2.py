@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torch import Tensor
-
 from oneblock.config import ModelConfig
 from oneblock.io.hf import llama
-from oneblock.io.hf.common import TensorSource, config_mismatches
+from oneblock.io.hf.common import config_mismatches
 
 FAMILY = "Qwen2"
 MODEL_TYPE = "qwen2"
@@ -27,11 +25,7 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
 
 
 _pairs = llama.decoder_pairs  # the one-to-one names, read by adapter targets as every family's
-
-
-def weights_from_hf(cfg: ModelConfig, source: TensorSource) -> dict[str, Tensor]:
-    """oneblock-named tensors from a Qwen2 checkpoint."""
-    return llama.weights_from_hf(cfg, source)
+weights_from_hf, weights_to_hf = llama.weights_from_hf, llama.weights_to_hf  # the same tensors, the same names
 
 
 def mismatches(cfg: ModelConfig) -> list[str]:
@@ -46,8 +40,3 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     for key in ("attention_bias", "mlp_bias"):
         del out[key]
     return {**out, "model_type": MODEL_TYPE, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False}
-
-
-def weights_to_hf(cfg: ModelConfig, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """``Qwen2ForCausalLM`` state_dict entries."""
-    return llama.weights_to_hf(cfg, state)

@@ -6,17 +6,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torch import Tensor
-
 from oneblock.config import ModelConfig
 from oneblock.io.hf import llama
-from oneblock.io.hf.common import TensorSource, config_mismatches, refuse
+from oneblock.io.hf.common import config_mismatches, refuse
 
 FAMILY = "SmolLM3"
 MODEL_TYPE = "smollm3"
 PREFIX = llama.PREFIX
 IGNORE = llama.IGNORE
 _pairs = llama.decoder_pairs
+weights_from_hf, weights_to_hf = llama.weights_from_hf, llama.weights_to_hf  # the same tensors, the same names
 
 
 def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
@@ -31,11 +30,6 @@ def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
     if bias != bool(hf.get("mlp_bias", False)):
         refuse(FAMILY, "mlp_bias", hf.get("mlp_bias"), "oneblock's `bias` switches every linear layer at once")
     return llama.decoder_config(FAMILY, hf, keys, bias=bias, no_rope_every=every)
-
-
-def weights_from_hf(cfg: ModelConfig, source: TensorSource) -> dict[str, Tensor]:
-    """oneblock-named tensors from a SmolLM3 checkpoint."""
-    return llama.weights_from_hf(cfg, source)
 
 
 def mismatches(cfg: ModelConfig) -> list[str]:
@@ -53,8 +47,3 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         **llama.config_to_hf(cfg), "model_type": MODEL_TYPE, "architectures": ["SmolLM3ForCausalLM"],
         "no_rope_layer_interval": cfg.no_rope_every, "no_rope_layers": kept, "use_sliding_window": False,
     }  # fmt: skip
-
-
-def weights_to_hf(cfg: ModelConfig, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """``SmolLM3ForCausalLM`` state_dict entries."""
-    return llama.weights_to_hf(cfg, state)
