@@ -103,11 +103,6 @@ def config_from_layout(layout: GGUFLayout) -> ModelConfig:
     return decoder_config(architecture_of(layout.metadata), layout)
 
 
-def _keep_rows(weight: Tensor, n_heads: int) -> Tensor:
-    """The rows of a family stored in ``rotate_half`` order already."""
-    return weight
-
-
 def oneblock_name(gguf_name: str) -> str:
     """The oneblock state_dict name of a GGUF tensor, e.g. ``blk.0.attn_q.weight`` -> ``blocks.0.attn.q_proj.weight``.
 
@@ -235,7 +230,7 @@ def from_gguf(
         state["lm_head.weight"] = state["embed.tok.weight"]
     _check_names_and_shapes(cfg, expected, state)
     names = {t.name: oneblock_name(t.name) for t in _weights(layout, arch)}
-    rows = unpermute_rows if arch.permuted else _keep_rows
+    rows = unpermute_rows if arch.permuted else None
     modules = {}
     if dtype is None and on_cpu:
         modules = cached_modules(

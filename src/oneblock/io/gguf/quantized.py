@@ -32,7 +32,7 @@ from oneblock.layers.quantized import BlockEmbedding, BlockLinear
 
 _BY_TYPE = {spec.ggml_type: name for name, spec in kernels.FORMATS.items()}
 
-Rows = Callable[[Tensor, int], Tensor]  # unpermute_rows(weight rows, n_heads)
+Rows = Callable[[Tensor, int], Tensor] | None  # unpermute_rows(weight rows, n_heads); None: rows as stored
 
 
 def block_format(t: TensorRecord) -> str | None:
@@ -51,6 +51,8 @@ def _part(t: TensorRecord, fmt: str, cfg: ModelConfig, unpermute: Rows) -> tuple
     check_finite(t.name, blocks[:, at : at + 2].view(torch.float16))  # d of every block: a strided view, no copy
     if spec.has_min:
         check_finite(t.name, blocks[:, 2:4].view(torch.float16))  # m
+    if unpermute is None:  # a family stored in rotate-half order: every matrix in the file's order
+        return raw, None
     if t.name.endswith(".attn_q.weight"):
         heads = cfg.n_heads
     elif t.name.endswith(".attn_k.weight"):
@@ -110,7 +112,8 @@ def block_modules(
         layout: the parsed file.
         names: GGUF tensor name -> oneblock state_dict name (``blk.0.ffn_up.weight`` -> ``blocks.0.ffn.w3.weight``)
             of every tensor that is a weight of the model.
-        unpermute: :func:`oneblock.io.gguf.load.unpermute_rows`.
+        unpermute: :func:`oneblock.io.gguf.load.unpermute_rows` for the ``llama`` layout, ``None`` for files whose
+            query and key rows are stored in ``rotate_half`` order.
 
     Returns:
         oneblock module name -> ``(module, the state_dict names it stands for)``; a tied head appears as
