@@ -9,6 +9,8 @@ the prompt forms run the int8 model (``served``), whose rows are independent of 
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import openai
 import pytest
@@ -229,3 +231,35 @@ def test_bad_logprob_echo_prompt_and_n_fields_are_400(served, path, change, para
     error = response.json()["error"]
     assert error["param"] == param and match in error["message"], error
     assert client(served).completions.create(model="m", prompt="a", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_long_prompt_scored_with_echo_lets_the_other_rows_decode_between_its_chunks():
+    from oneblock.inference.prefill import CHUNK
+    from oneblock.inference.sampling import Sampling
+    from oneblock.serve.jobs import Done, Echoed, Job, Observer
+
+    order: list[str] = []
+    done = threading.Event()
+
+    class Recorder(Observer):
+        def sampled(self, job: Job, counted: bool) -> None:
+            order.append("step")
+
+    def echo_events(event) -> None:
+        if isinstance(event, Echoed):
+            order.append(f"echoed {len(event.tokens)}")
+        if isinstance(event, Done):
+            done.set()
+
+    engine = Engine(tiny_model(), TOKENIZER, max_batch=4)
+    engine.observer = Recorder()
+    long_prompt = torch.randint(1, 256, (6 * CHUNK + 5,), generator=torch.Generator().manual_seed(0)).tolist()
+    stream = Job([1, 2, 3], 20, Sampling(temperature=0), lambda event: None)
+    echo = Job(long_prompt, 0, Sampling(temperature=0), echo_events, top=2, echo=True)
+    try:
+        engine.submit_all([stream, echo])
+        assert done.wait(60)
+    finally:
+        engine.close(5)
+    echoed = order.index(f"echoed {len(long_prompt)}")
+    assert order[:echoed].count("step") >= 5  # a decoding step after each of its six chunks but the last

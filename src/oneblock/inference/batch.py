@@ -121,7 +121,7 @@ class BatchDecoder:
         return slot, logits
 
     def begin(
-        self, ids: Sequence[int], max_new: int, *, namespace: str = "", reuse: bool = True
+        self, ids: Sequence[int], max_new: int, *, namespace: str = "", reuse: bool = True, score: int | None = None
     ) -> tuple[Slot, Prefill]:
         """Start reading a prompt: its slot (``length`` T, valid once the read is done) and the read, whose
         ``advance`` computes one chunk and returns the logits (V,) float32 of the first new token after the last.
@@ -133,6 +133,7 @@ class BatchDecoder:
             namespace: what the keys and values depend on beside the ids and this model (an adapter's name).
             reuse: read and keep blocks of the prefix cache (``False``: this prompt is computed whole and kept
                 nowhere).
+            score: N, to score the prompt's own tokens as it is read (``Prefill.scores``, N alternatives each).
 
         Raises:
             InputError: as ``prefill``.
@@ -153,7 +154,8 @@ class BatchDecoder:
         capacity = t + max_new - 1
         cache = self.model.new_cache(1, max_len=capacity, chunk=capacity)  # allocated whole, once, as the lean step
         reading = Prefill(
-            self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse, native=self.native
+            self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse, native=self.native,
+            score=score,
         )  # fmt: skip
         return Slot(cache, t, capacity, reading), reading
 

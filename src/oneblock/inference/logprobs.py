@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
+from oneblock.inference.spans import spans
 from oneblock.models.decoder import Decoder
 from oneblock.models.inputs import check_tokens
 
@@ -150,8 +151,6 @@ def prompt_logprobs(model: nn.Module, prompt_ids: Sequence[int] | Tensor, top: i
         InputError: not a ``Decoder``, an empty prompt, ids out of range, a prompt longer than the context, or
             ``top`` outside ``[0, V]``.
     """
-    from oneblock.inference.prefill import spans  # the prefill and its prefix cache, only for a prompt's scores
-
     decoder, ids = _prompt_tensor(model, prompt_ids)
     top = _check_top(top, decoder.config.vocab_size)
     was_training = decoder.training

@@ -18,6 +18,10 @@ step reads in one call where the model has one: ``NativeStep.prompt``).
 prompts one after another finds what the prompt before stored, even when both arrived together), then computes the
 rest a chunk per ``advance``, storing each whole block it computes for later prompts. The last position is always
 computed (a prompt wholly cached recomputes its last block), since its logits are the first new token's.
+
+A read may also score the prompt's own tokens (``score``: OpenAI's ``echo`` with ``logprobs``), a chunk at a time as
+it goes: position ``t`` predicting token ``t + 1`` from the chunk's hidden states, a copied block's from the hidden
+states the prefix cache kept with it, so that scoring a long prompt costs no more at once than reading it.
 """
 
 from __future__ import annotations
@@ -29,27 +33,14 @@ import torch
 from torch import Tensor
 
 from oneblock.errors import InputError
+from oneblock.inference.logprobs import TopLogprobs, token_logprobs
 from oneblock.inference.native_step import NativeStep
 from oneblock.inference.prefix_cache import PrefixCache, chain
+from oneblock.inference.spans import CHUNK, spans
 from oneblock.kernels import GEMM_ROWS
 from oneblock.kernels.tiles import prompt_tiles
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.decoder import Decoder
-
-CHUNK = 32
-"""Positions of one prefill chunk, and of one block of the prefix cache."""
-
-
-def spans(start: int, end: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
-    """The chunks a read of ``[0, end)`` runs from ``start`` on (``start`` one of its cuts): cut at the multiples of
-    ``chunk``, the remainder joining the last whole chunk, so that a prompt of ``chunk`` positions or more is read
-    in chunks of ``chunk`` to ``2 * chunk - 1`` rows and every product of a GGUF model takes the float path a
-    whole-prompt read takes (from 32 rows, ``oneblock.kernels.GEMM_ROWS``)."""
-    cuts = list(range(chunk, end, chunk))
-    if end % chunk and cuts:
-        cuts.pop()  # [.., last whole chunk + remainder)
-    bounds = [start, *(c for c in cuts if c > start), end]
-    return [(a, b) for a, b in itertools.pairwise(bounds) if a < b]
 
 
 class Prefill:
@@ -65,6 +56,8 @@ class Prefill:
         reuse: read and keep cached blocks (``False``: compute everything, keep nothing).
         native: the model's native step, which reads a prompt shorter than ``GEMM_ROWS`` in one call (``None``:
             every chunk through the model's ``run``).
+        score: N, to score the prompt's tokens as it is read with N alternatives each (``scores``); ``None``
+            scores nothing. Settable until the first ``advance``.
 
     Attributes:
         cached: positions copied from the prefix cache (a multiple of ``CHUNK``, before the last chunk), once
@@ -74,9 +67,11 @@ class Prefill:
 
     def __init__(
         self, model: Decoder, ids: Sequence[int], cache: Cache, *, prefix: PrefixCache | None = None,
-        namespace: str = "", reuse: bool = True, native: NativeStep | None = None,
+        namespace: str = "", reuse: bool = True, native: NativeStep | None = None, score: int | None = None,
     ) -> None:  # fmt: skip
         self.model, self.ids, self.cache, self.native = model, list(ids), cache, native
+        self.score = score
+        self.scored: list[TopLogprobs] = []  # per chunk read so far, when scoring
         self.device = model.embed.device
         use = prefix is not None and prefix.enabled and reuse
         self.prefix = prefix if use else None
@@ -92,7 +87,11 @@ class Prefill:
         """Copy the cached blocks that begin the prompt (all but its last position) into its cache."""
         usable = self.names[: max(len(self.ids) // CHUNK - 1, 0)]  # blocks before the last chunk's start
         found = self.prefix.lookup(usable, self.ids) if self.prefix is not None else []
+        if self.score is not None:  # scored from the hidden states kept with the blocks, up to one without
+            found = list(itertools.takewhile(lambda block: block.hidden is not None, found))
         for block in found:
+            if block.hidden is not None and self.score is not None:
+                self._score(block.hidden, block.index * CHUNK)
             start = block.index * CHUNK
             for layer, kv in zip(self.cache.layers, block.kv, strict=True):  # kv (2, Hkv, N, Dh)
                 layer.write(start, kv[0][None].to(layer.k.dtype), kv[1][None].to(layer.v.dtype))
@@ -123,17 +122,22 @@ class Prefill:
         if not self.chunks:
             raise InputError(f"the prompt's {len(self.ids)} positions are read already; start a new read")
         start, end = self.chunks.pop(0)
-        if not self.chunks and self._native_fits(start, end):
-            return self._native_read(start, end)
         tokens = torch.tensor([self.ids[start:end]], dtype=torch.long, device=self.device)  # (1, n)
+        native = not self.chunks and self._native_fits(start, end)
+        if native and self.score is None:
+            return self._native_read(start, end)
         with prompt_tiles():
             hidden = self.model.run(tokens, cache=self.cache)  # (1, n, C)
+        if self.score is not None:
+            self._score(hidden[0], start)
+        if native:  # scored from the hidden states; keys, values and logits as an unscored read leaves them
+            return self._native_read(start, end)
         self.position = end
         if self.prefix is not None and end - start == CHUNK:
             index = start // CHUNK
             kv = torch.stack([torch.stack([layer.k[0, :, start:end], layer.v[0, :, start:end]])
                               for layer in self.cache.layers])  # (L, 2, Hkv, N, Dh), a copy  # fmt: skip
-            self.prefix.store(self.names[index], index, self.ids[start:end], kv)
+            self.prefix.store(self.names[index], index, self.ids[start:end], kv, hidden[0].clone())
             self.prefix.touch(self.names[: index + 1])  # a block stays more recent than those extending it
         if self.chunks:
             return None
@@ -141,3 +145,21 @@ class Prefill:
             self.prefix.touch(self.names)
         logits = self.model.logits(hidden[:, -1])[0]  # (V,)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def _score(self, hidden: Tensor, start: int) -> None:
+        """Score the prompt tokens that positions ``[start, start + n)`` predict, from their hidden states (n, C)."""
+        assert self.score is not None
+        n = min(hidden.shape[0], len(self.ids) - 1 - start)  # the prompt's last position predicts no prompt token
+        if n > 0:
+            targets = torch.tensor(self.ids[start + 1 : start + 1 + n], device=hidden.device)
+            self.scored.append(token_logprobs(self.model.logits(hidden[:n]), targets, self.score))
+
+    def scores(self) -> TopLogprobs:
+        """The scores of prompt tokens 1..T-1 (token 0 has none), once the read is done: ``chosen`` (T - 1,),
+        ``top_ids`` and ``top_values`` (T - 1, N), as ``prompt_logprobs`` gives them."""
+        if self.score is None or not self.done:
+            raise InputError("scores come from a read made with score=N, once it is done")
+        if not self.scored:  # a prompt of one token
+            return TopLogprobs(torch.empty(0), torch.empty(0, self.score, dtype=torch.long), torch.empty(0, self.score))
+        parts = [(p.chosen, p.top_ids, p.top_values) for p in self.scored]
+        return TopLogprobs(*(torch.cat(column) for column in zip(*parts, strict=True)))

@@ -1,6 +1,6 @@
 """Prefix caching: the keys and values of a prompt's leading blocks, kept for the next prompt that starts the same way.
 
-Shape notation: L layers, Hkv key/value heads, N positions of a block, Dh head width.
+Shape notation: L layers, Hkv key/value heads, N positions of a block, Dh head width, C model width.
 
 A prompt is read in blocks of ``N`` positions (:data:`oneblock.inference.prefill.CHUNK`, the same fixed chunks
 whether anything is cached or not). Block ``i`` is named by a chain hash: the digest of the digest of block
@@ -12,9 +12,11 @@ of computing them: what it then computes from its tail is what it would have com
 same chunks, over the same keys), bit for bit.
 
 ``PrefixCache`` holds whole blocks under a budget of bytes, each entry one (L, 2, Hkv, N, Dh) tensor (keys then
-values per layer), and evicts the least recently used. A prompt's chain is touched from its last block back to
-its first, so a block is always used more recently than every block that extends it, and eviction takes the
-ends of chains before their beginnings (an entry whose parent is gone could never be found again).
+values per layer) with the block's last hidden states (N, C) (what the head reads: a prompt that asks for its own
+tokens' scores takes them from there instead of recomputing the block), and evicts the least recently used. A
+prompt's chain is touched from its last block back to its first, so a block is always used more recently than
+every block that extends it, and eviction takes the ends of chains before their beginnings (an entry whose parent
+is gone could never be found again).
 """
 
 from __future__ import annotations
@@ -31,11 +33,17 @@ from oneblock.errors import InputError
 
 @dataclass(frozen=True)
 class CachedBlock:
-    """One cached block: its position in the prompt, its ids, its keys and values (L, 2, Hkv, N, Dh)."""
+    """One cached block: its position in the prompt, its ids, its keys and values (L, 2, Hkv, N, Dh), and the
+    last layer's output at its positions (N, C), before the final norm (``None`` where it was not kept)."""
 
     index: int
     ids: tuple[int, ...]
     kv: Tensor
+    hidden: Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + (self.hidden.nbytes if self.hidden is not None else 0)
 
 
 def chain(ids: Sequence[int], size: int, namespace: str = "") -> list[bytes]:
@@ -96,20 +104,21 @@ class PrefixCache:
         self.misses += len(names) > len(found)
         return found
 
-    def store(self, name: bytes, index: int, ids: Sequence[int], kv: Tensor) -> bool:
-        """Keep block ``index`` of a prompt (its ``size`` ids, its keys and values (L, 2, Hkv, N, Dh), owned by
-        the cache from now on); least recently used blocks make room. Returns whether it is kept (a block larger
-        than the whole budget is not)."""
+    def store(self, name: bytes, index: int, ids: Sequence[int], kv: Tensor, hidden: Tensor | None = None) -> bool:
+        """Keep block ``index`` of a prompt (its ``size`` ids, its keys and values (L, 2, Hkv, N, Dh) and its
+        hidden states (N, C), owned by the cache from now on); least recently used blocks make room. Returns
+        whether it is kept (a block larger than the whole budget is not)."""
         if name in self.entries:
             return True
-        nbytes = kv.nbytes
+        block = CachedBlock(index, tuple(int(i) for i in ids), kv, hidden)
+        nbytes = block.nbytes
         if nbytes > self.budget:
             return False
         while self.bytes + nbytes > self.budget:
             _, old = self.entries.popitem(last=False)
-            self.bytes -= old.kv.nbytes
+            self.bytes -= old.nbytes
             self.evicted += 1
-        self.entries[name] = CachedBlock(index, tuple(int(i) for i in ids), kv)
+        self.entries[name] = block
         self.bytes += nbytes
         self.stored += 1
         return True

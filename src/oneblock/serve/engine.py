@@ -46,14 +46,15 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.adapters.multi import ServedAdapters
-from oneblock.errors import InputError, OneBlockError
+from oneblock.errors import OneBlockError
 from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.logprobs import TopLogprobs, prompt_logprobs, token_logprobs
 from oneblock.inference.prefill import CHUNK
 from oneblock.inference.prefix_cache import PrefixCache
 from oneblock.inference.sampler_state import SamplerState
+from oneblock.serve.admission import Admission
+from oneblock.serve.admission import positive as _positive
 from oneblock.serve.jobs import (
-    CacheFull,
     Delta,
     Done,
     Echoed,
@@ -61,21 +62,19 @@ from oneblock.serve.jobs import (
     Failed,
     Job,
     Observer,
-    QueueFull,
     Scored,
-    Stopping,
 )
 from oneblock.serve.memory import check_fits, is_out_of_memory, position_bytes
 from oneblock.serve.text import StopText
 from oneblock.text.tokenizer import Tokenizer
 
 PREFIX_BYTES = 512 * 2**20
-"""The prefix cache's default budget: 512 MiB (SmolLM2-135M's keys and values of about 11,600 positions)."""
+"""The prefix cache's default budget: 512 MiB (SmolLM2-135M's blocks of about 11,100 positions)."""
 
 log = logging.getLogger("oneblock.serve")
 
 
-class Engine:
+class Engine(Admission):
     """Continuous batching over one model, on a thread of its own.
 
     Args:
@@ -108,106 +107,14 @@ class Engine:
         self.tokenizer = tokenizer
         # A head wider than the vocabulary (padded for speed) must not pick ids the tokenizer cannot decode.
         self.vocab = min(tokenizer.vocab_size, self.decoder.model.config.vocab_size)
-        self.max_batch, self.max_queue = _positive("max_batch", max_batch), _positive("max_queue", max_queue)
-        limit = self.decoder.context
-        self.max_context = min(limit, _positive("max_context", limit if max_context is None else max_context, 2))
-        budget = self.max_batch * self.max_context if cache_positions is None else cache_positions
-        self.cache_positions = _positive("cache_positions", budget, self.max_context)
+        count = len(adapters.names) if adapters is not None else 0
+        super().__init__(self.decoder.context, max_batch, max_queue, max_context, cache_positions, count)
         self.position_bytes = position_bytes(self.decoder.model)
         check_fits(self.cache_positions, self.position_bytes, self.max_context, prefix_bytes)
-        self.reserved = 0  # cache positions held by the requests running and waiting
-        self.waiting: collections.deque[Job] = collections.deque()
-        self.active: list[Job] = []  # decoding
-        self.reading: list[Job] = []  # reading their prompts, the oldest first
-        self.accepting = True
-        self.cutoff: float | None = None  # when stopping: the moment requests still in flight are ended
-        self.running = True  # False ends the thread
         self.steps = 0  # decoding steps run (each serves every active request)
         self.observer = Observer()  # told what happens, on this thread (the server's metrics replace it)
-        self.wake = threading.Condition()  # re-entrant: a request may leave while the thread holds it
         self.thread = threading.Thread(target=self._loop, name="oneblock-serve-engine", daemon=True)
         self.thread.start()
-
-    @property
-    def context(self) -> int:
-        """Positions one request may fill: its prompt plus its new tokens."""
-        return self.max_context
-
-    def submit(self, job: Job) -> None:
-        """Queue a request and reserve its cache positions; it joins the batch at the next step with a free row.
-
-        Raises:
-            Stopping: the engine is shutting down.
-            QueueFull: the queue holds ``max_queue`` requests already.
-            CacheFull: the requests running and waiting leave too few of ``cache_positions`` for this one.
-            InputError: a prompt plus ``max_new`` over ``context`` (the server checks it before).
-        """
-        self.submit_all([job])
-
-    def submit_all(self, jobs: Sequence[Job]) -> None:
-        """``submit`` for the choices of one request: all are queued, or none (the same exceptions)."""
-        count = len(self.adapters.names) if self.adapters is not None else 0
-        for job in jobs:
-            if not 0 <= job.adapter <= count:
-                raise InputError(f"adapter {job.adapter} is not one of this engine's (0 to {count})")
-            if len(job.prompt) + job.max_new > self.context:
-                raise InputError(
-                    f"the prompt ({len(job.prompt)} tokens) plus {job.max_new} new tokens is more than the context "
-                    f"({self.context})"
-                )
-        needed = sum(job.positions for job in jobs)
-        with self.wake:
-            if not self.accepting:
-                raise Stopping
-            if len(self.waiting) + len(jobs) > self.max_queue:
-                raise QueueFull
-            if self.reserved + needed > self.cache_positions:
-                raise CacheFull(needed, self.cache_positions - self.reserved, self.cache_positions)
-            self.reserved += needed
-            for job in jobs:
-                job.held = job.positions
-                self.waiting.append(job)
-            self.wake.notify()
-
-    def load(self) -> tuple[int, int]:
-        """(active, waiting) requests now; a request reading its prompt is active, one that has ended is not (its
-        slot is given back before its last event is sent, while the loop drops it from its lists after)."""
-        with self.wake:
-            running = sum(j.slot is not None for j in [*self.active, *self.reading])
-            return running, len(self.waiting)
-
-    def cache_use(self) -> tuple[int, int]:
-        """(positions the running requests' caches hold, positions reserved by those running and waiting)."""
-        with self.wake:
-            return sum(j.slot.capacity for j in self.active if j.slot is not None), self.reserved
-
-    def refuse(self) -> None:
-        """Accept no more requests (``submit`` raises ``Stopping``); the running ones go on."""
-        with self.wake:
-            self.accepting = False
-
-    def stop(self, grace: float) -> None:
-        """Accept no more requests; those running and waiting may finish for ``grace`` seconds, then each ends
-        with ``Failed`` (503), so a stream closes with an error event rather than being cut."""
-        with self.wake:
-            self.accepting = False
-            cutoff = time.monotonic() + grace
-            self.cutoff = cutoff if self.cutoff is None else min(self.cutoff, cutoff)
-            self.wake.notify()
-
-    def close(self, grace: float) -> bool:
-        """``stop(grace)``, wait for the requests to end, and stop the thread. Returns whether every request
-        finished within ``grace``."""
-        self.stop(grace)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(self.load()):
-            time.sleep(0.02)
-        finished = not any(self.load())
-        with self.wake:
-            self.running = False
-            self.wake.notify()
-        self.thread.join(timeout=max(grace, 1.0) + 5.0)
-        return finished
 
     # -- the thread ----------------------------------------------------------------------------------------------
 
@@ -275,15 +182,27 @@ class Engine:
                 return
 
     def _advance(self, job: Job) -> None:
-        assert job.reading is not None and job.slot is not None  # set by _start
+        reading = job.reading
+        assert reading is not None and job.slot is not None  # set by _start
+        if reading.score is not None and reading.chunks is None and _shared(job) is not None:
+            reading.score = None  # another choice of the prompt has scored it meanwhile
+            job.emit(Echoed(_shared(job) or ()))
         self._use([job])  # each chunk is read with the request's adapter
-        logits = job.reading.advance()
+        logits = reading.advance()
         if logits is None:
             return
         job.reading = None
+        if reading.score is not None:
+            tokens = Scored.prompt(job.prompt, reading.scores())
+            if job.scores is not None:
+                job.scores.tokens = tokens
+            job.emit(Echoed(tokens))
         self.observer.prefilled(job)
         if job.cache_prompt:
             self.observer.prefix_cache(len(job.prompt), job.slot.cached, self.prefix.bytes)
+        if job.max_new == 0:  # the prompt scored, nothing generated
+            self._end(job, Done("length", len(job.prompt), 0, job.slot.cached))
+            return
         with self.wake:
             self.active.append(job)
         self._take(job, logits[None])
@@ -337,7 +256,8 @@ class Engine:
             self._end(job, Failed(f"internal error ({type(error).__name__}); the server's log has details"))
 
     def _start(self, job: Job) -> None:
-        """Score the prompt when asked (``echo``) and start reading the request's prompt (``_read`` goes on)."""
+        """Start reading the request's prompt (``_read`` goes on), scoring it as it goes when asked (``echo`` with
+        ``logprobs``: a chunk at a time, between decoding steps, unless one of its choices scored it already)."""
         if job.cancelled.is_set():
             self._release(job)
             self.observer.ended(job, None)
@@ -349,30 +269,31 @@ class Engine:
         job.text = StopText(self.tokenizer, job.stop)
         job.deadline = time.monotonic() + job.seconds
         self._use([job])  # the prompt is scored and read with the request's adapter
-        if job.echo:  # the prompt's text starts the choice; with logprobs, its scores
-            job.emit(Echoed(self._prompt_scores(job) if job.top is not None else ()))
-        if job.max_new == 0:  # the prompt scored, nothing generated
+        score = job.top if job.echo and _shared(job) is None else None
+        if score is not None and len(job.prompt) + max(job.max_new, 1) > self.decoder.context:  # fills the context
+            job.emit(Echoed(self._prompt_scores(job)))
+            score = None
+        elif job.echo and score is None:  # the prompt's text starts the choice; with logprobs, its scores
+            job.emit(Echoed(_shared(job) or ()))
+        if job.max_new == 0 and score is None:  # the prompt scored, nothing generated
             self.observer.prefilled(job)
             self._end(job, Done("length", len(job.prompt), 0))
             return
         namespace = self.adapters.names[job.adapter - 1] if self.adapters is not None and job.adapter else ""
         job.slot, job.reading = self.decoder.begin(
-            job.prompt, job.max_new, namespace=namespace, reuse=job.cache_prompt
+            job.prompt, max(job.max_new, 1), namespace=namespace, reuse=job.cache_prompt, score=score
         )  # the keys and values of an adapter's prompt are its own: its name is part of their blocks' names
         with self.wake:
             self.reading.append(job)
 
     def _prompt_scores(self, job: Job) -> tuple[Scored, ...]:
-        """The prompt's tokens scored (the first has none; each other given those before it), from one forward
-        shared by the choices of the prompt (``job.scores``)."""
-        shared = job.scores
-        if shared is not None and shared.tokens is not None:
-            return shared.tokens
-        assert job.top is not None  # asked by _start only with logprobs
-        rows = prompt_logprobs(self.decoder.model, job.prompt, job.top)
-        tokens = (Scored(job.prompt[0], None), *Scored.rows(job.prompt[1:], rows))
-        if shared is not None:
-            shared.tokens = tokens
+        """The prompt's tokens scored from one forward (a prompt that fills the context: no read can hold it
+        beside a new token), shared by the choices of the prompt (``job.scores``)."""
+        if _shared(job) is not None or job.top is None:
+            return _shared(job) or ()
+        tokens = Scored.prompt(job.prompt, prompt_logprobs(self.decoder.model, job.prompt, job.top))
+        if job.scores is not None:
+            job.scores.tokens = tokens
         return tokens
 
     def _take(self, job: Job, logits: Tensor) -> None:
@@ -433,12 +354,11 @@ class Engine:
             self.reading = [j for j in self.reading if j.slot is not None]
 
 
+def _shared(job: Job) -> tuple[Scored, ...] | None:
+    """The prompt's scores, where another choice of it computed them already."""
+    return job.scores.tokens if job.scores is not None else None
+
+
 def _one_row(scores: TopLogprobs) -> TopLogprobs:
     """A single position's scores as a batch of one: ``chosen`` (1,), ``top_*`` (1, N)."""
     return TopLogprobs(scores.chosen[None], scores.top_ids[None], scores.top_values[None])
-
-
-def _positive(name: str, value: Any, least: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise InputError(f"{name} must be an integer >= {least}; got {value!r}")
-    return value

@@ -38,6 +38,11 @@ class Scored:
             for token, lp, ti, tv in zip(ids, chosen, top_ids, top_values, strict=True)
         ]
 
+    @classmethod
+    def prompt(cls, ids: list[int], scores: TopLogprobs) -> tuple[Scored, ...]:
+        """A prompt's tokens: the first unscored, the others with ``scores`` (rows for tokens 1..T-1)."""
+        return (cls(ids[0], None), *cls.rows(ids[1:], scores))
+
 
 @dataclass(eq=False)
 class PromptScores:
