@@ -189,3 +189,18 @@ def test_a_fifo_model_is_told_as_not_a_regular_file(tmp_path, capsys):
     line = one_line_error(capsys, code, empty_stdout=False)
     assert "'.gguf' is a FIFO" not in line and "m.gguf' is a FIFO (named pipe), not a regular file" in line
     assert "does not exist" not in line
+
+
+def test_a_chat_model_stops_at_its_end_of_turn_and_json_says_why(tmp_path, capsys):
+    from family_testing import LLAMA3_VOCAB, write_family_gguf
+
+    path = write_family_gguf(tmp_path, LLAMA3_VOCAB)  # eos <|end_of_text|> (257), eot <|eot_id|> (263)
+    prompt = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    argv = ["generate", "--model", str(path), "--prompt", prompt, "--greedy", "--max-new-tokens", "10", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["new_ids"] == [ord("H"), ord("i"), ord("!"), 263]
+    assert (out["completion"], out["finish_reason"]) == ("Hi!<|eot_id|>", "stop")
+    assert main([*argv, "--ignore-eos"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["completion"] == "Hi!<|eot_id|>\nHi!<|eot_id|>\n" and out["finish_reason"] == "length"

@@ -147,6 +147,23 @@ def test_eos_stops_each_row_and_pads_it():
     assert single.shape == (1, 3 + first[0] + 1) and int(single[0, -1]) == eos  # stops right after eos
 
 
+def test_a_list_of_eos_ids_stops_at_the_first_of_any():
+    model = build(seed=7)
+    prompt = ids(1, 3, seed=4)
+    free = generate(model, prompt, 12, greedy=True)[0, 3:].tolist()
+    eos = free[4]
+    k = free.index(eos)
+    absent = min(set(range(V)) - set(free))  # an end-of-text id the model never says here
+    out = generate(model, prompt, 12, greedy=True, eos_id=[absent, eos])
+    assert out[0, 3:].tolist() == free[: k + 1]
+    assert torch.equal(generate(model, prompt, 12, greedy=True, eos_id=(eos,)), out)
+    assert torch.equal(generate(model, prompt, 12, greedy=True, eos_id=eos), out)
+    two = generate(model, ids(2, 3, seed=4), 12, greedy=True, eos_id=[absent, eos])  # a stopped row: the first id
+    row = two[0, 3:].tolist()
+    if eos in row:
+        assert set(row[row.index(eos) + 1 :]) <= {absent}
+
+
 def test_stream_callback_and_iterator_agree():
     model = build(seed=8)
     prompt = ids(1, 4, seed=5)[0]  # a 1-D prompt gives 1-D results
@@ -196,6 +213,8 @@ def test_mode_is_restored_and_zero_tokens_return_the_prompt():
         (lambda m: generate(m, ids(1, 3), 2, temperature=-1), "temperature must be"),
         (lambda m: generate(m, ids(1, 3), 2, top_p=2), r"top_p must lie in \(0, 1\]"),
         (lambda m: generate(m, ids(1, 3), 2, eos_id=V), rf"eos_id must be an id in \[0, {V}\)"),
+        (lambda m: generate(m, ids(1, 3), 2, eos_id=[1, V]), rf"eos_id .* or None; got \[1, {V}\]"),
+        (lambda m: generate(m, ids(1, 3), 2, eos_id=[1, "2"]), r"eos_id .* or None; got \[1, '2'\]"),
         (lambda m: generate(m, ids(1, 3), 2, seed=1.5), "seed must be an int"),
         (lambda m: generate(m, [], 2), "non-empty list"),
         (lambda m: generate(m, [[1, 2], []], 2), "at least one token"),

@@ -61,7 +61,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="when the prompt plus N tokens exceeds the context, keep the prompt's last tokens (default: error)",
     )
     parser.add_argument(
-        "--ignore-eos", action="store_true", help="keep going after the end-of-text token (default: stop there)"
+        "--ignore-eos",
+        action="store_true",
+        help="keep going after the end-of-text token and the model's end-of-turn tokens (default: stop at the "
+        "first of them)",
     )
     precision.add_precision_options(parser, dtypes=DTYPES)
     options.add_threads_option(parser)
@@ -86,8 +89,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object (prompt, completion, ids, load_seconds, first_token_seconds from process "
-        "start, decode_tokens_per_second, peak_rss_bytes), no streaming",
+        help="print one JSON object (prompt, completion, ids, finish_reason: stop or length, load_seconds, "
+        "first_token_seconds from process start, decode_tokens_per_second, peak_rss_bytes), no streaming",
     )
     return parser
 
@@ -99,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.inference.request import fit_new_tokens
     from oneblock.inference.sampling import Sampling
     from oneblock.text.checks import check_text
-    from oneblock.text.tokenizer import TextStream
+    from oneblock.text.tokenizer import TextStream, stop_ids_of
 
     if args.model is None:
         raise InputError(
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             f"of {context} tokens; pass --crop to keep the prompt's last {context - max(args.max_new_tokens, 1)} "
             "tokens, or ask for fewer new tokens"
         ) from None
-    eos = None if args.ignore_eos else (tokenizer.eos_id if tokenizer.eos_id is not None else model.config.eos_token_id)
+    stops = () if args.ignore_eos else stop_ids_of(tokenizer, model.config.eos_token_id)
     stream = TextStream(tokenizer)
     out = sys.stdout
     if not args.json and not args.no_echo:
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     stats: dict[str, Any] = {}
     start = time.perf_counter()
     ids = generate(
-        model, prompt, n, sampling=sampling, eos_id=eos, crop=args.crop, stream=show, compile=args.compile,
+        model, prompt, n, sampling=sampling, eos_id=list(stops), crop=args.crop, stream=show, compile=args.compile,
         cache_dtype=_torch_dtype(args.cache_dtype), stats=stats,
     )  # fmt: skip  # (T + n,)
     seconds = time.perf_counter() - start
@@ -174,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
                 "completion": tokenizer.decode(new),
                 "prompt_ids": prompt,
                 "new_ids": new,
+                "finish_reason": "stop" if new and new[-1] in stops else "length",
                 "tokenizer": tokenizer.name,
                 "seconds": seconds,
                 "load_seconds": loaded.seconds,

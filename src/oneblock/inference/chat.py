@@ -8,8 +8,9 @@ model only ever continues that text; "memory" is the history re-read from the st
 making the new tokens cheap within one reply.
 
 The context window bounds prompt + reply: when the rendered prompt plus ``max_new_tokens`` would exceed it, the
-oldest exchanges (a user message and the reply to it) are dropped, the system prompt never. Replies end at the
-tokenizer's end-of-turn id or after ``max_new_tokens``.
+oldest exchanges (a user message and the reply to it) are dropped, the system prompt never. Replies end at any of
+the tokenizer's ``stop_ids`` (its end-of-text id and the ids its model ends a turn with: Llama 3's ``<|eot_id|>``,
+Gemma's ``<end_of_turn>``) or after ``max_new_tokens``.
 
 >>> from oneblock.inference.smollm2 import load_smollm2  # doctest: +SKIP
 >>> session = ChatSession(*load_smollm2(), temperature=0)  # doctest: +SKIP
@@ -32,7 +33,7 @@ from oneblock.inference.generation import generate_stream
 from oneblock.inference.sampling import Sampling
 from oneblock.models.decoder import Decoder
 from oneblock.text.checks import check_text
-from oneblock.text.tokenizer import TextStream, Tokenizer
+from oneblock.text.tokenizer import TextStream, Tokenizer, stop_ids_of
 
 Message = dict[str, str]
 DEFAULT_NEW_TOKENS = 256
@@ -44,7 +45,7 @@ class Reply:
 
     Attributes:
         text: the reply, decoded from ``ids``.
-        ids: the N new token ids, the end-of-turn id excluded.
+        ids: the N new token ids, the stop id that ended the turn excluded.
         prompt_tokens: T, the length of the rendered prompt the model read.
         dropped: exchanges dropped from the start of the history to fit this prompt in the context.
         finished: the model ended its turn (``False``: cut at ``max_new_tokens``).
@@ -171,17 +172,17 @@ class ChatSession:
             InputError: see ``prompt_ids``; raised here, before any token is generated.
         """
         prompt, dropped = self.prompt_ids(text)
-        eos = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else self.model.config.eos_token_id
+        stops = stop_ids_of(self.tokenizer, self.model.config.eos_token_id)
         sampling = self.sampling
         if sampling.seed is not None:  # a different, repeatable draw for every reply
             sampling = sampling.replace(seed=sampling.seed + self.replies)
         steps = generate_stream(
-            self.model, prompt, self.max_new_tokens, sampling=sampling, eos_id=eos, compile=self.compile
+            self.model, prompt, self.max_new_tokens, sampling=sampling, eos_id=list(stops), compile=self.compile
         )
-        return self._reply(text, steps, eos, len(prompt), dropped)
+        return self._reply(text, steps, stops, len(prompt), dropped)
 
     def _reply(
-        self, text: str, steps: Generator[Tensor, None, Any], eos: int | None, prompt_tokens: int, dropped: int
+        self, text: str, steps: Generator[Tensor, None, Any], stops: tuple[int, ...], prompt_tokens: int, dropped: int
     ) -> Iterator[str]:
         pieces = TextStream(self.tokenizer)
         new: list[int] = []
@@ -190,7 +191,7 @@ class ChatSession:
         try:
             for step in steps:  # (1,): one new id per step
                 token = int(step[0])
-                if token == eos:
+                if token in stops:
                     finished = True
                     break
                 new.append(token)

@@ -24,7 +24,7 @@ the model's full forward for everything else.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
@@ -78,7 +78,7 @@ def generate(
 
     Returns:
         (B, T + n) ids, the prompt followed by the ``n <= max_new_tokens`` new tokens ((T + n,) for a 1-D prompt).
-        ``n < max_new_tokens`` only when every row has produced ``eos_id``. With ``return_logits``, also the
+        ``n < max_new_tokens`` only when every row has produced an ``eos_id``. With ``return_logits``, also the
         (B, n, V) logits, float32 (float64 for a float64 model), ((n, V) for a 1-D prompt).
 
     Raises:
@@ -102,7 +102,7 @@ def generate_stream(
     sampling: Sampling | None = None,
     constraint: Constraint | None = None,
     logprobs: LogprobTrace | None = None,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     pad_id: int | None = None,
     use_cache: bool = True,
     crop: bool = False,
@@ -130,13 +130,14 @@ def generate_stream(
             it gets alone with that seed.
         constraint: a grammar every row's text must follow (``oneblock.inference.constraints.Constraint``:
             a JSON schema, any JSON object, a Lark grammar, a regex); each row walks it on its own, its mask
-            applied to the logits before sampling. ``eos_id`` defaults to the grammar's first end-of-text id,
+            applied to the logits before sampling. ``eos_id`` defaults to the grammar's end-of-text ids,
             so a row stops when its text is complete.
         logprobs: a ``LogprobTrace`` that receives each step's log-probabilities of the chosen tokens and of
             its top-N alternatives, from the model's raw distribution (before temperature and every setting).
-        eos_id: a row stops after producing this id; generation stops when every row has.
+        eos_id: a row stops after producing this id, or any id of a list (a chat model's ``stop_ids``: Llama 3
+            ends its turn with ``<|eot_id|>``, not its ``<|end_of_text|>``); generation stops when every row has.
         pad_id: fills a stopped row's remaining columns (and the left padding of a list of prompts); defaults
-            to ``eos_id``.
+            to ``eos_id`` (the first, of a list).
         use_cache: reuse keys and values (fast); ``False`` recomputes the whole sequence at every step.
         crop: when the prompt plus ``max_new_tokens`` exceeds ``max_seq_len``, keep the last
             ``max_seq_len - max_new_tokens`` prompt tokens instead of raising (see ``fit_new_tokens``).
@@ -165,25 +166,34 @@ def generate_stream(
     sampling = Sampling.of(sampling, **sampling_options)
     if logprobs is not None and not isinstance(logprobs, LogprobTrace):
         raise InputError(f"logprobs must be a LogprobTrace (LogprobTrace(top=N)); got {type(logprobs).__name__}")
+    stops = _stop_list(eos_id)
     if constraint is not None:
         if not callable(getattr(constraint, "start", None)):
             raise InputError(f"constraint must be a oneblock Constraint; got {type(constraint).__name__}")
-        if eos_id is None:
-            eos_id = constraint.eos_ids[0]
-        elif eos_id not in constraint.eos_ids:
+        if not stops:
+            stops = list(constraint.eos_ids)
+        elif not set(stops) <= set(constraint.eos_ids):
             raise InputError(f"eos_id {eos_id} is not an id the grammar ends with {constraint.eos_ids}")
     run = prepare(model, prompt_ids, max_new_tokens, crop, src, src_padding_mask, prompt_padding_mask, pad_id)
     vocab = run.decoder.config.vocab_size
     if logprobs is not None and logprobs.top > vocab:
         raise InputError(f"logprobs asks for the top {logprobs.top} tokens of a vocabulary of {vocab}")
-    for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+    for name, value in (*(("eos_id", i) for i in stops), ("pad_id", pad_id)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
-            raise InputError(f"{name} must be an id in [0, {vocab}) or None; got {value!r}")
+            shown = value if name == "pad_id" or isinstance(eos_id, int) else eos_id
+            raise InputError(f"{name} must be an id in [0, {vocab}) (or a list of them) or None; got {shown!r}")
     if cache_dtype is not None and not (use_cache and src is None and lean_supported(model)):
         raise InputError("cache_dtype needs a pre-LN decoder-only model with use_cache=True (the lean decoding step)")
     samplers = RowSamplers.for_batch(sampling, run.seen, run.mask, vocab_size=vocab, constraint=constraint)
     options = {"compile": compile, "cache_dtype": cache_dtype}
-    return _steps(run, samplers, logprobs, eos_id, pad_id, use_cache, return_logits, options, stats)
+    return _steps(run, samplers, logprobs, stops, pad_id, use_cache, return_logits, options, stats)
+
+
+def _stop_list(eos_id: Any) -> list[Any]:
+    """``eos_id`` as a list (empty for ``None``), its entries checked by the caller."""
+    if eos_id is None:
+        return []
+    return list(eos_id) if isinstance(eos_id, (list, tuple)) else [eos_id]
 
 
 def decode_path(decode: FullDecode | LeanDecode | None) -> dict[str, Any]:
@@ -207,7 +217,7 @@ def _steps(
     run: DecodeRequest,
     samplers: RowSamplers,
     trace: LogprobTrace | None,
-    eos_id: int | None,
+    stops: list[int],
     pad_id: int | None,
     use_cache: bool,
     return_logits: bool,
@@ -220,6 +230,8 @@ def _steps(
     new = torch.zeros(b, run.max_new, dtype=torch.long, device=device)  # (B, N)
     kept: list[Tensor] = []  # each (B, V) when return_logits
     done = torch.zeros(b, dtype=torch.bool, device=device)
+    stop = torch.tensor(stops, dtype=torch.long, device=device)  # (K,): the ids that end a row
+    fill = pad_id if pad_id is not None else stops[0] if stops else 0  # a stopped row's columns
     n = 0
     was_training = model.training
     model.eval()
@@ -233,9 +245,9 @@ def _steps(
                 if return_logits:
                     kept.append(logits)
                 ids = samplers.choose(logits, ~done)  # (B,): a stopped row draws nothing
-                if eos_id is not None:
-                    ids = torch.where(done, eos_id if pad_id is None else pad_id, ids)  # pad_id defaults to eos_id
-                    done = done | (ids == eos_id)
+                if stops:
+                    ids = torch.where(done, fill, ids)  # pad_id defaults to the (first) eos_id
+                    done = done | torch.isin(ids, stop)
                 if trace is not None:
                     trace.record(logits, ids)
                 new[:, n] = ids
@@ -244,7 +256,7 @@ def _steps(
                 stats["prefill_seconds"] = time.perf_counter() - clock
                 clock = time.perf_counter()
             yield ids.clone()
-            if eos_id is not None and bool(done.all()):
+            if stops and bool(done.all()):
                 break
     finally:
         model.train(was_training)

@@ -4,7 +4,8 @@
 
 * a GGUF file (``*.gguf``): the model (4-bit matrices kept 4-bit unless a ``dtype`` is given, see
   ``oneblock.io.gguf.load.from_gguf``) and the tokenizer stored in the file, from one parse of it;
-* a Hugging Face model directory: ``from_hf``, and its ``tokenizer.json`` (or ``vocab.json`` + ``merges.txt``);
+* a Hugging Face model directory: ``from_hf``, and its ``tokenizer.json`` (or ``vocab.json`` + ``merges.txt``),
+  whose ``stop_ids`` add the ``eos_token_id`` list of ``generation_config.json``;
 * a oneblock checkpoint file: ``oneblock.load``, and a tokenizer found beside it;
 * a preset name (``"gpt2"``, ``"lesson"``, ...): a freshly initialized model (seeded), with UTF-8 bytes as tokens.
 
@@ -117,7 +118,7 @@ def _load(
         from oneblock.io.hf.convert import from_hf
 
         model, kind = _cast(from_hf(path), dtype, device), "hf"
-        tok = load_tokenizer(path, tokenizer=tokenizer, vocab_size=_vocab(model))
+        tok = _with_generation_stops(load_tokenizer(path, tokenizer=tokenizer, vocab_size=_vocab(model)), path, model)
     elif path.is_file():
         from oneblock.io.checkpoint import load
 
@@ -127,6 +128,19 @@ def _load(
         model, kind = _preset(str(source), dtype, device, seed), "preset"
         tok = load_tokenizer(None, tokenizer=tokenizer, vocab_size=_vocab(model))
     return model, tok, kind
+
+
+def _with_generation_stops(tok: Tokenizer, path: Path, model: nn.Module) -> Tokenizer:
+    """``tok`` ending replies also at the ids of the directory's ``generation_config.json`` (Llama 3's
+    ``<|eot_id|>``, Gemma's ``<end_of_turn>``), after its own ``eos_id`` or, without one, the config's."""
+    from oneblock.io.hf.generation_config import generation_stop_ids
+    from oneblock.text.tokenizer import EndOfTurn
+
+    ids = generation_stop_ids(path, _vocab(model))
+    if ids and isinstance(tok, EndOfTurn):
+        eos = config_of(model).eos_token_id
+        tok.end_of_turn_ids = (*([eos] if tok.eos_id is None and eos is not None else []), *ids)
+    return tok
 
 
 def _adapt(model: nn.Module, adapter: str | os.PathLike[str], merge: bool) -> None:

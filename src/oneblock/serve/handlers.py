@@ -30,6 +30,7 @@ from oneblock.serve.jobs import CacheFull, Done, Event, Failed, Job, PromptScore
 from oneblock.serve.protocol import ApiError, Request, check_window, parse_completion, parse_embeddings
 from oneblock.serve.responses import Answer, embeddings_body, model_entry
 from oneblock.serve.tokens import parse_detokenize, parse_tokenize, tokenizer_info
+from oneblock.text.tokenizer import stop_ids_of
 from oneblock.web.body import BODY_SECONDS, BadField, BodyTooLarge, BodyTooSlow, parse_json, read_body
 from oneblock.web.gate import Busy, Gate, Gone
 
@@ -128,8 +129,7 @@ class Service:
         # thread is spent waiting (the prompts of completions are tokenized in those threads).
         self.embed_gate = Gate(queue=engine.max_queue)
         tokenizer = engine.tokenizer
-        eos = tokenizer.eos_id if tokenizer.eos_id is not None else engine.decoder.model.config.eos_token_id
-        self.eos_ids = frozenset({eos} if eos is not None else ())
+        self.eos_ids = frozenset(stop_ids_of(tokenizer, engine.decoder.model.config.eos_token_id))
 
     # -- completions -----------------------------------------------------------------------------------------------
 

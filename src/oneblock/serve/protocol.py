@@ -19,7 +19,7 @@ from oneblock.serve.fields import check_known, sampling, top_logprobs
 from oneblock.serve.prompts import CHATML, Prompt, chat_prompt, text_prompts
 from oneblock.serve.tool_template import GENERIC, template_grammar, tool_format
 from oneblock.serve.tools import Tools, parse_tools
-from oneblock.text.tokenizer import Tokenizer
+from oneblock.text.tokenizer import Tokenizer, stop_ids_of
 
 __all__ = ["CHATML", "ApiError", "Prompt", "Request", "bad", "parse_completion", "parse_embeddings"]
 MAX_STOP = 4  # OpenAI's limit on stop strings
@@ -162,15 +162,15 @@ def _response_format(value: Any, tokenizer: Tokenizer) -> Constraint | None:
             "response_format", f"'response_format' must be an object whose 'type' is 'text', 'json_object' or "
             f"'json_schema'; got {shown(value)}",
         )  # fmt: skip
-    eos = getattr(tokenizer, "eos_id", None)
-    if not isinstance(eos, int) and kind != "text":
+    stops = list(stop_ids_of(tokenizer))  # a constrained answer may end at any of them
+    if not stops and kind != "text":
         name = getattr(tokenizer, "name", type(tokenizer).__name__)
         raise bad(
             "response_format", f"'response_format' cannot be served: a constrained answer ends with the model's "
             f"end-of-text token, and this model's tokenizer ({name!r}) has none",
         )  # fmt: skip
     try:
-        return Constraint.from_response_format(tokenizer, value, eos_ids=[eos] if isinstance(eos, int) else None)
+        return Constraint.from_response_format(tokenizer, value, eos_ids=stops or None)
     except InputError as error:
         raise bad("response_format", f"'response_format' cannot be served: {error}") from None
 
@@ -178,15 +178,15 @@ def _response_format(value: Any, tokenizer: Tokenizer) -> Constraint | None:
 def _tool_grammar(tools: Tools, tokenizer: Tokenizer) -> Constraint:
     """The answer's grammar with tools: a JSON call of the allowed tools, or a reply (``tools.Tools.schema``); in
     a template's own format, text or calls as that format writes them (``tool_template.template_grammar``)."""
-    eos = getattr(tokenizer, "eos_id", None)
-    if not isinstance(eos, int):
+    stops = list(stop_ids_of(tokenizer))
+    if not stops:
         name = getattr(tokenizer, "name", type(tokenizer).__name__)
         raise bad("tools", f"'tools' cannot be served: a call ends with the model's end-of-text token, and this "
                   f"model's tokenizer ({name!r}) has none")  # fmt: skip
     try:
         if tools.format != GENERIC:
-            return Constraint.lark(tokenizer, template_grammar(tools, tokenizer), eos_ids=[eos])
-        return Constraint.json_schema(tokenizer, tools.schema(), eos_ids=[eos])
+            return Constraint.lark(tokenizer, template_grammar(tools, tokenizer), eos_ids=stops)
+        return Constraint.json_schema(tokenizer, tools.schema(), eos_ids=stops)
     except InputError as error:
         raise bad("tools", f"'tools' cannot be served (a function's parameters): {error}") from None
 
@@ -198,15 +198,15 @@ def _grammar(value: Any, tokenizer: Tokenizer) -> Constraint:
         raise bad(
             "grammar", f"'grammar' must be a Lark grammar (a non-empty string with a 'start' rule); got {shown(value)}"
         )
-    eos = getattr(tokenizer, "eos_id", None)
-    if not isinstance(eos, int):
+    stops = list(stop_ids_of(tokenizer))
+    if not stops:
         name = getattr(tokenizer, "name", type(tokenizer).__name__)
         raise bad(
             "grammar", f"'grammar' cannot be served: a constrained answer ends with the model's end-of-text token, "
             f"and this model's tokenizer ({name!r}) has none",
         )  # fmt: skip
     try:
-        return Constraint.lark(tokenizer, text("grammar", value), eos_ids=[eos])
+        return Constraint.lark(tokenizer, text("grammar", value), eos_ids=stops)
     except InputError as error:
         raise bad("grammar", f"'grammar' cannot be served: {error}") from None
 

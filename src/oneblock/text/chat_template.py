@@ -49,7 +49,9 @@ def render_chat(
         messages: ``[{"role": "user", "content": "Hi"}, ...]``.
         template: the Jinja source, e.g. a file's ``tokenizer.chat_template``.
         add_generation_prompt: end with the header of an assistant turn, so the model answers next.
-        **variables: further names the template reads, e.g. ``bos_token``, ``eos_token``, ``tools``.
+        **variables: further names the template reads, e.g. ``bos_token``, ``eos_token``, ``tools``; ``tools``
+            and ``documents`` are ``None`` unless given, as ``transformers`` passes them (a template's
+            ``tools is not none`` is then false, as it was written against).
 
     Raises:
         InputError: if a message is not a mapping with ``role`` and ``content``, the template raises or fails, or
@@ -69,8 +71,9 @@ def render_chat(
         )
     try:
         compiled = _compile(template)
+        context = {"tools": None, "documents": None, **variables}
         return _render_bounded(
-            compiled, messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **variables
+            compiled, messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **context
         )
     except jinja2.exceptions.TemplateError as error:
         raise InputError(f"the chat template rejected the conversation: {error}") from None

@@ -1,8 +1,8 @@
 """Text <-> token ids for generation: a GPT-2 byte-level BPE ``tokenizer.json`` when one is found, else bytes.
 
 ``Tokenizer`` is the one interface every tokenizer of oneblock has (``encode``, ``decode``, ``vocab_size``,
-``eos_id``, ``name``, ``chat_template`` and ``apply_chat_template``); two of them live here, the third (a GGUF
-file's) in ``oneblock.io.gguf.tokenizer``:
+``eos_id``, ``stop_ids``, ``name``, ``chat_template`` and ``apply_chat_template``); two of them live here, the
+third (a GGUF file's) in ``oneblock.io.gguf.tokenizer``:
 
 * ``BPETokenizer`` wraps a Hugging Face ``tokenizers`` file: ``tokenizer.json``, or the older GPT-2 pair
   ``vocab.json`` + ``merges.txt``. The ``tokenizers`` library is imported only when such a file is read.
@@ -31,6 +31,10 @@ class Tokenizer(Protocol):
     """What generation, the chat and the CLI need from a tokenizer; ``ByteTokenizer``, ``BPETokenizer`` and
     ``oneblock.io.gguf.tokenizer.GGUFTokenizer`` all satisfy it.
 
+    ``stop_ids`` are every id that ends a reply: ``eos_id`` first, then the ids a chat model ends its turn with
+    (Llama 3's ``<|eot_id|>`` beside its ``<|end_of_text|>``); read them through :func:`stop_ids_of`, which also
+    covers a tokenizer that knows only ``eos_id``.
+
     ``chat_template`` is ``None`` for a tokenizer that carries none; ``apply_chat_template`` then raises
     ``InputError``. Its ``tools`` (OpenAI's and Hugging Face's ``[{"type": "function", "function": {...}}]``) go to
     the template as its ``tools`` variable, as ``transformers``' ``apply_chat_template(..., tools=...)`` does.
@@ -39,6 +43,9 @@ class Tokenizer(Protocol):
     name: str
     eos_id: int | None
     chat_template: str | None
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]: ...
 
     @property
     def vocab_size(self) -> int: ...
@@ -57,7 +64,30 @@ class Tokenizer(Protocol):
     ) -> str | list[int]: ...
 
 
-class _NoChatTemplate:
+def stop_ids_of(tokenizer: Any, default: int | None = None) -> tuple[int, ...]:
+    """The ids that end a reply of a model with this tokenizer: its ``eos_id`` (else ``default``, the model
+    config's ``eos_token_id``) first, then its other end-of-turn ids, each once; empty when it has none."""
+    eos = getattr(tokenizer, "eos_id", None)
+    first = eos if eos is not None else default
+    ids = [first] if first is not None else []
+    return tuple(dict.fromkeys([*ids, *getattr(tokenizer, "stop_ids", ())]))
+
+
+class EndOfTurn:
+    """``stop_ids`` for a tokenizer with an ``eos_id``: it, then ``end_of_turn_ids`` (set by whoever loads the
+    tokenizer from a file that lists them)."""
+
+    eos_id: int | None
+    end_of_turn_ids: tuple[int, ...] = ()
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """``eos_id`` then the end-of-turn ids, each once."""
+        head = (self.eos_id,) if self.eos_id is not None else ()
+        return tuple(dict.fromkeys([*head, *self.end_of_turn_ids]))
+
+
+class _NoChatTemplate(EndOfTurn):
     """``apply_chat_template`` for tokenizers without a template: a clear error instead of a missing method."""
 
     chat_template: str | None = None

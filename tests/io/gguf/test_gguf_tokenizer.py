@@ -297,3 +297,15 @@ def test_tokens_outside_the_byte_alphabet_are_spelled_in_it():
     assert vocab["".join(table[b] for b in "世界".encode())] == 256 and vocab["<|x|>"] == 257
     with pytest.raises(ConversionError, match="2 token types for 3 tokens"):
         build_tokenizer(["a", "b", "c"], [], [1, 1], None)
+
+
+def test_end_of_turn_and_end_of_message_ids_are_stop_ids(tmp_path):
+    from family_testing import GEMMA_VOCAB, LLAMA3_VOCAB, write_family_gguf
+
+    llama = GGUFTokenizer.from_gguf(write_family_gguf(tmp_path, LLAMA3_VOCAB))
+    ids = [LLAMA3_VOCAB.id(t) for t in ("<|end_of_text|>", "<|eot_id|>", "<|eom_id|>")]
+    assert llama.eos_id == ids[0] and llama.stop_ids == tuple(ids) == (257, 263, 262)
+    gemma = GGUFTokenizer.from_gguf(write_family_gguf(tmp_path, GEMMA_VOCAB))
+    assert (gemma.eos_id, gemma.stop_ids) == (1, (1, 7)) and gemma.token(7) == "<end_of_turn>"
+    one = GGUFTokenizer.from_gguf(write_tokenizer_gguf(tmp_path / "one.gguf"))  # eos only: stops there alone
+    assert one.stop_ids == (one.eos_id,)

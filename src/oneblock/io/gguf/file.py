@@ -53,6 +53,8 @@ TYPED_KEYS: dict[str, str] = {
     "tokenizer.chat_template": "str",
     "tokenizer.ggml.bos_token_id": "count",
     "tokenizer.ggml.eos_token_id": "count",
+    "tokenizer.ggml.eot_token_id": "count",
+    "tokenizer.ggml.eom_token_id": "count",
     "tokenizer.ggml.padding_token_id": "count",
     "tokenizer.ggml.unknown_token_id": "count",
     "tokenizer.ggml.add_bos_token": "bool",

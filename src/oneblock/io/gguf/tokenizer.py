@@ -30,6 +30,7 @@ from oneblock.io.gguf.file import check_merges, field_value, is_reader
 from oneblock.io.gguf.layout import GGUFLayout, read_layout
 from oneblock.io.gguf.spm import SPACE, piece_byte, spm_from_metadata
 from oneblock.text.checks import check_text
+from oneblock.text.tokenizer import EndOfTurn
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -246,11 +247,19 @@ def _bpe_from_metadata(meta: Mapping[str, Any]) -> Tokenizer:
     return build_tokenizer(tokens, meta.get("tokenizer.ggml.merges") or [], types, meta.get("tokenizer.ggml.pre"))
 
 
-class GGUFTokenizer:
+def _end_of_turn_ids(meta: Mapping[str, Any], vocab_size: int) -> list[int]:
+    """The file's end-of-turn and end-of-message ids; one outside the vocabulary is left out, as llama.cpp does."""
+    ids = (meta.get(f"tokenizer.ggml.{name}_token_id") for name in ("eot", "eom"))
+    return [i for i in ids if isinstance(i, int) and 0 <= i < vocab_size]
+
+
+class GGUFTokenizer(EndOfTurn):
     """The tokenizer of a GGUF file: text <-> token ids, plus its chat template.
 
     Build it with :meth:`from_gguf`. ``encode`` matches special tokens written in the text (``<|im_start|>``
-    becomes one id), which is what a rendered chat prompt needs.
+    becomes one id), which is what a rendered chat prompt needs. ``stop_ids`` are ``eos_id`` and the file's
+    end-of-turn ids (``tokenizer.ggml.eot_token_id``, ``eom_token_id``): Llama 3's ``<|eot_id|>`` and
+    ``<|eom_id|>`` beside its ``<|end_of_text|>``.
     """
 
     def __init__(
@@ -264,8 +273,10 @@ class GGUFTokenizer:
         chat_template: str | None = None,
         name: str = "gguf",
         sentencepiece: bool = False,
+        end_of_turn_ids: Sequence[int] = (),
     ) -> None:
         self.tokenizer = tokenizer
+        self.end_of_turn_ids = tuple(int(i) for i in end_of_turn_ids)
         self.name = name
         self.bos_id = bos_id
         self.eos_id = eos_id
@@ -310,6 +321,7 @@ class GGUFTokenizer:
             chat_template=meta.get("tokenizer.chat_template"),
             name=str(source.path) if isinstance(source, GGUFLayout) else str(getattr(source, "path", source)),
             sentencepiece=model == "llama",
+            end_of_turn_ids=_end_of_turn_ids(meta, tokenizer.get_vocab_size(with_added_tokens=True)),
         )
 
     @property
