@@ -8,7 +8,8 @@ the head. Run from Python, that is about 1,200 small operations a token, each a 
 the dispatcher. The C++ op (``kernels/csrc/decode_step.cpp``) runs the same passes inside one parallel region, the
 threads meeting between passes, each activation rounded to 8-bit blocks once per product and shared by the stacked
 matrices (q, k, v; gate, up), the norms, rotary, cache write and residual adds done in the passes that touch
-the data.
+the data. Block matrices of 32-value formats and K-quants (Q4_K, Q6_K: super-blocks of 256, read with llama.cpp's
+Q8_K activation blocks) may share a product, each multiplied as ``BlockLinear`` multiplies it.
 
 LoRA adapters served per row (``oneblock.adapters.multi``: every adapted layer a ``MultiLoraLinear`` over a plain
 layer) go in too: each adapted matrix's adapters' A (r, in) and B (out, r) and scales, and at every call the
@@ -79,8 +80,6 @@ def _floats(t: Tensor | None) -> Tensor:
 def _matrix(module: nn.Module | None) -> tuple[Tensor, int, Tensor]:
     """``(weight, format, bias)`` of a plain float32 ``nn.Linear`` (format 0) or a ``BlockLinear``."""
     if type(module) is BlockLinear and module.blocks.device.type == "cpu":
-        if kernels.get_format(module.fmt).k_quant:
-            raise _Unsupported(f"{module.fmt} matrices (256-value super-blocks)")
         return module.blocks, module.ggml_type, _floats(module.bias)
     if type(module) is nn.Linear:
         return _floats(module.weight), 0, _floats(module.bias)
@@ -180,8 +179,6 @@ class NativeStep:
         if cfg.position not in _POSITIONS or model.final_logits_bias is not None:
             raise _Unsupported(f"positions {cfg.position!r}")
         tok = embed.tok
-        if type(tok) is BlockEmbedding and kernels.get_format(tok.fmt).k_quant:
-            raise _Unsupported(f"a {tok.fmt} token table (256-value super-blocks)")
         if type(tok) is BlockEmbedding and tok.blocks.device.type == "cpu":
             table, tok_format = tok.blocks, tok.ggml_type
         elif type(tok) is nn.Embedding:

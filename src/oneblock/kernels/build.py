@@ -34,6 +34,7 @@ SOURCES = (
     "dot_x16_avx2.cpp",
     "dot_x16_avx512.cpp",
     "decode_plan.cpp",  # the native decode step
+    "decode_products.cpp",
     "decode_step.cpp",
     "decode_lora.cpp",
     "step_math.cpp",

@@ -89,11 +89,13 @@ def test_matrices_of_different_formats_are_not_stacked(tmp_path):
     assert (a - b).abs().max().item() <= 0.04 * (b.amax(-1) - b.amin(-1)).mean().item()
 
 
-def test_k_quant_matrices_stay_as_stored(tmp_path):
+def test_k_quant_matrices_stay_as_stored(tmp_path, monkeypatch):
     """Q4_K_M files hold Q4_K and Q6_K matrices (rows of a multiple of 256 values): each becomes a BlockLinear of the
     file's bytes, equal to gguf's dequantized values, and the model keeps to the exact one within the activations'
-    rounding."""
-    from oneblock.inference.native_step import NativeStep
+    rounding; it decodes with the native step (where the C++ library is built), as the Python step does."""
+    from oneblock import kernels
+    from oneblock.inference.generation import generate
+    from oneblock.inference.native_step import ENV
 
     sizes = {**QUANT, "hidden_size": 256, "num_attention_heads": 8, "intermediate_size": 256}
     hf = hf_llama(sizes, tie=False, seed=12)
@@ -117,11 +119,17 @@ def test_k_quant_matrices_stay_as_stored(tmp_path):
         theirs = gguf.quants.dequantize(raw[name][1], qtype)
         assert torch.equal(layer.dequantized(), torch.from_numpy(theirs))
     assert torch.equal(fast.lm_head.dequantized(), exact.lm_head.weight)
-    assert NativeStep.of(fast) is None  # the native step multiplies 32-value blocks only: the Python step runs
     x = ids(2, 9, 211, seed=13)
     with torch.no_grad():
         a, b = fast(x), exact(x)
     assert (a - b).abs().max().item() <= 0.04 * (b.amax(-1) - b.amin(-1)).mean().item()
+    native: dict = {}
+    _, quick = generate(fast, x, 6, greedy=True, return_logits=True, stats=native)
+    monkeypatch.setenv(ENV, "0")
+    python: dict = {}
+    _, slow = generate(fast, x, 6, greedy=True, return_logits=True, stats=python)
+    assert native["decode_step"] == ("python" if kernels.backend() == "torch" else "native"), native
+    assert ((quick - slow).abs().max() / slow.abs().max()).item() <= 1e-5
 
 
 def test_layout_reads_what_gguf_reader_reads(tmp_path):

@@ -33,11 +33,14 @@ Matrix matrix(const at::Tensor& w, int64_t fmt, const at::Tensor& bias, int64_t 
   } else {
     const int64_t nbytes = block_bytes(file_format(fmt));  // an interleaved matrix holds the file's blocks
     TORCH_CHECK(nbytes > 0 && dot_kernel(fmt) != nullptr, kOp, what, ": unknown block format ", fmt);
-    TORCH_CHECK(!is_k_quant(file_format(fmt)), kOp, what, ": the step multiplies 32-value blocks; got K-quant ", fmt);
     TORCH_CHECK(!is_interleaved(fmt) || m.n % kGroupRows == 0, kOp, what, ": an interleaved matrix has a multiple of ",
                 kGroupRows, " rows; got ", m.n);
-    TORCH_CHECK(w.scalar_type() == at::kByte && k % QK == 0 && w.size(1) == k / QK * nbytes, kOp, what,
-                " must be uint8 (N, ", k / QK * nbytes, ") blocks for K = ", k, "; got ", w.sizes());
+    const int64_t qk = block_values(file_format(fmt));  // 32, or 256 for a K-quant
+    TORCH_CHECK(k % qk == 0, kOp, what, ": GGUF type ", fmt, " holds blocks of ", qk, " values, so K = ", k,
+                " must be a multiple of ", qk);
+    TORCH_CHECK(w.scalar_type() == at::kByte && w.size(1) == k / qk * nbytes, kOp, what, " must be uint8 (N, ",
+                k / qk * nbytes, ") blocks (", k / qk, " of ", nbytes, " bytes) for K = ", k, "; got ", w.sizes(),
+                " ", w.scalar_type());
     m.row_bytes = w.size(1);
     m.dot = dot_kernel(fmt);
   }
@@ -55,7 +58,9 @@ Product product(at::TensorList weights, at::IntArrayRef formats, int64_t first, 
     const int64_t at = first + 2 * i;
     if (!present(weights[at])) continue;
     Matrix m = matrix(weights[at], formats[at], weights[at + 1], k, -1, what);
-    p.block = p.block || m.fmt != 0;
+    const bool k_quant = m.fmt != 0 && is_k_quant(file_format(m.fmt));
+    p.block = p.block || (m.fmt != 0 && !k_quant);
+    p.k_block = p.k_block || k_quant;
     p.n += m.n;
     p.parts[p.count++] = m;
   }

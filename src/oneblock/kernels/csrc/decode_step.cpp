@@ -29,6 +29,10 @@
 // layer's attn_norm, or final_norm, after down): x += norm(y), then that pass's own norm. A model without an
 // option computes nothing of it (a test of a flag or a null pointer per pass).
 //
+// The 8-bit blocks are those of the product's matrices (decode_products.cpp): of 32 values for the 32-value
+// formats, Q8_K blocks of 256 for the K-quants, both where a product mixes them; a pass that rounds part of a row
+// rounds whole blocks of each kind.
+//
 // With LoRA adapters (decode_lora.cpp), a product some adapter updates gets its update's two halves: x A^T for
 // each row's adapter in the pass that completes the product's input row (the norms; a pass of its own for the
 // output projection's and down's inputs), and (x A^T) B^T * scale added after the base product, in the
@@ -97,9 +101,7 @@ class Walk {
 struct Workspace {
   std::vector<float> x, xn, qkv, att, y, ff, h;
   std::vector<float> lt;  // per row, the low-rank values x A^T of the product being computed (LoRA only)
-  std::vector<int8_t> qx, qatt, qh;
-  std::vector<float> dx, sx, datt, satt, dh, sh;
-  std::vector<ActRow> ax, aatt, ah;
+  InputBlocks bx, batt, bh;  // the 8-bit blocks of xn, att and h
   std::unique_ptr<Counter[]> counters;  // one per pass (atomics do not move: reallocated, never resized)
   int64_t n_counters = 0;
 };
@@ -107,69 +109,6 @@ struct Workspace {
 template <typename T>
 void fit(std::vector<T>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
-}
-
-// Activations of a product: float rows (float32 matrices) and their 8-bit blocks (block matrices).
-struct Input {
-  const float* x;
-  const ActRow* q;
-  int8_t* codes;
-  float* d;
-  float* s;
-};
-
-// The 8-bit blocks of columns [j0, j1) (whole blocks) of row r of an input of width k.
-void quantize_range(const Input& in, int64_t k, int64_t r, int64_t j0, int64_t j1) {
-  quantize_row_q8(in.x + r * k + j0, j1 - j0, in.codes + r * k + j0, in.d + (r * k + j0) / QK,
-                  in.s + (r * k + j0) / QK);
-}
-
-// out[r * stride + j] = in_r . W_j + b_j for every row r and columns [j0, j1) of the product's side-by-side
-// outputs. Every output is computed by the same instructions whatever the rows and the range.
-void multiply(const Plan& p, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
-              int64_t stride, int64_t rows = -1) {
-  if (rows < 0) rows = p.rows;
-  const int64_t k = prod.k;
-  int64_t offset = 0;
-  for (int i = 0; i < prod.count; offset += prod.parts[i].n, ++i) {
-    const Matrix& m = prod.parts[i];
-    const int64_t a = std::max(j0, offset), b = std::min(j1, offset + m.n);
-    if (is_interleaved(m.fmt) && a < b) {
-      // Groups of 16 rows: chunks are whole blocks of 32 columns and every part has a multiple of 16 rows, so
-      // [a, b) starts and ends on a group. One call serves every activation row.
-      const uint8_t* w = m.data + (a - offset) * m.row_bytes;
-      m.dot(w, m.row_bytes, static_cast<int>(b - a), in.q, static_cast<int>(rows), k / QK, out + a, stride);
-    }
-    for (int64_t j = a; j < b && !is_interleaved(m.fmt); j += 4) {
-      const int cols = static_cast<int>(std::min<int64_t>(4, b - j));
-      const uint8_t* w = m.data + (j - offset) * m.row_bytes;
-      if (m.fmt == 0) {
-        for (int64_t r = 0; r < rows; ++r) {
-          p.math.dot(reinterpret_cast<const float*>(w), k, cols, in.x + r * k, out + r * stride + j);
-        }
-      } else if (rows == 1) {
-        m.dot(w, m.row_bytes, cols, in.q, 1, k / QK, out + j, stride);
-      } else {
-        for (int c = 0; c < cols; ++c) {
-          for (int64_t r = 0; r < rows; r += 4) {
-            const int group = static_cast<int>(std::min<int64_t>(4, rows - r));
-            m.dot(w + c * m.row_bytes, m.row_bytes, 1, in.q + r, group, k / QK, out + r * stride + j + c, stride);
-          }
-        }
-      }
-    }
-    if (m.bias != nullptr) {
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t j = a; j < b; ++j) out[r * stride + j] += m.bias[j - offset];
-      }
-    }
-  }
-}
-
-// Columns per chunk: about eight chunks per thread, in whole 32-column blocks.
-int64_t chunk_columns(int64_t n, int64_t threads) {
-  const int64_t per = (n + threads * 8 - 1) / (threads * 8);
-  return std::clamp<int64_t>((per + QK - 1) / QK * QK, QK, 512);
 }
 
 void normalize(const Plan& p, const float* x, const float* w, const float* b, float* out) {
@@ -244,31 +183,33 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
   const int64_t nqkv = p.layers[0].qkv.n, nff = p.ffn == 1 ? 2 * F : F;
   fit(ws.x, rows * C), fit(ws.xn, rows * C), fit(ws.y, rows * C), fit(ws.qkv, rows * nqkv);
   fit(ws.att, rows * hd), fit(ws.ff, rows * nff), fit(ws.h, rows * F);
-  fit(ws.qx, rows * C), fit(ws.dx, rows * C / QK + 1), fit(ws.sx, rows * C / QK + 1);
-  fit(ws.qatt, rows * hd), fit(ws.datt, rows * hd / QK + 1), fit(ws.satt, rows * hd / QK + 1);
-  fit(ws.qh, rows * F), fit(ws.dh, rows * F / QK + 1), fit(ws.sh, rows * F / QK + 1);
-  fit(ws.ax, rows), fit(ws.aatt, rows), fit(ws.ah, rows), fit(ws.lt, rows * p.lora_width);
-  for (int64_t r = 0; r < rows; ++r) {
-    ws.ax[r] = {ws.qx.data() + r * C, ws.dx.data() + r * C / QK, ws.sx.data() + r * C / QK};
-    ws.aatt[r] = {ws.qatt.data() + r * hd, ws.datt.data() + r * hd / QK, ws.satt.data() + r * hd / QK};
-    ws.ah[r] = {ws.qh.data() + r * F, ws.dh.data() + r * F / QK, ws.sh.data() + r * F / QK};
+  fit(ws.lt, rows * p.lora_width);
+  bool k_x = p.head.k_block, k_att = false, k_h = false;  // whether some product of the input is a K-quant
+  for (const Layer& layer : p.layers) {
+    k_x = k_x || layer.qkv.k_block || layer.up.k_block, k_att = k_att || layer.o.k_block;
+    k_h = k_h || layer.down.k_block;
   }
   // At most: the passes before o and down are there only for quantizing the heads' output or for adapters.
   const int64_t passes = 3 + (p.lora_width > 0 ? 9 : 8) * p.n_layers + (p.shared_cache ? p.n_layers : 0);
   if (ws.n_counters < passes) ws.counters.reset(new Counter[passes]), ws.n_counters = passes;
   for (int64_t i = 0; i < passes; ++i) ws.counters[i].claimed.store(0), ws.counters[i].done.store(0);
 
-  const Input xin{ws.xn.data(), ws.ax.data(), ws.qx.data(), ws.dx.data(), ws.sx.data()};
-  const Input ain{ws.att.data(), ws.aatt.data(), ws.qatt.data(), ws.datt.data(), ws.satt.data()};
-  const Input hin{ws.h.data(), ws.ah.data(), ws.qh.data(), ws.dh.data(), ws.sh.data()};
+  const Input xin = ws.bx.bind(ws.xn.data(), rows, C, k_x);
+  const Input ain = ws.batt.bind(ws.att.data(), rows, hd, k_att);
+  const Input hin = ws.bh.bind(ws.h.data(), rows, F, k_h);
   float *x = ws.x.data(), *xn = ws.xn.data(), *y = ws.y.data(), *qkv = ws.qkv.data(), *ff = ws.ff.data();
   float *att = ws.att.data(), *h = ws.h.data(), *lt = ws.lt.data();
   const int64_t W = p.lora_width;
-  const int64_t cols_c = chunk_columns(C, threads), cols_f = chunk_columns(F, threads);
+  // The up pass quantizes h per chunk of its columns: whole Q8_K blocks where down is a K-quant.
+  const int64_t cols_c = chunk_columns(C, threads), cols_f = chunk_columns(F, threads, k_h ? QK_K : QK);
   const int64_t cols_qkv = chunk_columns(nqkv, threads), cols_v = chunk_columns(p.vocab, threads);
   auto chunks = [](int64_t n, int64_t per) { return (n + per - 1) / per; };
-  // The attention output's blocks can be quantized per kv head when a group of heads is whole blocks.
-  const bool att_blocks_per_group = (p.heads / p.kv_heads * p.d_head) % QK == 0;
+  // The attention output's blocks can be quantized per kv head when a group of heads is whole blocks (of 32, and
+  // of 256 where o is a K-quant); else in a pass of their own.
+  const int64_t width = p.heads / p.kv_heads * p.d_head;
+  auto blocks_per_group = [&](const Product& o) {
+    return (!o.block || width % QK == 0) && (!o.k_block || width % QK_K == 0);
+  };
 
   auto body = [&]() {
     Walk walk(ws.counters.get());
@@ -282,7 +223,7 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
           decode_interleaved_row(p.tok.data + group * p.tok.row_bytes, static_cast<int>(p.tokens[r] - group),
                                  p.tok.fmt, C / QK, row);
         } else {
-          decode_row(p.tok.data + p.tokens[r] * p.tok.row_bytes, p.tok.fmt, C / QK, row);
+          decode_row(p.tok.data + p.tokens[r] * p.tok.row_bytes, p.tok.fmt, C / block_values(p.tok.fmt), row);
         }
       }
       if (p.embed_scale != 1.0f) {
@@ -295,13 +236,14 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     });
     for (int64_t l = 0; l < p.n_layers; ++l) {
       const Layer& layer = p.layers[static_cast<size_t>(l)];
+      const bool per_group = blocks_per_group(layer.o);
       walk.pass(rows, [&](int64_t r) {
         if (p.sandwich && l > 0) {  // the previous layer's feed-forward output joins the stream
           const Layer& before = p.layers[static_cast<size_t>(l - 1)];
           join(p, before.ffn_out_norm_w, before.ffn_out_norm_b, y + r * C, x + r * C);
         }
         normalize(p, x + r * C, layer.attn_norm_w, layer.attn_norm_b, xn + r * C);
-        if (layer.qkv.block) quantize_range(xin, C, r, 0, C);
+        quantize_range(xin, layer.qkv, C, r, 0, C);
         if (!layer.qkv.lora.empty()) lora_a(p, layer.qkv, r, xn + r * C, lt + r * W);
       });
       walk.pass(chunks(nqkv, cols_qkv), [&](int64_t i) {
@@ -318,14 +260,14 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       }
       walk.pass(rows * p.kv_heads, [&](int64_t i) {
         thread_local std::vector<float> scratch;
-        const int64_t r = i / p.kv_heads, g = i % p.kv_heads, width = p.heads / p.kv_heads * p.d_head;
+        const int64_t r = i / p.kv_heads, g = i % p.kv_heads;
         if (!p.shared_cache) store(p, l, r, g, qkv + r * nqkv, scratch);
         attend_group(p, l, r, g, qkv + r * nqkv, att + r * hd, scratch);
-        if (layer.o.block && att_blocks_per_group) quantize_range(ain, hd, r, g * width, (g + 1) * width);
+        if (per_group) quantize_range(ain, layer.o, hd, r, g * width, (g + 1) * width);
       });
-      if ((layer.o.block && !att_blocks_per_group) || !layer.o.lora.empty()) {
+      if (!per_group || !layer.o.lora.empty()) {
         walk.pass(rows, [&](int64_t r) {
-          if (layer.o.block && !att_blocks_per_group) quantize_range(ain, hd, r, 0, hd);
+          if (!per_group) quantize_range(ain, layer.o, hd, r, 0, hd);
           if (!layer.o.lora.empty()) lora_a(p, layer.o, r, att + r * hd, lt + r * W);
         });
       }
@@ -340,7 +282,7 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       walk.pass(rows, [&](int64_t r) {
         if (p.sandwich) join(p, layer.attn_out_norm_w, layer.attn_out_norm_b, y + r * C, x + r * C);
         normalize(p, x + r * C, layer.ffn_norm_w, layer.ffn_norm_b, xn + r * C);
-        if (layer.up.block) quantize_range(xin, C, r, 0, C);
+        quantize_range(xin, layer.up, C, r, 0, C);
         if (!layer.up.lora.empty()) lora_a(p, layer.up, r, xn + r * C, lt + r * W);
       });
       walk.pass(chunks(F, cols_f), [&](int64_t i) {  // h = act(gate) * up, or act(x W_1^T + b)
@@ -356,7 +298,7 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
           for (int64_t j = j0; j < j1; ++j) {
             h[r * F + j] = p.ffn == 1 ? activation(p.act, in[j]) * in[F + j] : activation(p.act, in[j]);
           }
-          if (layer.down.block) quantize_range(hin, F, r, j0, j1);
+          quantize_range(hin, layer.down, F, r, j0, j1);
         }
       });
       if (!layer.down.lora.empty()) {
@@ -383,9 +325,10 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       } else {
         std::memcpy(xn + r * C, x + r * C, C * sizeof(float));
       }
-      if (p.head.block) quantize_range(xin, C, r, 0, C);
+      quantize_range(xin, p.head, C, r, 0, C);
     });
-    const Input head_in{xin.x + r0 * C, xin.q + r0, xin.codes, xin.d, xin.s};
+    Input head_in = xin;  // rows [r0, rows)
+    head_in.x += r0 * C, head_in.q += r0, head_in.k = xin.k != nullptr ? xin.k + r0 : nullptr;
     walk.pass(chunks(p.vocab, cols_v), [&](int64_t i) {
       const int64_t j0 = i * cols_v, j1 = std::min(p.vocab, j0 + cols_v);
       multiply(p, p.head, head_in, j0, j1, logits, p.vocab, rows - r0);

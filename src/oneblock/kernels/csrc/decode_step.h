@@ -21,7 +21,8 @@
 //                        q_norm_w, k_norm_w, attn_out_norm_w, attn_out_norm_b, ffn_out_norm_w, ffn_out_norm_b
 //             q_w may hold q, k and v stacked (k_w, v_w empty); gate_w gate and up stacked (up_w empty), or the
 //             MLP's first matrix; the options' tensors are empty in a model without them
-//   formats = one per weight: 0 = float32 (N, K), else the GGUF type of (N, K / 32 * nbytes) uint8 blocks
+//   formats = one per weight: 0 = float32 (N, K), else the GGUF type of (N, K / n * nbytes) uint8 blocks of n
+//             values: 32, or 256 for the K-quants (Q4_K, Q6_K), whose K must be a multiple of 256
 //
 // LoRA adapters, rows of different adapters in one step (oneblock/adapters/multi.py, MultiLoraLinear); all empty
 // for a model without them:
@@ -56,7 +57,7 @@ constexpr int64_t kLayerSizes = 2;
 constexpr int64_t kScalars = 5;
 constexpr int64_t kMaxParts = 3;
 
-// One weight matrix (N, K): float32 rows (fmt 0) or GGUF block rows.
+// One weight matrix (N, K): float32 rows (fmt 0) or GGUF block rows (K / 32 blocks, K / 256 for a K-quant).
 struct Matrix {
   const uint8_t* data = nullptr;
   int64_t fmt = 0;
@@ -84,8 +85,35 @@ struct Product {
   int count = 0;
   int64_t n = 0;  // the sum of the parts' N
   int64_t k = 0;
-  bool block = false;  // some part reads 8-bit activations: the input is quantized once for all of them
+  // The 8-bit activation blocks its parts read, each kind quantized once per input row for all of them:
+  bool block = false;    // some part is of 32-value blocks: Q8_0 / Q8_1 blocks of 32
+  bool k_block = false;  // some part is a K-quant: Q8_K blocks of 256
   std::vector<LoraUpdate> lora;  // empty without adapters
+};
+
+// The input rows of a product (decode_products.cpp): float rows (float32 matrices) and their 8-bit blocks,
+// of 32 (codes, d and the Q8_1 sums s per 32 values) and of 256 (Q8_K: codes, d per 256, sums per 16; null
+// where no product of the input reads them).
+struct Input {
+  const float* x;
+  const ActRow* q;
+  const ActRow* k;
+  int8_t* codes;
+  float* d;
+  float* s;
+  int8_t* k_codes;
+  float* k_d;
+  int16_t* k_sums;
+};
+
+// The block buffers of an input, reused from call to call (grown, never shrunk).
+struct InputBlocks {
+  std::vector<int8_t> codes, k_codes;
+  std::vector<float> d, s, k_d;
+  std::vector<int16_t> k_sums;
+  std::vector<ActRow> acts, k_acts;
+  // The input of `rows` rows of `width` floats at x; with Q8_K blocks where `k_quant` (width whole 256-blocks).
+  Input bind(const float* x, int64_t rows, int64_t width, bool k_quant);
 };
 
 struct Layer {
@@ -142,6 +170,20 @@ struct Plan {
 Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& columns,
                const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats, at::TensorList keys,
                at::TensorList values, at::IntArrayRef sizes, c10::ArrayRef<double> scalars);
+
+// The blocks that `prod` reads of columns [j0, j1) of row r of an input of width k (decode_products.cpp):
+// whole blocks of 32, and of 256 where a part is a K-quant.
+void quantize_range(const Input& in, const Product& prod, int64_t k, int64_t r, int64_t j0, int64_t j1);
+
+// out[r * stride + j] = in_r . W_j + b_j for every row r (p.rows where rows < 0) and columns [j0, j1) of the
+// product's side-by-side outputs, each part with the blocks of its own size. Every output is computed by the same
+// instructions whatever the rows and the range.
+void multiply(const Plan& p, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
+              int64_t stride, int64_t rows = -1);
+
+// Columns per chunk of a pass over n columns: about eight chunks per thread, in whole units of columns (32, or
+// 256 where a chunk's columns are quantized to Q8_K blocks).
+int64_t chunk_columns(int64_t n, int64_t threads, int64_t unit = QK);
 
 // Reads and checks the adapters' arguments into the plan's products (decode_lora.cpp).
 void add_lora(Plan& p, const at::Tensor& adapters, at::TensorList weights, at::TensorList lora,

@@ -1,0 +1,145 @@
+"""The native decode step multiplies the K-quants (Q4_K, Q6_K: super-blocks of 256 values, read with llama.cpp's
+Q8_K activation blocks) as a Q4_K_M GGUF file mixes them: Q4_K for most matrices, Q6_K for v, down and the tied
+token table, and 32-value formats (Q8_0 interleaved, Q5_0) beside a K-quant in one product (gate and up).
+
+The native step rounds each input row to the blocks of every kind its product reads, with the same quantizers and
+kernels as ``BlockLinear``: its logits are within 1e-5 of their scale of the Python step's, for one row and a
+batch, over several tokens, read as a prompt in one call, with LoRA adapters served per row over the K-quant base,
+on one and two threads and on the scalar instruction set. Both widths of a kv head's group of query heads are
+covered: 256 (the attention output rounded to Q8_K per group) and 128 (in a pass of its own).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from native_testing import decode_across_threads_and_isas, decode_both, relative
+
+import oneblock as ob
+from oneblock import kernels
+from oneblock.adapters.apply import apply_lora, lora_modules
+from oneblock.adapters.lora import LoraConfig
+from oneblock.adapters.multi import load_adapters
+from oneblock.adapters.peft import save_adapter
+from oneblock.inference.native_step import NativeStep
+from oneblock.kernels.formats import FORMATS
+from oneblock.layers.quantized import BlockEmbedding, BlockLinear
+
+pytestmark = pytest.mark.skipif(kernels.backend() == "torch", reason="the native step needs the C++ library")
+
+SIZES = {"vocab_size": 300, "d_model": 256, "n_heads": 4, "d_ff": 512, "max_seq_len": 32, "n_layers": 2}
+LLAMA = {"norm": "rmsnorm", "ffn": "swiglu", "position": "rope", "bias": False, "tie_embeddings": True}
+D_SCALE = {"q4_k": 3e-4, "q6_k": 5e-5}  # weights of about 0.05 from random codes and sub-scales
+Q4_K, Q6_K = FORMATS["q4_k"].ggml_type, FORMATS["q6_k"].ggml_type
+
+
+def k_blocks(fmt: str, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """(N, K / 256 * nbytes) uint8 random super-blocks, d of either sign (q4_k: positive, with its dmin)."""
+    spec = FORMATS[fmt]
+    count = n * k // spec.block
+    blocks = torch.randint(0, 256, (count, spec.nbytes), dtype=torch.uint8, generator=gen)
+    d = (0.5 + torch.rand(count, 1, generator=gen)) * D_SCALE[fmt]
+    if fmt == "q6_k":
+        d = d * torch.where(torch.rand(count, 1, generator=gen) < 0.5, -1.0, 1.0)
+    blocks[:, spec.d_offset : spec.d_offset + 2] = d.half().view(torch.uint8)
+    if spec.has_min:  # q4_k's dmin: about the mean of d * scale * code, so that the weights centre near 0
+        blocks[:, 2:4] = (d * 7.5).half().view(torch.uint8)
+    return blocks.reshape(n, -1)
+
+
+def k_quant_model(n_kv_heads: int, seed: int = 0) -> torch.nn.Module:
+    """A Llama-shaped decoder made of K-quant matrices (and one 32-value matrix in each gate/up product)."""
+    torch.manual_seed(seed)
+    model = ob.build_model(ob.ModelConfig(**SIZES, **LLAMA, n_kv_heads=n_kv_heads))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    gen = torch.Generator().manual_seed(seed)
+
+    def blocks(module: torch.nn.Module, fmt: str) -> BlockLinear:
+        return BlockLinear(k_blocks(fmt, module.out_features, module.in_features, gen), fmt)
+
+    for i in range(SIZES["n_layers"]):
+        attn, ffn = model.block(i).attn, model.block(i).ffn
+        attn.q_proj, attn.k_proj, attn.o_proj = (blocks(m, "q4_k") for m in (attn.q_proj, attn.k_proj, attn.o_proj))
+        attn.v_proj = blocks(attn.v_proj, "q6_k")
+        ffn.w1, ffn.w2 = blocks(ffn.w1, "q4_k"), blocks(ffn.w2, "q6_k")
+        up = BlockLinear.from_float(0.2 * ffn.w3.weight, "q8_0" if i == 0 else "q5_0")
+        assert up.interleave() == (i == 0)  # q8_0x16 beside q4_k in layer 0, q5_0 in layer 1
+        ffn.w3 = up
+    table = k_blocks("q6_k", SIZES["vocab_size"], SIZES["d_model"], gen)
+    model.embed.tok, model.lm_head = BlockEmbedding(table, "q6_k"), BlockLinear(table, "q6_k")  # tied
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["group-of-256", "group-of-128"])
+def model(request) -> torch.nn.Module:
+    return k_quant_model(request.param)
+
+
+def test_a_k_quant_model_takes_the_native_step(model):
+    plan = NativeStep.plan(model)
+    assert isinstance(plan, NativeStep), plan
+    assert plan.formats[0] == plan.formats[6] == Q6_K  # the tied token table and head
+    assert {Q4_K, Q6_K, FORMATS["q5_0"].ggml_type, kernels.INTERLEAVED["q8_0x16"].ggml_type} <= set(plan.formats)
+
+
+@pytest.mark.parametrize("prompts", [[[5, 17, 3, 299, 42]], [[5, 17, 3, 299, 42], [7, 8], [60, 61, 62]]])
+def test_native_logits_equal_the_python_step(model, prompts):
+    native, python = decode_both(model, prompts, steps=8)
+    assert python.abs().max() > 1.0  # logits far from uniform
+    assert relative(native, python) <= 1e-5
+    assert torch.equal(native.argmax(-1), python.argmax(-1))
+
+
+def test_the_prompt_read_in_one_call_equals_the_python_forward(model):
+    ids = [5, 17, 3, 299, 42, 7, 8, 60, 61, 62, 11]
+    plan = NativeStep.of(model)
+    assert plan is not None
+    ours, theirs = (model.new_cache(1, max_len=20, chunk=20) for _ in range(2))
+    with torch.inference_mode():
+        want = model.logits(model.run(torch.tensor([ids]), cache=theirs)[:, -1])[0]
+        got = plan.prompt(torch.tensor(ids), 0, ours)
+    assert got.shape == want.shape and relative(got, want) <= 1e-5
+    for a, b in zip(ours.layers, theirs.layers, strict=True):
+        assert relative(a.k[:, :, : len(ids)], b.k[:, :, : len(ids)]) <= 1e-5
+
+
+def test_threads_and_instruction_sets_agree(model):
+    scalar, python = decode_across_threads_and_isas(model, [[5, 17, 3], [7, 8, 9, 10]])
+    assert relative(scalar, python) <= 1e-5
+
+
+def test_lora_adapters_over_a_k_quant_base(tmp_path):
+    """Two adapters over every kind of matrix (q4_k q and o, q6_k v and down, the q8_0x16 / q5_0 up), per row."""
+    directories = []
+    for seed, targets in enumerate([("q", "v", "up"), ("k", "o", "gate", "down")], start=1):
+        cfg = LoraConfig(rank=4, alpha=8.0, targets=targets)
+        float_model = apply_lora(ob.build_model(ob.ModelConfig(**SIZES, **LLAMA, n_kv_heads=2)), cfg)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for module in lora_modules(float_model).values():
+                module.lora_B.weight.copy_(0.3 * torch.randn(module.lora_B.weight.shape, generator=gen))
+        directories.append(save_adapter(float_model, tmp_path / f"adapter-{seed}", cfg=cfg))
+    model = k_quant_model(2, seed=1)
+    base = decode_both(model, [[5, 17, 3], [42, 8]], steps=6)[1]
+    served = load_adapters(model, list(zip(["terse", "chatty"], directories, strict=True)))
+    plan = NativeStep.of(model)
+    assert plan is not None and plan.adapted
+    served.rows.select([1, 2])
+    native, python = decode_both(model, [[5, 17, 3], [42, 8]], steps=6)
+    assert relative(native, python) <= 1e-5
+    assert (python[0] - base[0]).abs().max() > 0.1  # the adapters change what their rows compute
+
+
+def test_a_k_quant_matrix_of_the_wrong_width_is_refused(model):
+    plan = NativeStep.of(model)
+    assert plan is not None
+    at = 10 + 16  # layer 0's down (kernels/csrc/decode_step.h): q6_k, K = 512
+    assert plan.formats[at] == Q6_K
+    plan.weights[at] = plan.weights[at][:, : -FORMATS["q6_k"].nbytes].contiguous()  # a super-block short
+    cache = model.new_cache(1, max_len=4, chunk=4)
+    keys, values = [layer.k for layer in cache.layers], [layer.v for layer in cache.layers]
+    zero = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match=r"down must be uint8 \(N, 420\) blocks \(2 of 210 bytes\) for K = 512"):
+        plan(torch.tensor([1]), zero, zero, zero, keys, values)
