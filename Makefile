@@ -28,9 +28,9 @@ LLAMATOOLS_CMAKE  := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
                      $(if $(filter avx512_vnni,$(LLAMATOOLS_ISA)),-DGGML_AVX512_VNNI=ON,-DGGML_AVX512_VNNI=OFF) \
                      -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF \
                      -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
-LLAMATOOLS_TARGETS := llama-bench test-backend-ops test-export-graph-ops llama-server llama-perplexity
+LLAMATOOLS_TARGETS := llama-bench test-backend-ops test-export-graph-ops llama-server llama-perplexity llama-quantize
 
-.PHONY: setup browser demo test lint bench bench-llamacpp clean
+.PHONY: setup browser demo test lint bench bench-llamacpp bench-models clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +104,13 @@ $(LLAMATOOLS_STAMP): $(LLAMATOOLS_CONVERTER) | $(STAMP)
 	touch $@
 
 bench-llamacpp: $(LLAMACPP_STAMP) $(LLAMATOOLS_STAMP)
+
+# Models ten times SmolLM2's (a Llama-3.2-1B and a Qwen2.5-0.5B shape, random weights), converted and quantized by
+# llama.cpp's own tools into ~/.cache/oneblock/bench-models (once; several GB), then decoded by oneblock and by
+# llama-bench in interleaved rounds (benchmarks/bench_models.py; `run --shape llama-1b --types q4_k_m` for one file).
+bench-models: setup $(LLAMATOOLS_STAMP)
+	LLAMACPP_TOOLS=$(LLAMATOOLS_BUILD)/bin $(PY) benchmarks/bench_models.py make
+	LLAMACPP_TOOLS=$(LLAMATOOLS_BUILD)/bin $(PY) benchmarks/bench_models.py run
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,233 @@
+"""Models ten times SmolLM2's, made here and quantized by llama.cpp, decoded by oneblock and by llama.cpp.
+
+    python benchmarks/bench_models.py make [--shape S ...] [--types T ...]
+    python benchmarks/bench_models.py run [--shape S ...] [--types T ...] [--rounds N] [--new N] [--prompt N]
+                                          [--threads N] [--json PATH]
+
+``make`` (``make bench-models``) builds each shape with random weights through transformers (a Llama-3.2-1B shape:
+C 2048, 16 layers, 32 query and 8 key/value heads, FFN 8192; a Qwen2.5-0.5B shape: C 896, 24 layers, 14/2 heads,
+FFN 4864, q/k/v biases; both with SmolLM2's 49,152-token vocabulary, tied), converts it with llama.cpp's own
+``convert_hf_to_gguf.py`` to F16, and quantizes that with its ``llama-quantize`` to each type, all kept under
+``~/.cache/oneblock/bench-models/<shape>/``. Nothing is downloaded; ``make bench-llamacpp`` builds the tools.
+
+``run`` decodes each file in interleaved rounds, nothing else running: ``oneblock generate --json`` (greedy, the
+prompt's tokens then ``--new`` tokens) against ``llama-bench -p P -n N`` on the same threads, and in the same
+rounds the machine's read bandwidth (``machine.read_bandwidth``). It reports decode and prefill tokens/s of each,
+their ratios, oneblock's peak RSS beside the file's size, and the bandwidth bound: the bytes of weights a decoded
+token reads (every matrix and the head; the token table only where it is the head) times tokens/s, over the
+measured bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+sys.path[:0] = [str(HERE), str(SRC)]
+
+from llamacpp_tools import HOME as LLAMACPP_HOME  # noqa: E402
+from llamacpp_tools import tool  # noqa: E402
+from machine import cpu_description, read_bandwidth  # noqa: E402
+
+ROOT = Path(os.environ.get("ONEBLOCK_BENCH_MODELS", Path.home() / ".cache" / "oneblock" / "bench-models"))
+SDIST = LLAMACPP_HOME / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-1b": ("LlamaConfig", {
+        "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 8192, "rope_theta": 500000.0,
+    }),
+    "qwen-0.5b": ("Qwen2Config", {
+        "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "intermediate_size": 4864, "rope_theta": 1000000.0,
+    }),
+}  # fmt: skip
+TYPES = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}
+PROMPT = "The transformer block is attention, a feed-forward network, two residual wires and two norms. "
+
+
+def _run(argv: list[str], timeout: float = 1800, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{Path(argv[0]).name} failed ({done.returncode}): {done.stderr.strip()[-1500:]}")
+    return done.stdout
+
+
+def make_hf(shape: str, directory: Path) -> None:
+    """The shape with transformers' random initialisation, bfloat16, and SmolLM2's tokenizer beside it."""
+    import torch
+    import transformers
+
+    from oneblock.inference.smollm2 import smollm2_gguf_path
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+
+    tokenizer = GGUFTokenizer.from_gguf(smollm2_gguf_path())
+    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
+    config_class, sizes = SHAPES[shape]
+    config = getattr(transformers, config_class)(
+        vocab_size=tokenizer.vocab_size, max_position_embeddings=4096, tie_word_embeddings=True, **sizes, **ids
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    model.save_pretrained(directory)
+    tokenizer.tokenizer.save(str(directory / "tokenizer.json"))
+    special = {k.removesuffix("_id"): tokenizer.token(v) for k, v in ids.items() if v is not None}
+    (directory / "tokenizer_config.json").write_text(json.dumps(special))
+
+
+def make(shapes: list[str], types: list[str]) -> None:
+    """Each shape's F16 file and its quantized files, made once (a file already there is kept)."""
+    quantize = tool("llama-quantize")
+    for shape in shapes:
+        folder = ROOT / shape
+        f16 = folder / "f16.gguf"
+        if not f16.is_file():
+            hf = folder / "hf"
+            if not (hf / "config.json").is_file():
+                print(f"{shape}: random weights through transformers", flush=True)
+                make_hf(shape, hf)
+            print(f"{shape}: converting with convert_hf_to_gguf.py", flush=True)
+            env = {**os.environ, "PYTHONPATH": str(SDIST / "gguf-py"), "NO_LOCAL_GGUF": ""}
+            argv = [sys.executable, str(SDIST / "convert_hf_to_gguf.py"), str(hf), "--outtype", "f16"]
+            _run([*argv, "--outfile", str(f16.with_suffix(".partial")), "--model-name", shape], env=env)
+            f16.with_suffix(".partial").rename(f16)
+        for kind in types:
+            out = folder / f"{kind}.gguf"
+            if not out.is_file() and quantize is None:
+                raise SystemExit("llama-quantize is not built: run `make bench-llamacpp` first")
+            if not out.is_file():
+                print(f"{shape}: llama-quantize {TYPES[kind]}", flush=True)
+                partial = out.with_suffix(".partial")
+                _run([str(quantize), str(f16), str(partial), TYPES[kind], str(os.cpu_count() or 2)])
+                partial.rename(out)
+
+
+def weight_bytes_per_token(path: Path) -> int:
+    """Bytes of weights one decoding step reads: every tensor but the token table, which counts only as the
+    tied head (a row of it is read for the embedding otherwise)."""
+    from oneblock.io.gguf.file import open_gguf
+
+    sizes = {t.name: int(t.n_bytes) for t in open_gguf(path).tensors}
+    tied = "output.weight" not in sizes
+    return sum(n for name, n in sizes.items() if tied or name != "token_embd.weight")
+
+
+def oneblock_once(path: Path, prompt: str, new: int, threads: int) -> dict[str, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(SRC)}
+    argv = [sys.executable, "-m", "oneblock", "generate", "--model", str(path), "--prompt", prompt, "--greedy"]
+    argv += ["--ignore-eos", "--max-new-tokens", str(new), "--threads", str(threads), "--json"]
+    out = json.loads(_run(argv, env=env))
+    return {
+        "decode": out["decode_tokens_per_second"],
+        "prefill": len(out["prompt_ids"]) / out["prefill_seconds"],
+        "prompt_tokens": len(out["prompt_ids"]),
+        "rss": out["peak_rss_bytes"],
+        "step": out.get("decode_step"),
+        "reason": out.get("decode_step_reason"),
+    }
+
+
+def llamacpp_once(path: Path, prompt: int, new: int, threads: int) -> dict[str, float]:
+    bench = tool("llama-bench")
+    if bench is None:
+        return {}
+    argv = [str(bench), "-m", str(path), "-t", str(threads), "-p", str(prompt), "-n", str(new), "-r", "1", "-o", "json"]
+    rows = json.loads(_run(argv))
+    result = {}
+    for row in rows:
+        result["prefill" if row["n_prompt"] else "decode"] = row["avg_ts"]
+    return result
+
+
+def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_tokens: int, threads: int) -> dict:
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+
+    files = [(shape, kind, ROOT / shape / f"{kind}.gguf") for shape in shapes for kind in types]
+    files = [f for f in files if f[2].is_file()]
+    if not files:
+        raise SystemExit(f"no files under {ROOT}: run `make bench-models` first")
+    tokenizer = GGUFTokenizer.from_gguf(files[0][2])
+    text = PROMPT * (prompt_tokens // max(len(tokenizer.encode(PROMPT)), 1) + 1)
+    ids = tokenizer.encode(text)[: prompt_tokens - 1]  # the BOS makes prompt_tokens
+    text = tokenizer.decode(ids)
+    samples: dict[str, dict[str, list]] = {f"{s}/{k}": {} for s, k, _ in files}
+    bandwidth: list[float] = []
+    for r in range(rounds):
+        bandwidth.append(read_bandwidth(1024, rounds=3)["best"])
+        for shape, kind, path in files:
+            key = f"{shape}/{kind}"
+            figures = {f"oneblock_{k}": v for k, v in oneblock_once(path, text, new, threads).items()}
+            figures |= {f"llamacpp_{k}": v for k, v in llamacpp_once(path, prompt_tokens, new, threads).items()}
+            for name, value in figures.items():
+                samples[key].setdefault(name, []).append(value)
+            print(f"round {r + 1}: {key} {json.dumps({k: v for k, v in figures.items() if k != 'oneblock_reason'})}")
+    result: dict[str, Any] = {
+        "cpu": cpu_description(), "machine": platform.machine(), "threads": threads, "new": new,
+        "prompt_tokens": prompt_tokens, "bandwidth_bytes_per_s": statistics.median(bandwidth), "files": {},
+    }  # fmt: skip
+    for shape, kind, path in files:
+        key = f"{shape}/{kind}"
+        med = {k: (statistics.median(v) if isinstance(v[0], (int, float)) else v[0]) for k, v in samples[key].items()}
+        per_token = weight_bytes_per_token(path)
+        med |= {"file_bytes": path.stat().st_size, "weight_bytes_per_token": per_token}
+        for engine in ("oneblock", "llamacpp"):
+            if f"{engine}_decode" in med:
+                med[f"{engine}_bound_fraction"] = med[f"{engine}_decode"] * per_token / result["bandwidth_bytes_per_s"]
+        result["files"][key] = med
+    return result
+
+
+def report(result: dict) -> str:
+    lines = [
+        f"CPU: {result['cpu']}; {result['threads']} threads; read bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f}"
+        f" GB/s; decode {result['new']} tokens, prefill {result['prompt_tokens']}",
+        "| file | MB | decode ours / llama.cpp (tok/s) | ratio | of the bound | prefill ratio | RSS / file | step |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for key, m in result["files"].items():
+        ours, theirs = m["oneblock_decode"], m.get("llamacpp_decode")
+        ratio = f"{ours / theirs:.2f}x" if theirs else "-"
+        pre = f"{m['oneblock_prefill'] / m['llamacpp_prefill']:.2f}x" if m.get("llamacpp_prefill") else "-"
+        bound = f"{m['oneblock_bound_fraction']:.0%}"
+        if "llamacpp_bound_fraction" in m:
+            bound += f" / {m['llamacpp_bound_fraction']:.0%}"
+        rss = m["oneblock_rss"] / m["file_bytes"]
+        step = m["oneblock_step"] + (f" ({m['oneblock_reason']})" if m.get("oneblock_reason") else "")
+        lines.append(
+            f"| {key} | {m['file_bytes'] / 1e6:.0f} | {ours:.1f} / {theirs or 0:.1f} | {ratio} | {bound} | {pre} | "
+            f"{rss:.2f} | {step} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["make", "run"])
+    parser.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--types", nargs="+", choices=list(TYPES), default=list(TYPES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.action == "make":
+        make(args.shape, args.types)
+        return 0
+    result = run(args.shape, args.types, args.rounds, args.new, args.prompt, args.threads)
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
