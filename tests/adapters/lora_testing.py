@@ -16,6 +16,11 @@ V, C, H, F, T, S, B = 101, 36, 3, 37, 7, 5, 3
 MAX_POS = 13
 ATOL = 1e-5
 FAMILIES = ("llama", "gpt2", "bert", "bart", "t5")
+# The decoder families beyond Llama, by model_type -> their name in the GGUF tests' table of transformers configs.
+DECODERS = {
+    "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3", "granite": "granite",
+    "smollm3": "smollm3", "olmo2": "olmo2", "phi3": "phi3",
+}  # fmt: skip
 
 
 def hf_model(family: str, *, seed: int = 0) -> nn.Module:
@@ -54,6 +59,8 @@ def hf_model(family: str, *, seed: int = 0) -> nn.Module:
             feed_forward_proj="gated-gelu", attn_implementation="eager",
         )  # fmt: skip
         model = transformers.T5ForConditionalGeneration(cfg)
+    elif family in DECODERS:
+        model = _decoder(family)
     else:
         raise ValueError(family)
     gen = torch.Generator().manual_seed(seed)
@@ -63,6 +70,19 @@ def hf_model(family: str, *, seed: int = 0) -> nn.Module:
         if family == "t5":
             model.shared.weight.mul_(0.2)
     return model.float().eval()
+
+
+def _decoder(family: str) -> nn.Module:
+    """A decoder of the GGUF tests' sizes and options (Phi-3's LongRoPE and partial rotary, Gemma's soft-caps and
+    window, Granite's multipliers), with this module's vocabulary."""
+    import transformers
+    from converter_testing import FAMILIES as SIZES
+    from converter_testing import SHARED
+
+    config_class, sizes, _ = SIZES[DECODERS[family]]
+    ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    cfg = getattr(transformers, config_class)(vocab_size=V, attn_implementation="eager", **{**SHARED, **sizes, **ids})
+    return transformers.AutoModelForCausalLM.from_config(cfg)
 
 
 def inputs(family: str, *, seed: int = 1) -> dict[str, Tensor]:

@@ -8,7 +8,9 @@ The layout is that of llama.cpp's ``convert_lora_to_gguf.py``:
   PyTorch's row-major shape (GGUF dimensions (in, r)), and ``.lora_b``, B (out, r);
 * the rows of B for the query and key projections interleaved as llama.cpp stores ``W_q`` and ``W_k``
   (:func:`~oneblock.io.gguf.write.permute_rows`): the update ``B A`` then lands on the same rows as in the
-  oneblock model. A (the input side) is unchanged.
+  oneblock model. A (the input side) is unchanged;
+* an adapter on a stacked matrix (Phi-3's ``qkv_proj`` and ``gate_up_proj``) as one adapter per projection, A
+  shared and B split by rows.
 
 llama.cpp scales the update by ``alpha / r`` (with ``r`` read from the tensors), so an rsLoRA adapter
 (``alpha / sqrt(r)``) is written with ``alpha' = scale * r``: the same update, in the only form llama.cpp reads.
@@ -20,13 +22,15 @@ import os
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from oneblock.adapters.apply import lora_modules
 from oneblock.adapters.lora import LoraLinear
+from oneblock.config import ModelConfig
 from oneblock.errors import ConversionError
 from oneblock.io.gguf.write import check_llama, encode_tensor, gguf_name, permute_rows
 from oneblock.io.gguf.writer import Entry, TensorData, write_gguf
+from oneblock.layers.quantized import BlockLinear
 from oneblock.models.inputs import config_of
 
 _F32, _STR = 6, 8
@@ -53,24 +57,42 @@ def adapter_tensors(model: nn.Module, tensor_type: str = "f32") -> tuple[float, 
     for ours, module in modules.items():
         if module.merged:
             raise ConversionError(f"the adapter on {ours} is merged into its base; unmerge_lora(model) first")
-        if ours.endswith(".qkv_proj"):
+        if ours.endswith(".qkv_proj") and not isinstance(module.base, (nn.Linear, BlockLinear)):
             raise ConversionError(
                 f"the adapter on {ours} sits on a fused query/key/value projection (a 4-bit base): load the base "
                 "with dtype=torch.float32, then the adapter, to write it for llama.cpp"
             )
-        theirs = gguf_name(f"{ours}.weight")
-        a = module.lora_A.weight.detach().float()  # (r, in)
-        b = module.lora_B.weight.detach().float()  # (out, r)
-        if theirs.endswith(".attn_q.weight"):
-            b = permute_rows(b, cfg.n_heads)
-        elif theirs.endswith(".attn_k.weight"):
-            b = permute_rows(b, cfg.n_kv_heads)
-        # encode_tensor keeps a matrix F32 or makes it F16; no LoRA tensor is quantized
-        tensors += [
-            encode_tensor(f"{theirs}.lora_a", a, tensor_type),
-            encode_tensor(f"{theirs}.lora_b", b, tensor_type),
-        ]
+        for name, a, b in _projections(ours, module, cfg):
+            theirs = gguf_name(f"{name}.weight")
+            if theirs.endswith(".attn_q.weight"):
+                b = permute_rows(b, cfg.n_heads)
+            elif theirs.endswith(".attn_k.weight"):
+                b = permute_rows(b, cfg.n_kv_heads)
+            # encode_tensor keeps a matrix F32 or makes it F16; no LoRA tensor is quantized
+            tensors += [
+                encode_tensor(f"{theirs}.lora_a", a, tensor_type),
+                encode_tensor(f"{theirs}.lora_b", b, tensor_type),
+            ]
     return float(max(alphas)), tensors
+
+
+def _projections(ours: str, module: LoraLinear, cfg: ModelConfig) -> list[tuple[str, Tensor, Tensor]]:
+    """(module name, A (r, in), B (out, r)) per projection llama.cpp's Llama keeps apart. A stacked adapter (Phi-3's
+    ``qkv_proj`` and ``gate_up_proj``, adapted whole as peft does) is its projections' adapters: A shared, B split
+    by rows, the same updates at the same rank."""
+    a = module.lora_A.weight.detach().float()  # (r, in)
+    b = module.lora_B.weight.detach().float()  # (out, r)
+    parent, _, child = ours.rpartition(".")
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    if child == "qkv_proj":
+        q, kv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
+        names, sizes = ("q_proj", "k_proj", "v_proj"), (q, kv, kv)
+    elif child == "w13":
+        names, sizes = ("w1", "w3"), (cfg.d_ff, cfg.d_ff)
+    else:
+        return [(ours, a, b)]
+    return [(f"{parent}.{n}", a, part) for n, part in zip(names, b.split(sizes), strict=True)]  # (H Dh + 2 Hkv Dh, r)
 
 
 def save_gguf_adapter(

@@ -107,8 +107,8 @@ def save_adapter(
     family = family_of(model_cfg)
     if family is None:
         raise ConversionError(
-            "this model's config fits no Hugging Face family (GPT-2, BERT, BART, Llama, T5), so its adapters have no "
-            "peft names; save them with oneblock.adapters.apply.adapter_state_dict instead"
+            f"this model's config fits no Hugging Face family ({', '.join(sorted(FAMILIES))}), so its adapters have "
+            "no peft names; save them with oneblock.adapters.apply.adapter_state_dict instead"
         )
     by_ours = {s.ours: s for s in sites(model_cfg)}
     tensors: dict[str, Tensor] = {}

@@ -5,18 +5,21 @@ roles it plays (``q``, ``k``, ``v``, ``o``, ``gate``, ``up``, ``down``, ``pooler
 config fits a Hugging Face family, the module name transformers gives it (in the class ``oneblock.to_hf``
 builds). The roles per family:
 
-======  ===================  ==============  ==============  ========================  ============
-family  q, k, v              o               gate            up                        down
-======  ===================  ==============  ==============  ========================  ============
-Llama   self_attn.q/k/v_proj self_attn.o_proj mlp.gate_proj  mlp.up_proj               mlp.down_proj
-GPT-2   attn.c_attn (fused)  attn.c_proj     -               mlp.c_fc                  mlp.c_proj
-BERT    attention.self.query attention.      -               intermediate.dense        output.dense
-        /key/value           output.dense
-BART    self_attn/encoder_   out_proj        -               fc1                       fc2
-        attn.q/k/v_proj
-T5      SelfAttention/       o               DenseReluDense  DenseReluDense.wi_1 (wi)  DenseReluDense.wo
-        EncDecAttention.q/k/v                .wi_0
-======  ===================  ==============  ==============  ========================  ============
+=========  =====================  ================  ================  ===================  =================
+family     q, k, v                o                 gate              up                   down
+=========  =====================  ================  ================  ===================  =================
+Llama [1]  self_attn.q/k/v_proj   self_attn.o_proj  mlp.gate_proj     mlp.up_proj          mlp.down_proj
+Phi-3      self_attn.qkv_proj     self_attn.o_proj  mlp.gate_up_proj  (with gate)          mlp.down_proj
+GPT-2      attn.c_attn (fused)    attn.c_proj       -                 mlp.c_fc             mlp.c_proj
+BERT       attention.self.query   attention.        -                 intermediate.dense   output.dense
+           /key/value             output.dense
+BART       self_attn/encoder_     out_proj          -                 fc1                  fc2
+           attn.q/k/v_proj
+T5         SelfAttention/         o                 DenseReluDense    DenseReluDense.wi_1  DenseReluDense.wo
+           EncDecAttention.q/k/v                    .wi_0             (wi)
+=========  =====================  ================  ================  ===================  =================
+
+[1] and every family of Llama's module names: Qwen2, Qwen3, Gemma 2, Gemma 3, Granite, SmolLM3, OLMo 2.
 
 A name selects a site when it is one of its roles, or (as peft matches ``target_modules``) its Hugging Face module
 name or a dotted suffix of it: ``q_proj``, ``c_attn``, ``attn.c_proj``. ``all-linear`` selects every site, as
@@ -25,9 +28,11 @@ a name that selects nothing in any family is refused.
 
 GPT-2 computes queries, keys and values with one matrix, ``c_attn``, and peft puts one adapter on it: A (r, C)
 shared by the three, B (3C, r). oneblock does the same on a fused ``qkv_proj`` (``fuse_qkv``), so a GPT-2 adapter
-is all of q, k and v or none of them. Every other family has three adapters; a model whose projections were
-fused (``fuse_qkv``) is split back before wrapping, a stacked 4-bit one (``BlockLinear``: a GGUF file's q/k/v or
-gate/up) by row slices of its blocks, exactly and without dequantizing; another quantized fused kind is refused.
+is all of q, k and v or none of them. Phi-3 stacks q, k and v (``qkv_proj``), and gate and up (``gate_up_proj``,
+gate first; oneblock's ``w13``, ``fuse_gate_up``), each adapted whole the same way. Every other family has
+separate adapters; a model whose projections were fused (``fuse_qkv``) is split back before wrapping, a stacked
+4-bit one (``BlockLinear``: a GGUF file's q/k/v or gate/up) by row slices of its blocks, exactly and without
+dequantizing; another quantized fused kind is refused.
 """
 
 from __future__ import annotations
@@ -47,17 +52,15 @@ from oneblock.io.hf.families import FAMILIES
 from oneblock.models.inputs import config_of
 
 ROLES = (*DEFAULT_TARGETS, "pooler")
-# The module prefix of the transformers class ``to_hf`` builds, per family (``model.layers.0...``).
-HF_PREFIX = {
-    "llama": "model.",
-    "qwen2": "model.",
-    "qwen3": "model.",
-    "gpt2": "transformer.",
-    "bart": "model.",
-    "bert": "",
-    "t5": "",
+# The module prefix of the transformers class ``to_hf`` builds, per family: ``model.layers.0...`` in every
+# ``*ForCausalLM`` but GPT-2's and in BART's; GPT-2 ``transformer.h.0...``; BertModel and T5 none.
+HF_PREFIX = {**{name: "model." for name in FAMILIES}, "gpt2": "transformer.", "bert": "", "t5": ""}
+# Per family whose checkpoints stack projections: oneblock's fused module in block ``i`` -> its Hugging Face name
+# (less the prefix). peft adapts such a matrix whole, so oneblock fuses its projections to adapt them as one.
+FUSED = {
+    "gpt2": {"attn.qkv_proj": "h.{i}.attn.c_attn"},
+    "phi3": {"attn.qkv_proj": "layers.{i}.self_attn.qkv_proj", "ffn.w13": "layers.{i}.mlp.gate_up_proj"},
 }
-FUSED_FAMILIES = ("gpt2",)  # families whose q, k and v are one matrix, adapted as one
 
 
 @dataclass(frozen=True)
@@ -94,27 +97,31 @@ def family_of(cfg: ModelConfig) -> str | None:
 def sites(cfg: ModelConfig) -> list[Site]:
     """Every linear layer but the embedding and the head of ``build_model(cfg)``, from the config alone."""
     family = family_of(cfg)
-    fused = family in FUSED_FAMILIES
+    fused = FUSED.get(family or "", {})
     c, q_width, kv_width = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
     if cfg.arch == "encoder-decoder":
         stacks = [("encoder.", cfg.n_layers, False), ("decoder.", cfg.n_decoder_layers, True)]
     else:
         stacks = [("", cfg.n_layers, False)]
-    ffn_roles = {"w1": "gate", "w3": "up", "w2": "down"} if cfg.ffn != "mlp" else {"w1": "up", "w2": "down"}
-    ffn_sizes = {"w1": (c, cfg.d_ff), "w3": (c, cfg.d_ff), "w2": (cfg.d_ff, c)}
+    ffn_roles: dict[str, tuple[str, ...]] = (
+        {"w1": ("gate",), "w3": ("up",), "w2": ("down",)} if cfg.ffn != "mlp" else {"w1": ("up",), "w2": ("down",)}
+    )
+    if "ffn.w13" in fused:  # gate and up as one matrix, gate first
+        ffn_roles = {"w13": ("gate", "up"), "w2": ("down",)}
+    ffn_sizes = {"w1": (c, cfg.d_ff), "w3": (c, cfg.d_ff), "w13": (c, 2 * cfg.d_ff), "w2": (cfg.d_ff, c)}
     out: list[Site] = []
     for prefix, n_layers, cross in stacks:
         for i in range(n_layers):
             block = f"{prefix}blocks.{i}"
             for attn in ("attn", "cross_attn") if cross else ("attn",):
-                if fused and attn == "attn":
+                if "attn.qkv_proj" in fused and attn == "attn":
                     out.append(Site(f"{block}.attn.qkv_proj", ("q", "k", "v"), c, q_width + 2 * kv_width))
                 else:
                     for role, width in (("q", q_width), ("k", kv_width), ("v", kv_width)):
                         out.append(Site(f"{block}.{attn}.{role}_proj", (role,), c, width))
                 out.append(Site(f"{block}.{attn}.o_proj", ("o",), q_width, c))
-            for name, role in ffn_roles.items():
-                out.append(Site(f"{block}.ffn.{name}", (role,), *ffn_sizes[name]))
+            for name, roles in ffn_roles.items():
+                out.append(Site(f"{block}.ffn.{name}", roles, *ffn_sizes[name]))
     if cfg.arch == "encoder" and cfg.pooler:
         out.append(Site("pooler", ("pooler",), c, c))
     if family is None:
@@ -131,9 +138,9 @@ def hf_names(cfg: ModelConfig, family_name: str) -> dict[str, str]:
     for pair in family._pairs(cfg):  # the converter's own one-to-one tensor names
         if pair.ours.endswith(".weight") and pair.theirs.endswith(".weight"):
             out[pair.ours.removesuffix(".weight")] = prefix + pair.theirs.removesuffix(".weight")
-    if family_name == "gpt2":
-        for i in range(cfg.n_layers):
-            out[f"blocks.{i}.attn.qkv_proj"] = f"{prefix}h.{i}.attn.c_attn"
+    for i in range(cfg.n_layers):
+        for ours, theirs in FUSED.get(family_name, {}).items():
+            out[f"blocks.{i}.{ours}"] = prefix + theirs.format(i=i)
     return out
 
 
@@ -193,8 +200,8 @@ def hf_target_modules(cfg: ModelConfig, chosen: Iterable[Site]) -> list[str]:
 
 
 def prepare_sites(model: nn.Module, targets: Sequence[str] | str) -> list[str]:
-    """The oneblock module names to wrap, after fusing (GPT-2) or splitting (others) query/key/value projections
-    so that the model's modules are the sites'.
+    """The oneblock module names to wrap, after fusing (GPT-2, Phi-3) or splitting (others) query/key/value and
+    gate/up projections so that the model's modules are the sites'.
 
     Raises:
         ConfigError: the names select nothing, or a fused projection is of a kind that cannot be split (not
@@ -214,6 +221,8 @@ def prepare_sites(model: nn.Module, targets: Sequence[str] | str) -> list[str]:
                 owner.fuse_qkv()
             elif child in ("q_proj", "k_proj", "v_proj") and fused:
                 owner.unfuse_qkv()  # a 4-bit BlockLinear splits by rows, exactly
+        elif isinstance(owner, FeedForward) and child == "w13" and owner.w13 is None:
+            owner.fuse_gate_up()
         elif isinstance(owner, FeedForward) and child in ("w1", "w3") and owner.w13 is not None:
             owner.unfuse_gate_up()
         module = model.get_submodule(site.ours)
@@ -223,15 +232,19 @@ def prepare_sites(model: nn.Module, targets: Sequence[str] | str) -> list[str]:
 
 
 def unfuse_after_unload(model: nn.Module) -> None:
-    """Split back the float query/key/value projections of a GPT-2 (fused by ``apply_lora`` for its ``c_attn``
-    adapter) once the adapters are merged away, so the model's state dict is the usual one again."""
+    """Split back the float projections of a GPT-2 or Phi-3 (fused by ``apply_lora`` for its ``c_attn``,
+    ``qkv_proj`` and ``gate_up_proj`` adapters) once the adapters are merged away, so the model's state dict is the
+    usual one again."""
     from oneblock.layers.attention import MultiHeadAttention
+    from oneblock.layers.feedforward import FeedForward
 
-    if family_of(config_of(model)) not in FUSED_FAMILIES:
+    if family_of(config_of(model)) not in FUSED:
         return
     for module in model.modules():
         if isinstance(module, MultiHeadAttention) and isinstance(module.qkv_proj, nn.Linear):
             module.unfuse_qkv()
+        elif isinstance(module, FeedForward) and isinstance(module.w13, nn.Linear):
+            module.unfuse_gate_up()
 
 
 def split_fused(model: nn.Module, chosen: dict[str, Site]) -> tuple[dict[str, Site], dict[str, dict[str, str]]]:

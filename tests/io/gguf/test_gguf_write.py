@@ -187,3 +187,33 @@ def test_adapter_is_laid_out_as_llama_cpp_reads_it(tmp_path, rslora):
         if base.endswith((".attn_q.weight", ".attn_k.weight")):
             delta = unpermute_rows(delta, 4 if ".attn_q." in base else 2)
         torch.testing.assert_close(delta, module.delta_weight(), atol=1e-6, rtol=1e-5)
+
+
+def test_a_phi3_adapter_on_stacked_matrices_is_written_per_projection(tmp_path):
+    """Phi-3's qkv_proj and gate_up_proj adapters (A shared, B stacked, as peft makes them) become llama.cpp's
+    separate q, k, v, gate and up adapters with the same updates."""
+    transformers = pytest.importorskip("transformers")
+    from oneblock.io.hf.convert import from_hf
+
+    sizes = {"hidden_size": 36, "intermediate_size": 37, "num_attention_heads": 3, "num_key_value_heads": 1}
+    ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "sliding_window": None}
+    hf_cfg = transformers.Phi3Config(vocab_size=101, num_hidden_layers=2, **sizes, **ids)
+    model = from_hf(transformers.Phi3ForCausalLM(hf_cfg))
+    apply_lora(model, LoraConfig(rank=2, alpha=3.0))
+    gen = torch.Generator().manual_seed(2)
+    for module in lora_modules(model).values():
+        with torch.no_grad():
+            module.lora_B.weight.copy_(torch.randn(module.lora_B.weight.shape, generator=gen))
+    layout = read_layout(save_gguf_adapter(model, tmp_path / "a.gguf"))
+    assert len(layout.tensors) == 2 * 7 * 2
+    rows = {"q": (0, 36), "k": (36, 48), "v": (48, 60), "gate": (0, 37), "up": (37, 74)}
+    names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "gate": "ffn_gate", "up": "ffn_up"}
+    for i in range(2):
+        for role, (start, end) in rows.items():
+            fused = lora_modules(model)[f"blocks.{i}.{'attn.qkv_proj' if role in ('q', 'k', 'v') else 'ffn.w13'}"]
+            a, b = (layout.tensors[f"blk.{i}.{names[role]}.weight.lora_{x}"] for x in "ab")
+            a_t, b_t = (torch.from_numpy(np.asarray(gguf.quants.dequantize(t.data.numpy(), Q.F32))) for t in (a, b))
+            delta = lora_delta(a_t.reshape(a.shape), b_t.reshape(b.shape), layout.metadata["adapter.lora.alpha"])
+            if role in ("q", "k"):
+                delta = unpermute_rows(delta, 3 if role == "q" else 1)
+            torch.testing.assert_close(delta, fused.delta_weight()[start:end], atol=1e-6, rtol=1e-5)

@@ -89,8 +89,9 @@ def to_hf(model: nn.Module) -> Any:
 
     The class is ``GPT2LMHeadModel``, ``BertModel`` (with a pooler iff ``cfg.pooler``),
     ``BartForConditionalGeneration`` (``final_logits_bias`` zeros when ``cfg.final_logits_bias`` is off) or
-    ``LlamaForCausalLM``, ``T5ForConditionalGeneration`` or ``T5EncoderModel``, chosen by which family
-    ``model.config`` fits.
+    ``LlamaForCausalLM``, ``T5ForConditionalGeneration`` or ``T5EncoderModel`` (or the ``*ForCausalLM`` of
+    another family in ``families.FAMILIES``), chosen by which family ``model.config`` fits: the one it was read
+    from (``extra["hf_model_type"]``) when that still fits, so adapters keep their module names.
 
     Raises:
         ConversionError: the config fits no family (the message lists, per family, what differs).
@@ -255,7 +256,11 @@ def _family(hf_config: Mapping[str, Any]) -> ModuleType:
 
 
 def _family_for(cfg: ModelConfig) -> ModuleType:
-    """The first family whose checkpoint format can hold ``cfg`` exactly."""
+    """The family ``cfg`` was read from (``hf_model_type``) when its format can still hold it, else the first one
+    that can: a plain Phi-3 is also a Llama, but its adapters name Phi-3's stacked ``qkv_proj``."""
+    recorded = cfg.extra.get("hf_model_type") if isinstance(cfg.extra, dict) else None
+    if recorded in FAMILIES and not FAMILIES[recorded].mismatches(cfg):
+        return FAMILIES[recorded]
     reasons = {}
     for family in FAMILIES.values():
         differences = family.mismatches(cfg)
