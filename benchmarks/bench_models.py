@@ -76,7 +76,7 @@ def make_hf(shape: str, directory: Path) -> None:
         vocab_size=tokenizer.vocab_size, max_position_embeddings=4096, tie_word_embeddings=True, **sizes, **ids
     )
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(directory)
     tokenizer.tokenizer.save(str(directory / "tokenizer.json"))
     special = {k.removesuffix("_id"): tokenizer.token(v) for k, v in ids.items() if v is not None}
