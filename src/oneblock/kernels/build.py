@@ -35,6 +35,7 @@ SOURCES = (
     "dot_x16_avx512.cpp",
     "decode_plan.cpp",  # the native decode step
     "decode_step.cpp",
+    "decode_attention.cpp",
     "decode_lora.cpp",
     "step_math.cpp",
     "interleave.cpp",

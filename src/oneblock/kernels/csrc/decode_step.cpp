@@ -5,7 +5,8 @@
 //               int[] lora_sites, float[] lora_scales, int logits_from=0) -> Tensor
 //                                                                      logits (B - logits_from, V) float32
 //
-// The passes mirror the Python step (oneblock.inference.decode.LeanDecode.step) one for one:
+// The passes mirror the Python step (oneblock.inference.decode.LeanDecode.step) one for one (the attention pass's
+// store and attend_group: decode_attention.cpp):
 //
 //   embed                   token row (* embed_scale) (+ learned position row)            per row
 //   per layer:
@@ -184,59 +185,6 @@ void normalize(const Plan& p, const float* x, const float* w, const float* b, fl
 void join(const Plan& p, const float* w, const float* b, float* y, float* x) {
   normalize(p, y, w, b, y);
   for (int64_t i = 0; i < p.d_model; ++i) x[i] += y[i];
-}
-
-// One (row, kv head): normalize (qk_norm), rotate and store the head's key and value at the row's column.
-// `scratch` holds a normalized key.
-void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch) {
-  const Layer& layer = p.layers[static_cast<size_t>(l)];
-  const int64_t dh = p.d_head, col = p.columns[r], cap = p.capacity[static_cast<size_t>(r)];
-  float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const float* k = qkv_row + (p.heads + g) * dh;
-  const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
-  if (layer.k_norm_w != nullptr) {
-    fit(scratch, dh);
-    rms_norm(p.math, k, layer.k_norm_w, p.eps, dh, scratch.data());
-    k = scratch.data();
-  }
-  if (layer.rope_cos != nullptr) {
-    rotate(k, layer.rope_cos + p.positions[r] * dh, layer.rope_sin + p.positions[r] * dh, dh, keys + col * dh);
-  } else {
-    std::memcpy(keys + col * dh, k, static_cast<size_t>(dh) * sizeof(float));
-  }
-  std::memcpy(values + col * dh, v, static_cast<size_t>(dh) * sizeof(float));
-}
-
-// One (row, kv head): the query heads it serves attend over the row's keys (its own stored already), a local
-// layer's over its last `window` columns.
-void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
-                  std::vector<float>& scratch) {
-  const Layer& layer = p.layers[static_cast<size_t>(l)];
-  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = p.columns[r];
-  const int64_t start = layer.window > 0 ? std::max(p.starts[r], col - layer.window + 1) : p.starts[r];
-  const int64_t cap = p.capacity[static_cast<size_t>(r)];
-  const float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const float* cos = layer.rope_cos != nullptr ? layer.rope_cos + p.positions[r] * dh : nullptr;
-  const float* sin = layer.rope_sin != nullptr ? layer.rope_sin + p.positions[r] * dh : nullptr;
-  const int64_t n = col - start + 1;
-  fit(scratch, n + 2 * dh);
-  float* q = scratch.data() + n;  // the rotated query
-  float* normed = q + dh;         // the normalized one (qk_norm)
-  for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
-    const float* query = qkv_row + h * dh;
-    if (layer.q_norm_w != nullptr) {
-      rms_norm(p.math, query, layer.q_norm_w, p.eps, dh, normed);
-      query = normed;
-    }
-    if (cos != nullptr) {
-      rotate(query, cos, sin, dh, q);
-      query = q;
-    }
-    attend(p.math, query, keys + start * dh, values + start * dh, n, dh, p.scale, p.attn_softcap, scratch.data(),
-           att_row + h * dh);
-  }
 }
 
 void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {

@@ -143,6 +143,15 @@ Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::
                const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats, at::TensorList keys,
                at::TensorList values, at::IntArrayRef sizes, c10::ArrayRef<double> scalars);
 
+// The attention pass, one (row r, kv head g) of layer l at a time (decode_attention.cpp); `qkv_row` is row r's
+// [q | k | v], `scratch` a thread's own buffer:
+//   store         the head's key (normalized, rotated) and value written at the row's cache column
+//   attend_group  the query heads of group g (normalized, rotated) over the row's keys, a local layer's last
+//                 `window`, into att_row's heads (the row's key stored already)
+void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch);
+void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
+                  std::vector<float>& scratch);
+
 // Reads and checks the adapters' arguments into the plan's products (decode_lora.cpp).
 void add_lora(Plan& p, const at::Tensor& adapters, at::TensorList weights, at::TensorList lora,
               at::IntArrayRef sites, c10::ArrayRef<double> scales);
