@@ -1,6 +1,8 @@
 """The native decode step computes the block's options as the Python step does: per-head q/k norms (Qwen3),
 sandwich norms, a gated GELU, scaled embeddings, a score scale, soft-capped scores and logits, sliding windows
-on local layers and local rotary tables (Gemma 2 and 3), alone and together.
+on local layers and local rotary tables (Gemma 2 and 3); scaled residual branches and logits (Granite); layers
+without rotary (SmolLM3); output norms and q/k norms over the width (OLMo 2); partial rotary (Phi-4-mini); alone
+and together.
 
 Float32 weights with every parameter (norm weights included) moved away from its initial value: logits within
 1e-5 of their scale over more tokens than the window holds, for one row and a left-padded batch; the prompt read
@@ -38,7 +40,19 @@ OPTIONS = {
     "local-rope": {**LLAMA, **LOCAL, "rope_local_theta": 100.0},
     "gemma2": {**GEMMA, **LOCAL, "attn_softcap": 1.5, "logit_softcap": 2.0, "attn_scale": 0.25},
     "gemma3": {**GEMMA, **LOCAL, "qk_norm": True, "rope_local_theta": 100.0, "norm_eps": 1e-6},
-}
+    "residual-multiplier": {**LLAMA, "residual_multiplier": 0.4},
+    "logits-scaling": {**LLAMA, "logits_scaling": 3.0},
+    "no-rope-layers": {**LLAMA, "no_rope_every": 2},  # layer 1 without rotary
+    "output-norms": {**LLAMA, "norm_position": "output"},
+    "output-norms-layernorm": {"norm_position": "output", "activation": "gelu_tanh"},  # biases on the norms
+    "width-qk-norm": {**LLAMA, "qk_norm": True, "qk_norm_span": "width", "norm_eps": 1e-6},
+    "partial-rotary": {**LLAMA, "rope_dims": 4},  # 4 of each head's 6 features rotate
+    "olmo2": {**LLAMA, "norm_position": "output", "qk_norm": True, "qk_norm_span": "width", "norm_eps": 1e-6},
+    "granite": {
+        **LLAMA, "embedding_multiplier": 6.0, "residual_multiplier": 0.22, "logits_scaling": 8.0, "attn_scale": 0.3,
+    },
+    "smollm3-phi4": {**LLAMA, **LOCAL, "no_rope_every": 2, "rope_dims": 2, "logit_softcap": 2.0},
+}  # fmt: skip
 PROMPTS = [[[5, 17, 3, 99, 42]], [[5, 17, 3, 99, 42], [7, 8], [60, 61, 62]]]  # one row; left-padded rows
 
 
@@ -73,7 +87,9 @@ def test_the_window_changes_the_logits(option):
     assert relative(native[-1], unwindowed[-1]) > 1e-3
 
 
-@pytest.mark.parametrize("option", ["qk_norm", "sandwich-layernorm", "local-rope", "gemma2", "gemma3"])
+@pytest.mark.parametrize(
+    "option", ["qk_norm", "sandwich-layernorm", "local-rope", "gemma2", "gemma3", "olmo2", "granite", "smollm3-phi4"]
+)
 @pytest.mark.parametrize("start", [0, 5])  # an empty cache; five positions already in it
 def test_the_native_prompt_read_equals_the_python_forward(option, start):
     model = build(option, seed=3)
@@ -93,7 +109,7 @@ def test_the_native_prompt_read_equals_the_python_forward(option, start):
         assert relative(a.v[:, :, : len(ids)], b.v[:, :, : len(ids)]) <= 1e-5
 
 
-@pytest.mark.parametrize("option", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("option", ["gemma2", "gemma3", "olmo2", "granite"])
 def test_batched_decoder_with_staggered_slots_matches_its_python_step(option):
     model = build(option, seed=2)
     native, python = BatchDecoder(model), BatchDecoder(model, native=False)
@@ -112,7 +128,7 @@ def test_batched_decoder_with_staggered_slots_matches_its_python_step(option):
         fed = b.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("option", ["qk_norm", "gemma2", "gemma3"])
+@pytest.mark.parametrize("option", ["qk_norm", "gemma2", "gemma3", "olmo2", "granite", "smollm3-phi4"])
 def test_generate_takes_the_native_step_and_matches_the_python_one(option, monkeypatch):
     model = build(option, seed=4)
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6], [0, 0, 0, 2, 7, 1, 8, 2]])
@@ -127,8 +143,9 @@ def test_generate_takes_the_native_step_and_matches_the_python_one(option, monke
     assert relative(fast, slow) <= 1e-5
 
 
-def test_threads_and_instruction_sets_agree_with_every_option():
-    scalar, python = decode_across_threads_and_isas(build("gemma3", seed=5), [[5, 17, 3, 8, 9, 10], [7, 8]], steps=8)
+@pytest.mark.parametrize("option", ["gemma3", "olmo2", "granite", "smollm3-phi4"])
+def test_threads_and_instruction_sets_agree_with_every_option(option):
+    scalar, python = decode_across_threads_and_isas(build(option, seed=5), [[5, 17, 3, 8, 9, 10], [7, 8]], steps=8)
     assert relative(scalar, python) <= 1e-5
 
 
@@ -139,9 +156,34 @@ def test_the_layout_carries_each_layers_options():
     plan = NativeStep.of(build("gemma3"))
     assert plan is not None
     named = dict(zip(decode_step.SIZES, plan.sizes, strict=False))
-    assert (named["sandwich"], named["qk_norm"]) == (1, 1)
-    assert plan.sizes[len(decode_step.SIZES) :] == [4, 1, 0, 0]  # (window, local_rope) of layers 0 and 1
+    assert (named["out_norm"], named["qk_norm"]) == (1, 1)  # sandwich, per head
+    assert plan.sizes[len(decode_step.SIZES) :] == [4, 2, 0, 1]  # (window, rope) of layers 0 (local) and 1
     scalars = dict(zip(decode_step.SCALARS, plan.scalars, strict=True))
     assert scalars["embed_scale"] == pytest.approx(SMALL["d_model"] ** 0.5)
     assert scalars["attn_softcap"] == scalars["logit_softcap"] == 0.0
+    assert scalars["residual_multiplier"] == scalars["logits_scaling"] == 1.0
     assert len(plan.weights) == 10 + 24 * SMALL["n_layers"]
+
+
+def test_the_layout_carries_olmo2_granite_and_smollm3_options():
+    """OLMo 2: output norms alone (no input norms' tensors), q/k norms over the width; Granite's scalars; SmolLM3's
+    layer without rotary; partial rotary's narrow tables."""
+    from oneblock.kernels import decode_step
+
+    olmo2 = NativeStep.of(build("olmo2"))
+    assert olmo2 is not None
+    named = dict(zip(decode_step.SIZES, olmo2.sizes, strict=False))
+    assert (named["out_norm"], named["qk_norm"]) == (2, 2)
+    layer = olmo2.weights[10:34]
+    assert layer[0].numel() == layer[10].numel() == 0  # attn_norm_w, ffn_norm_w
+    d_head = SMALL["d_model"] // LLAMA["n_heads"]
+    assert (layer[18].shape, layer[19].shape) == ((6 * d_head,), (2 * d_head,))  # q_norm_w, k_norm_w
+    granite = NativeStep.of(build("granite"))
+    assert granite is not None
+    scalars = dict(zip(decode_step.SCALARS, granite.scalars, strict=True))
+    assert (scalars["embed_scale"], scalars["attn_scale"]) == (6.0, 0.3)
+    assert (scalars["residual_multiplier"], scalars["logits_scaling"]) == pytest.approx((0.22, 8.0))
+    smollm3 = NativeStep.of(build("smollm3-phi4"))
+    assert smollm3 is not None
+    assert smollm3.sizes[len(decode_step.SIZES) :] == [4, 1, 0, 0]  # layer 1: no window, no rotary
+    assert smollm3.weights[2].shape[1] == 2  # rope_cos (P, rope_dims)

@@ -24,7 +24,9 @@ parts other than plain ``nn.Linear`` / ``BlockLinear`` layers, alone or under a 
 adapter's ``LoraLinear``, int8 layers), embeddings with segments or a norm, a scaled tied head, weights that are
 not float32, a model off the CPU; and everywhere when the C++ library is not built (no compiler) or
 ``ONEBLOCK_NATIVE_STEP=0``. The block's options go in: per-head q/k norms (Qwen3), sandwich norms, scaled
-embeddings, soft-capped scores and logits, sliding windows and local rotary tables (Gemma 2 and 3).
+embeddings, soft-capped scores and logits, sliding windows and local rotary tables (Gemma 2 and 3); scaled residual
+branches and logits (Granite); layers without rotary (SmolLM3); output norms and q/k norms over the width (OLMo 2);
+rotary on the first features of each head (Phi-4-mini).
 """
 
 from __future__ import annotations
@@ -164,16 +166,6 @@ class NativeStep:
     @classmethod
     def _gather(cls, model: Decoder) -> NativeStep:
         cfg, embed = model.config, model.embed
-        if cfg.norm_position == "output":
-            raise _Unsupported("norms of the sublayers' outputs alone (as in OLMo 2)")
-        if cfg.qk_norm and cfg.qk_norm_span != "head":
-            raise _Unsupported("q/k norms over the whole width (as in OLMo 2)")
-        if cfg.residual_multiplier != 1.0 or cfg.logits_scaling != 1.0:
-            raise _Unsupported("scaled residual branches or logits (as in Granite)")
-        if cfg.no_rope_every:
-            raise _Unsupported("layers without rotary positions (as in SmolLM3)")
-        if cfg.position == "rope" and cfg.rope_dims != cfg.d_head:
-            raise _Unsupported("rotary positions on part of each head (as in Phi-4-mini)")
         if embed.segment is not None or embed.norm is not None or cfg.scale_tied_logits:
             raise _Unsupported("segmented or normalized embeddings, or a scaled head")
         if cfg.position not in _POSITIONS or model.final_logits_bias is not None:
@@ -200,8 +192,10 @@ class NativeStep:
         adapters = _Adapters()
         weights = [table, pos, cos, sin, final_w, final_b, head_w, head_b, local_cos, local_sin]
         formats = [tok_format, 0, 0, 0, 0, 0, head_format, 0, 0, 0]
-        attn = model.block(0).attn
-        sandwich, qk_norm = model.block(0).attn_out_norm is not None, attn.q_norm is not None
+        first = model.block(0)
+        attn = first.attn
+        out_norm = 0 if first.attn_out_norm is None else 2 if type(first.attn_norm) is nn.Identity else 1
+        qk_norm = 0 if attn.q_norm is None else 2 if attn.qk_norm_span == "width" else 1
         layer_sizes: list[dict[str, int]] = []
         for i in range(len(model.blocks)):
             block = model.block(i)
@@ -209,10 +203,18 @@ class NativeStep:
                 raise _Unsupported("a block with other attention or feed-forward modules")
             if (block.attn.scale, block.attn.softcap) != (attn.scale, attn.softcap):
                 raise _Unsupported("blocks with different attention scales or soft caps")
+            if block.residual_multiplier != first.residual_multiplier:
+                raise _Unsupported("blocks with different residual multipliers")
             if block.attn.local_rope and not local_cos.numel():
                 raise _Unsupported("local rotary tables without rotary positions")
-            kind, eps, n1_w, n1_b = _norm(block.attn_norm, kind, eps)
-            _, _, n2_w, n2_b = _norm(block.ffn_norm, kind, eps)
+            if out_norm == 2:  # output norms alone: nothing before the sublayers
+                if type(block.attn_norm) is not nn.Identity or type(block.ffn_norm) is not nn.Identity:
+                    raise _Unsupported("blocks with and without norms before their sublayers in one model")
+                n1_w = n1_b = n2_w = n2_b = _NONE
+            else:
+                kind, eps, n1_w, n1_b = _norm(block.attn_norm, kind, eps)
+                _, _, n2_w, n2_b = _norm(block.ffn_norm, kind, eps)
+            kind, eps, options = cls._options(block, out_norm, qk_norm, kind, eps)
             a, ffn = block.attn, block.ffn
             qkv = [a.qkv_proj, None, None] if a.qkv_proj is not None else [a.q_proj, a.k_proj, a.v_proj]
             up: list[nn.Module | None] = (
@@ -229,9 +231,10 @@ class NativeStep:
                     weight, fmt, bias = adapters.matrix(part, len(weights))
                 weights += [weight, bias]
                 formats += [fmt, 0]
-            weights += cls._options(block, sandwich, qk_norm, kind, eps)
+            weights += options
             formats += [0] * 6
-            layer_sizes.append({"window": a.window or 0, "local_rope": int(a.local_rope)})
+            rope = 0 if model.rope is None or not a.use_rope else 2 if a.local_rope else 1  # none, global, local
+            layer_sizes.append({"window": a.window or 0, "rope": rope})
         if kind is None or eps is None:
             raise _Unsupported("a model without norms")
         act = "silu" if cfg.ffn == "swiglu" else cfg.activation
@@ -241,7 +244,7 @@ class NativeStep:
                 "n_kv_heads": attn.n_kv_heads, "d_head": attn.d_head, "d_ff": cfg.d_ff, "vocab": cfg.vocab_size,
                 "norm": kind, "ffn": 0 if cfg.ffn == "mlp" else 1, "activation": _ACTIVATIONS[act],
                 "position": _POSITIONS[cfg.position], "position_offset": embed.offset,
-                "final_norm": int(model.final_norm is not None), "sandwich": int(sandwich), "qk_norm": int(qk_norm),
+                "final_norm": int(model.final_norm is not None), "out_norm": out_norm, "qk_norm": qk_norm,
             },
             layer_sizes,
         )  # fmt: skip
@@ -252,30 +255,37 @@ class NativeStep:
                 "embed_scale": embed.scale,
                 "attn_softcap": attn.softcap or 0.0,  # 0: none
                 "logit_softcap": cfg.logit_softcap or 0.0,
+                "residual_multiplier": first.residual_multiplier,  # 1: none
+                "logits_scaling": cfg.logits_scaling,  # 1: none
             }
         )
         return cls(weights, formats, sizes, scalars, adapters)
 
     @staticmethod
-    def _options(block: Block, sandwich: bool, qk_norm: bool, kind: int | None, eps: float | None) -> list[Tensor]:
-        """A layer's option tensors in the op's order: q_norm_w, k_norm_w (per-head RMSNorms with the model's eps),
-        attn_out_norm_w, attn_out_norm_b, ffn_out_norm_w, ffn_out_norm_b (a sandwich block's); empty where absent.
-        """
+    def _options(
+        block: Block, out_norm: int, qk_norm: int, kind: int | None, eps: float | None
+    ) -> tuple[int | None, float | None, list[Tensor]]:
+        """A layer's option tensors in the op's order: q_norm_w, k_norm_w (RMSNorms with the model's eps, per head or
+        over the width), attn_out_norm_w, attn_out_norm_b, ffn_out_norm_w, ffn_out_norm_b (the norms of the
+        sublayers' outputs); empty where absent. Returns them after the model's norm kind and eps (the output norms'
+        where no norm was seen before)."""
         a = block.attn
-        if (a.q_norm is not None) != qk_norm or (block.attn_out_norm is not None) != sandwich:
-            raise _Unsupported("blocks with different options (qk_norm, sandwich norms) in one model")
+        has_out = 0 if block.attn_out_norm is None else 2 if type(block.attn_norm) is nn.Identity else 1
+        has_qk = 0 if a.q_norm is None else 2 if a.qk_norm_span == "width" else 1
+        if (has_qk, has_out) != (qk_norm, out_norm):
+            raise _Unsupported("blocks with different options (q/k norms, norms of the outputs) in one model")
+        out = [_NONE] * 4
+        if block.attn_out_norm is not None:
+            kind, eps, w1, b1 = _norm(block.attn_out_norm, kind, eps)
+            _, _, w2, b2 = _norm(block.ffn_out_norm, kind, eps)
+            out = [w1, b1, w2, b2]
         q_w = k_w = _NONE
         if a.q_norm is not None and a.k_norm is not None:
             norms = (a.q_norm, a.k_norm)
             if any(type(n) is not RMSNorm or n.eps != eps for n in norms):
                 raise _Unsupported("q/k norms other than RMSNorms with the model's eps")
             q_w, k_w = _floats(a.q_norm.weight), _floats(a.k_norm.weight)
-        out = [_NONE] * 4
-        if block.attn_out_norm is not None:
-            _, _, w1, b1 = _norm(block.attn_out_norm, kind, eps)
-            _, _, w2, b2 = _norm(block.ffn_out_norm, kind, eps)
-            out = [w1, b1, w2, b2]
-        return [q_w, k_w, *out]
+        return kind, eps, [q_w, k_w, *out]
 
     @property
     def adapted(self) -> bool:

@@ -36,6 +36,7 @@ SOURCES = (
     "decode_plan.cpp",  # the native decode step
     "decode_products.cpp",
     "decode_step.cpp",
+    "decode_attention.cpp",
     "decode_lora.cpp",
     "step_math.cpp",
     "interleave.cpp",

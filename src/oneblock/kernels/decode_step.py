@@ -8,8 +8,9 @@
                           int logits_from=0) -> Tensor
 
 computes one new token's logits (B - logits_from, V) float32 for B rows of a pre-LN decoder in one call, with the
-block's options (per-head q/k norms, sandwich norms, scaled embeddings, soft caps, sliding windows, local rotary
-tables: ``SIZES``, ``LAYER_SIZES``, ``SCALARS`` name the fields of ``sizes`` and ``scalars``)
+block's options (q/k norms per head or over the width, sandwich or output norms, scaled embeddings, residual
+branches and logits, soft caps, sliding windows, local rotary tables, layers without rotary, partial rotary:
+``SIZES``, ``LAYER_SIZES``, ``SCALARS`` name the fields of ``sizes`` and ``scalars``)
 (``csrc/decode_step.cpp``; rows that share a cache are the tokens of one prompt, each at its own column;
 the argument layout is written out in ``csrc/decode_step.h``), each row with its own LoRA adapter's updates where
 ``lora`` holds some (``csrc/decode_lora.cpp``; empty lists and an empty ``adapters`` for a model without them).
@@ -27,12 +28,14 @@ from torch import Tensor
 
 SIZES = (
     "n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab", "norm", "ffn", "activation",
-    "position", "position_offset", "final_norm", "sandwich", "qk_norm",
+    "position", "position_offset", "final_norm", "out_norm", "qk_norm",
 )  # fmt: skip
 """The model's fields of the ``sizes`` argument, in order (``csrc/decode_step.h`` says what each holds)."""
-LAYER_SIZES = ("window", "local_rope")
+LAYER_SIZES = ("window", "rope")
 """Each layer's fields of ``sizes``, after the model's, in order."""
-SCALARS = ("norm_eps", "attn_scale", "embed_scale", "attn_softcap", "logit_softcap")
+SCALARS = (
+    "norm_eps", "attn_scale", "embed_scale", "attn_softcap", "logit_softcap", "residual_multiplier", "logits_scaling",
+)  # fmt: skip
 """The fields of the ``scalars`` argument, in order."""
 _VOCAB = SIZES.index("vocab")
 

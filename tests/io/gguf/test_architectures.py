@@ -36,9 +36,6 @@ from oneblock.io.hf.convert import from_hf
 pytestmark = pytest.mark.usefixtures("one_thread")
 LENGTH = 300
 LLAMA_CPP_SPAN = {"phi3": 24}  # llama.cpp turns Phi-3's sliding window off: compare within one window
-PYTHON_STEP = {  # family -> why the Python step decodes, in the reason it gives
-    "granite": "Granite", "smollm3": "SmolLM3", "olmo2": "OLMo 2", "phi3": "Phi-4-mini",
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -105,25 +102,21 @@ def test_each_family_sets_its_options_of_the_block(family):
 
 
 def test_cached_decoding_equals_the_full_forward(family):
-    name, directory, ids, _ = family
+    _, directory, ids, _ = family
     model = from_gguf(directory / "f32.gguf", dtype=torch.float32)
     stats: dict = {}
     out, logits = generate(model, ids[:, :40], 24, greedy=True, return_logits=True, stats=stats)
     with torch.no_grad():
         full = model(out[:, :-1])[0, 39:]  # (24, V): the same positions in one forward
     assert _spread(logits[0], full) < 1e-5
-    assert stats["decode_step"] == ("python" if name in PYTHON_STEP else "native")
+    assert stats["decode_step"] == "native"
 
 
-def test_the_native_step_equals_the_python_step_or_says_why_it_does_not_run(family, monkeypatch):
-    name, directory, ids, _ = family
+def test_the_native_step_equals_the_python_step(family, monkeypatch):
+    _, directory, ids, _ = family
     model = from_gguf(directory / "f32.gguf", dtype=torch.float32)
     native: dict = {}
     _, fast = generate(model, ids[:, :40], 16, greedy=True, return_logits=True, stats=native)
-    if name in PYTHON_STEP:  # an option the native step does not compute: the Python step decodes, and says so
-        assert native["decode_step"] == "python"
-        assert PYTHON_STEP[name] in native["decode_step_reason"]
-        return
     monkeypatch.setenv("ONEBLOCK_NATIVE_STEP", "0")
     python: dict = {}
     _, slow = generate(model, ids[:, :40], 16, greedy=True, return_logits=True, stats=python)

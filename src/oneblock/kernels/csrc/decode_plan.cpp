@@ -88,14 +88,18 @@ Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::
   p.n_layers = sizes[0], p.d_model = sizes[1], p.heads = sizes[2], p.kv_heads = sizes[3], p.d_head = sizes[4];
   p.d_ff = sizes[5], p.vocab = sizes[6], p.norm = sizes[7], p.ffn = sizes[8], p.act = sizes[9];
   p.position = sizes[10], p.position_offset = sizes[11], p.final_norm = sizes[12] != 0;
-  p.sandwich = sizes[13] != 0, p.qk_norm = sizes[14] != 0;
+  p.out_norm = sizes[13], p.qk_norm = sizes[14];
   p.eps = static_cast<float>(scalars[0]), p.scale = static_cast<float>(scalars[1]);
   p.embed_scale = static_cast<float>(scalars[2]), p.attn_softcap = static_cast<float>(scalars[3]);
-  p.logit_softcap = static_cast<float>(scalars[4]);
+  p.logit_softcap = static_cast<float>(scalars[4]), p.residual = static_cast<float>(scalars[5]);
+  p.logits_scaling = static_cast<float>(scalars[6]);
   const int64_t L = p.n_layers, C = p.d_model, rows = p.rows;
   TORCH_CHECK(L > 0 && C > 0 && p.heads > 0 && p.kv_heads > 0 && p.heads % p.kv_heads == 0 && p.d_head > 0 &&
                   p.d_ff > 0 && p.vocab > 0 && rows > 0,
               kOp, "impossible sizes ", sizes);
+  TORCH_CHECK(p.out_norm >= 0 && p.out_norm <= 2 && p.qk_norm >= 0 && p.qk_norm <= 2 && p.logits_scaling != 0.0f,
+              kOp, "out_norm and qk_norm must be 0, 1 or 2 and logits_scaling nonzero; got ", p.out_norm, ", ",
+              p.qk_norm, " and ", p.logits_scaling);
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kGlobalWeights + kLayerWeights * L &&
                   formats.size() == weights.size(),
               kOp, "expected ", kGlobalWeights + kLayerWeights * L, " weights and formats; got ", weights.size(),
@@ -113,20 +117,21 @@ Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::
     table = weights[1].size(0);
     p.pos = floats(weights[1], table * C, "the position table");
   } else if (p.position == 2) {
-    TORCH_CHECK(weights[2].dim() == 2 && weights[2].size(1) == p.d_head && p.d_head % 2 == 0, kOp,
-                "the rotary tables must be (P, ", p.d_head, ") with an even head width");
+    p.rope_dims = weights[2].dim() == 2 ? weights[2].size(1) : 0;
+    TORCH_CHECK(p.rope_dims > 0 && p.rope_dims <= p.d_head && p.rope_dims % 2 == 0, kOp,
+                "the rotary tables must be (P, R) with R even and at most ", p.d_head, "; got ", weights[2].sizes());
     table = weights[2].size(0);
-    p.rope_cos = floats(weights[2], table * p.d_head, "rope_cos");
-    p.rope_sin = floats(weights[3], table * p.d_head, "rope_sin");
+    p.rope_cos = floats(weights[2], table * p.rope_dims, "rope_cos");
+    p.rope_sin = floats(weights[3], table * p.rope_dims, "rope_sin");
   }
   const float* local_cos = nullptr;
   const float* local_sin = nullptr;
   if (p.position == 2 && present(weights[8])) {
-    TORCH_CHECK(weights[8].dim() == 2 && weights[8].size(1) == p.d_head, kOp, "the local rotary tables must be (P, ",
-                p.d_head, ")");
+    TORCH_CHECK(weights[8].dim() == 2 && weights[8].size(1) == p.rope_dims, kOp,
+                "the local rotary tables must be (P, ", p.rope_dims, ")");
     local_table = weights[8].size(0);
-    local_cos = floats(weights[8], local_table * p.d_head, "rope_local_cos");
-    local_sin = floats(weights[9], local_table * p.d_head, "rope_local_sin");
+    local_cos = floats(weights[8], local_table * p.rope_dims, "rope_local_cos");
+    local_sin = floats(weights[9], local_table * p.rope_dims, "rope_local_sin");
   }
   for (int64_t r = 0; r < rows; ++r) {
     TORCH_CHECK(p.tokens[r] >= 0 && p.tokens[r] < p.tok.n, kOp, "token ", p.tokens[r], " outside [0, ", p.tok.n, ")");
@@ -152,28 +157,35 @@ Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::
     layer.ffn_norm_b = floats(weights[w + 11], C, "ffn_norm_b");
     layer.up = product(weights, formats, w + 12, 2, C, ff, "gate/up");
     layer.down = product(weights, formats, w + 16, 1, p.d_ff, C, "down");
-    TORCH_CHECK(layer.attn_norm_w != nullptr && layer.ffn_norm_w != nullptr, kOp, "layer ", l, " lacks a norm");
+    const bool inputs = p.out_norm != 2;  // output norms alone: no norm before the sublayers
+    TORCH_CHECK((layer.attn_norm_w != nullptr && layer.ffn_norm_w != nullptr) == inputs, kOp, "layer ", l,
+                inputs ? " lacks a norm" : " has norms before its sublayers (out_norm 2 has none)");
     // The options.
     const int64_t o = w + kLayerMatrices, window = sizes[kSizes + kLayerSizes * l];
-    const bool local_rope = sizes[kSizes + kLayerSizes * l + 1] != 0;
-    if (p.qk_norm) {
-      layer.q_norm_w = floats(weights[o], p.d_head, "q_norm_w");
-      layer.k_norm_w = floats(weights[o + 1], p.d_head, "k_norm_w");
-      TORCH_CHECK(layer.q_norm_w != nullptr && layer.k_norm_w != nullptr, kOp, "layer ", l, " lacks a q/k norm");
+    const int64_t rope = sizes[kSizes + kLayerSizes * l + 1];
+    if (p.qk_norm != 0) {
+      const bool head = p.qk_norm == 1;
+      const float* q = floats(weights[o], head ? p.d_head : p.heads * p.d_head, "q_norm_w");
+      const float* k = floats(weights[o + 1], head ? p.d_head : p.kv_heads * p.d_head, "k_norm_w");
+      TORCH_CHECK(q != nullptr && k != nullptr, kOp, "layer ", l, " lacks a q/k norm");
+      (head ? layer.q_norm_w : layer.q_width_norm_w) = q;
+      (head ? layer.k_norm_w : layer.k_width_norm_w) = k;
     }
-    if (p.sandwich) {
+    if (p.out_norm != 0) {
       layer.attn_out_norm_w = floats(weights[o + 2], C, "attn_out_norm_w");
       layer.attn_out_norm_b = floats(weights[o + 3], C, "attn_out_norm_b");
       layer.ffn_out_norm_w = floats(weights[o + 4], C, "ffn_out_norm_w");
       layer.ffn_out_norm_b = floats(weights[o + 5], C, "ffn_out_norm_b");
       TORCH_CHECK(layer.attn_out_norm_w != nullptr && layer.ffn_out_norm_w != nullptr, kOp, "layer ", l,
-                  " lacks a sandwich norm");
+                  " lacks a norm of its sublayers' outputs");
     }
     TORCH_CHECK(window >= 0, kOp, "layer ", l, "'s window must be 0 (none) or positive; got ", window);
-    TORCH_CHECK(!local_rope || local_cos != nullptr, kOp, "layer ", l, " rotates with local tables the model lacks");
+    TORCH_CHECK(rope >= 0 && rope <= 2, kOp, "layer ", l, "'s rope must be 0, 1 or 2; got ", rope);
+    TORCH_CHECK(rope != 1 || p.rope_cos != nullptr, kOp, "layer ", l, " rotates with tables the model lacks");
+    TORCH_CHECK(rope != 2 || local_cos != nullptr, kOp, "layer ", l, " rotates with local tables the model lacks");
     layer.window = window;
-    layer.rope_cos = local_rope ? local_cos : p.rope_cos;
-    layer.rope_sin = local_rope ? local_sin : p.rope_sin;
+    layer.rope_cos = rope == 2 ? local_cos : rope == 1 ? p.rope_cos : nullptr;
+    layer.rope_sin = rope == 2 ? local_sin : rope == 1 ? p.rope_sin : nullptr;
   }
 
   // The caches: L tensors of all rows (B, Hkv, capacity, Dh), or rows * L tensors (1, Hkv, capacity_r, Dh).

@@ -5,29 +5,34 @@
 //               int[] lora_sites, float[] lora_scales, int logits_from=0) -> Tensor
 //                                                                      logits (B - logits_from, V) float32
 //
-// The passes mirror the Python step (oneblock.inference.decode.LeanDecode.step) one for one:
+// The passes mirror the Python step (oneblock.inference.decode.LeanDecode.step) one for one (the attention pass's
+// store and attend_group: decode_attention.cpp):
 //
 //   embed                   token row (* embed_scale) (+ learned position row)            per row
 //   per layer:
-//     attn_norm             norm, and the 8-bit blocks of the result (once, for q, k and v)   per row
+//     attn_norm             norm (none: OLMo 2), and the 8-bit blocks of the result (once, for q, k and v)
+//                                                                                        per row
 //     qkv                   [q | k | v] = x W^T + b                                      per range of columns
-//     attention             normalize q and k per head (qk_norm), rotate them (a local layer with its own
-//                           tables), write k and v at the row's column, attend over the row's keys (a local
-//                           layer's last `window`; scores soft-capped), and the 8-bit blocks of the heads'
-//                           output                                                       per (row, kv head)
+//     (qk_norm 2)           RMSNorm over the whole q row and the whole k row (OLMo 2)    per row
+//     attention             normalize q and k per head (qk_norm 1), rotate them (their first rope_dims
+//                           features; a local layer with its own tables, a layer without rotary not at all),
+//                           write k and v at the row's column, attend over the row's keys (a local layer's
+//                           last `window`; scores soft-capped), and the 8-bit blocks of the heads' output
+//                                                                                        per (row, kv head)
 //                           (rows sharing a cache, the tokens of one prompt: a pass writes every row's k and v
 //                           first, so that each row attends over the rows before it)
-//     o                     x += out W_o^T + b                                           per range of columns
+//     o                     x += (out W_o^T + b) * residual_multiplier                   per range of columns
 //     ffn_norm              as attn_norm                                                 per row
 //     up                    h = act(gate) * up (gated) or act(x W_1^T + b) (MLP), and its 8-bit blocks
 //                                                                                        per range of columns
-//     down                  x += h W_2^T + b                                             per range of columns
-//   final_norm, head        logits = norm(x) W_head^T (soft-capped)                      per row, per range
+//     down                  x += (h W_2^T + b) * residual_multiplier                     per range of columns
+//   final_norm, head        logits = norm(x) W_head^T / logits_scaling (soft-capped)     per row, per range
 //
-// A sandwich block (Gemma) normalizes each sublayer's output before the residual add; the norm needs the whole
-// output row, so the add moves from the product's pass to the next per-row pass (ffn_norm after o; the next
-// layer's attn_norm, or final_norm, after down): x += norm(y), then that pass's own norm. A model without an
-// option computes nothing of it (a test of a flag or a null pointer per pass).
+// A block with output norms (out_norm: sandwich, Gemma; output, OLMo 2) normalizes each sublayer's output before
+// the residual add; the norm needs the whole output row, so the add moves from the product's pass to the next
+// per-row pass (ffn_norm after o; the next layer's attn_norm, or final_norm, after down): x += norm(y), then that
+// pass's own norm, if any. A model without an option computes nothing of it (a test of a flag or a null pointer
+// per pass): a residual_multiplier or logits_scaling of 1 multiplies and divides nothing.
 //
 // The 8-bit blocks are those of the product's matrices (decode_products.cpp): of 32 values for the 32-value
 // formats, Q8_K blocks of 256 for the K-quants, both where a product mixes them; a pass that rounds part of a row
@@ -111,71 +116,31 @@ void fit(std::vector<T>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
+// x normalized into `out`, or copied where the block has no norm before its sublayer (output norms alone: w null).
 void normalize(const Plan& p, const float* x, const float* w, const float* b, float* out) {
-  if (p.norm == 1) {
+  if (w == nullptr) {
+    std::memcpy(out, x, static_cast<size_t>(p.d_model) * sizeof(float));
+  } else if (p.norm == 1) {
     rms_norm(p.math, x, w, p.eps, p.d_model, out);
   } else {
     layer_norm(x, w, b, p.eps, p.d_model, out);
   }
 }
 
-// A sandwich block's sublayer output y joins the stream: x += norm(y) (y normalized in place).
+// x[i] += y[i] for i < n: a sublayer's output joins the stream, scaled first where the model scales it (Granite's
+// residual_multiplier, as Block._joins).
+void add(const Plan& p, const float* y, float* x, int64_t n) {
+  if (p.residual == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i] * p.residual;
+  }
+}
+
+// A sublayer's output y normalized (in place) before it joins the stream (out_norm): x += norm(y).
 void join(const Plan& p, const float* w, const float* b, float* y, float* x) {
   normalize(p, y, w, b, y);
-  for (int64_t i = 0; i < p.d_model; ++i) x[i] += y[i];
-}
-
-// One (row, kv head): normalize (qk_norm), rotate and store the head's key and value at the row's column.
-// `scratch` holds a normalized key.
-void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch) {
-  const Layer& layer = p.layers[static_cast<size_t>(l)];
-  const int64_t dh = p.d_head, col = p.columns[r], cap = p.capacity[static_cast<size_t>(r)];
-  float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const float* k = qkv_row + (p.heads + g) * dh;
-  const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
-  if (layer.k_norm_w != nullptr) {
-    fit(scratch, dh);
-    rms_norm(p.math, k, layer.k_norm_w, p.eps, dh, scratch.data());
-    k = scratch.data();
-  }
-  if (layer.rope_cos != nullptr) {
-    rotate(k, layer.rope_cos + p.positions[r] * dh, layer.rope_sin + p.positions[r] * dh, dh, keys + col * dh);
-  } else {
-    std::memcpy(keys + col * dh, k, static_cast<size_t>(dh) * sizeof(float));
-  }
-  std::memcpy(values + col * dh, v, static_cast<size_t>(dh) * sizeof(float));
-}
-
-// One (row, kv head): the query heads it serves attend over the row's keys (its own stored already), a local
-// layer's over its last `window` columns.
-void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
-                  std::vector<float>& scratch) {
-  const Layer& layer = p.layers[static_cast<size_t>(l)];
-  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = p.columns[r];
-  const int64_t start = layer.window > 0 ? std::max(p.starts[r], col - layer.window + 1) : p.starts[r];
-  const int64_t cap = p.capacity[static_cast<size_t>(r)];
-  const float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const float* cos = layer.rope_cos != nullptr ? layer.rope_cos + p.positions[r] * dh : nullptr;
-  const float* sin = layer.rope_sin != nullptr ? layer.rope_sin + p.positions[r] * dh : nullptr;
-  const int64_t n = col - start + 1;
-  fit(scratch, n + 2 * dh);
-  float* q = scratch.data() + n;  // the rotated query
-  float* normed = q + dh;         // the normalized one (qk_norm)
-  for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
-    const float* query = qkv_row + h * dh;
-    if (layer.q_norm_w != nullptr) {
-      rms_norm(p.math, query, layer.q_norm_w, p.eps, dh, normed);
-      query = normed;
-    }
-    if (cos != nullptr) {
-      rotate(query, cos, sin, dh, q);
-      query = q;
-    }
-    attend(p.math, query, keys + start * dh, values + start * dh, n, dh, p.scale, p.attn_softcap, scratch.data(),
-           att_row + h * dh);
-  }
+  add(p, y, x, p.d_model);
 }
 
 void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
@@ -190,7 +155,8 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     k_h = k_h || layer.down.k_block;
   }
   // At most: the passes before o and down are there only for quantizing the heads' output or for adapters.
-  const int64_t passes = 3 + (p.lora_width > 0 ? 9 : 8) * p.n_layers + (p.shared_cache ? p.n_layers : 0);
+  const int64_t passes = 3 + (p.lora_width > 0 ? 9 : 8) * p.n_layers + (p.shared_cache ? p.n_layers : 0) +
+                         (p.qk_norm == 2 ? p.n_layers : 0);
   if (ws.n_counters < passes) ws.counters.reset(new Counter[passes]), ws.n_counters = passes;
   for (int64_t i = 0; i < passes; ++i) ws.counters[i].claimed.store(0), ws.counters[i].done.store(0);
 
@@ -238,7 +204,7 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       const Layer& layer = p.layers[static_cast<size_t>(l)];
       const bool per_group = blocks_per_group(layer.o);
       walk.pass(rows, [&](int64_t r) {
-        if (p.sandwich && l > 0) {  // the previous layer's feed-forward output joins the stream
+        if (p.out_norm != 0 && l > 0) {  // the previous layer's feed-forward output joins the stream
           const Layer& before = p.layers[static_cast<size_t>(l - 1)];
           join(p, before.ffn_out_norm_w, before.ffn_out_norm_b, y + r * C, x + r * C);
         }
@@ -251,6 +217,9 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         multiply(p, layer.qkv, xin, j0, j1, qkv, nqkv);
         if (!layer.qkv.lora.empty()) lora_b(p, layer.qkv, lt, j0, j1, qkv, nqkv);
       });
+      if (p.qk_norm == 2) {  // norms over the whole q and k rows: before any head is stored or attends
+        walk.pass(rows, [&](int64_t r) { normalize_qk_width(p, l, qkv + r * nqkv); });
+      }
       if (p.shared_cache) {  // rows of one sequence: every key stored before any row attends
         walk.pass(rows * p.kv_heads, [&](int64_t i) {
           thread_local std::vector<float> scratch;
@@ -275,12 +244,12 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
         multiply(p, layer.o, ain, j0, j1, y, C);
         if (!layer.o.lora.empty()) lora_b(p, layer.o, lt, j0, j1, y, C);
-        for (int64_t r = 0; r < rows && !p.sandwich; ++r) {  // sandwich: joins in the next pass, normalized
-          for (int64_t j = j0; j < j1; ++j) x[r * C + j] += y[r * C + j];
+        for (int64_t r = 0; r < rows && p.out_norm == 0; ++r) {  // out_norm: joins in the next pass, normalized
+          add(p, y + r * C + j0, x + r * C + j0, j1 - j0);
         }
       });
       walk.pass(rows, [&](int64_t r) {
-        if (p.sandwich) join(p, layer.attn_out_norm_w, layer.attn_out_norm_b, y + r * C, x + r * C);
+        if (p.out_norm != 0) join(p, layer.attn_out_norm_w, layer.attn_out_norm_b, y + r * C, x + r * C);
         normalize(p, x + r * C, layer.ffn_norm_w, layer.ffn_norm_b, xn + r * C);
         quantize_range(xin, layer.up, C, r, 0, C);
         if (!layer.up.lora.empty()) lora_a(p, layer.up, r, xn + r * C, lt + r * W);
@@ -308,15 +277,15 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
         multiply(p, layer.down, hin, j0, j1, y, C);
         if (!layer.down.lora.empty()) lora_b(p, layer.down, lt, j0, j1, y, C);
-        for (int64_t r = 0; r < rows && !p.sandwich; ++r) {  // sandwich: joins in the next pass, normalized
-          for (int64_t j = j0; j < j1; ++j) x[r * C + j] += y[r * C + j];
+        for (int64_t r = 0; r < rows && p.out_norm == 0; ++r) {  // out_norm: joins in the next pass, normalized
+          add(p, y + r * C + j0, x + r * C + j0, j1 - j0);
         }
       });
     }
     const int64_t r0 = p.logits_from;  // the rows whose logits are asked for: [r0, rows)
     walk.pass(rows - r0, [&](int64_t i) {
       const int64_t r = r0 + i;
-      if (p.sandwich) {
+      if (p.out_norm != 0) {
         const Layer& last = p.layers.back();
         join(p, last.ffn_out_norm_w, last.ffn_out_norm_b, y + r * C, x + r * C);
       }
@@ -332,6 +301,11 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     walk.pass(chunks(p.vocab, cols_v), [&](int64_t i) {
       const int64_t j0 = i * cols_v, j1 = std::min(p.vocab, j0 + cols_v);
       multiply(p, p.head, head_in, j0, j1, logits, p.vocab, rows - r0);
+      if (p.logits_scaling != 1.0f) {  // Granite: logits / logits_scaling, before any softcap
+        for (int64_t r = 0; r < rows - r0; ++r) {
+          for (int64_t j = j0; j < j1; ++j) logits[r * p.vocab + j] /= p.logits_scaling;
+        }
+      }
       if (p.logit_softcap > 0.0f) {
         for (int64_t r = 0; r < rows - r0; ++r) softcap(logits + r * p.vocab + j0, j1 - j0, p.logit_softcap);
       }

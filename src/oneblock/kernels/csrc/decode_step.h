@@ -4,21 +4,30 @@
 // The op's arguments (built once per generation by oneblock/inference/native_step.py):
 //
 //   sizes   = [n_layers, d_model, n_heads, n_kv_heads, d_head, d_ff, vocab, norm, ffn, activation, position,
-//              position_offset, final_norm, sandwich, qk_norm], then 2 per layer: [window, local_rope]
+//              position_offset, final_norm, out_norm, qk_norm], then 2 per layer: [window, rope]
 //             norm 0 LayerNorm / 1 RMSNorm; ffn 0 MLP / 1 gated (act(gate) * up); activation as step_math.h;
-//             position 0 none / 1 learned / 2 rotary; sandwich 1: each sublayer's output normalized before the
-//             residual add (Gemma); qk_norm 1: an RMSNorm over each head of q and of k before rotary (Qwen3);
-//             per layer: window 0 (the whole context) or W (a query at column c sees columns > c - W), local_rope
-//             1 to rotate with the local tables (Gemma 3's local layers)
-//   scalars = [norm_eps, attn_scale, embed_scale, attn_softcap, logit_softcap]
-//             embed_scale multiplies the token row (1: none); a softcap of 0 is none, else s -> tanh(s / cap) * cap
-//             on the scaled scores before the softmax / on the logits
+//             position 0 none / 1 learned / 2 rotary (tables (P, R): the first R <= Dh features of each head
+//             rotate, the rest pass unchanged, as Phi-4-mini's); out_norm 0 none / 1 sandwich: each sublayer's
+//             output normalized before the residual add too (Gemma) / 2 output: only that, no norm before the
+//             sublayers (OLMo 2: attn_norm and ffn_norm empty); qk_norm 0 none / 1 an RMSNorm over each head of q
+//             and of k before rotary (Qwen3) / 2 one over the whole q row (H Dh) and one over the whole k row
+//             (Hkv Dh) (OLMo 2);
+//             per layer: window 0 (the whole context) or W (a query at column c sees columns > c - W), rope 0 no
+//             rotary (SmolLM3's layers without positions) / 1 the model's tables / 2 the local tables (Gemma 3's
+//             local layers)
+//   scalars = [norm_eps, attn_scale, embed_scale, attn_softcap, logit_softcap, residual_multiplier,
+//              logits_scaling]
+//             embed_scale multiplies the token row (1: none; Granite's embedding_multiplier); a softcap of 0 is
+//             none, else s -> tanh(s / cap) * cap on the scaled scores before the softmax / on the logits;
+//             residual_multiplier scales each sublayer's output (normalized first where out_norm) before the
+//             residual add, logits_scaling divides the logits before their softcap (Granite; 1: none)
 //   weights = 10 model tensors, then 24 per layer; an empty tensor stands for one the model does not have:
 //             tok, pos, rope_cos, rope_sin, final_norm_w, final_norm_b, head_w, head_b, rope_local_cos,
 //             rope_local_sin,
 //             per layer: attn_norm_w, attn_norm_b, q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b,
 //                        ffn_norm_w, ffn_norm_b, gate_w, gate_b, up_w, up_b, down_w, down_b,   (kLayerMatrices)
 //                        q_norm_w, k_norm_w, attn_out_norm_w, attn_out_norm_b, ffn_out_norm_w, ffn_out_norm_b
+//             (q_norm_w, k_norm_w (Dh,) each, or (H Dh,) and (Hkv Dh,) over the width)
 //             q_w may hold q, k and v stacked (k_w, v_w empty); gate_w gate and up stacked (up_w empty), or the
 //             MLP's first matrix; the options' tensors are empty in a model without them
 //   formats = one per weight: 0 = float32 (N, K), else the GGUF type of (N, K / n * nbytes) uint8 blocks of n
@@ -54,7 +63,7 @@ constexpr int64_t kLayerWeights = 24;
 constexpr int64_t kLayerMatrices = 18;  // a layer's norms and matrices, (weight, bias) pairs; its options after
 constexpr int64_t kSizes = 15;          // then kLayerSizes per layer
 constexpr int64_t kLayerSizes = 2;
-constexpr int64_t kScalars = 5;
+constexpr int64_t kScalars = 7;
 constexpr int64_t kMaxParts = 3;
 
 // One weight matrix (N, K): float32 rows (fmt 0) or GGUF block rows (K / 32 blocks, K / 256 for a K-quant).
@@ -123,25 +132,29 @@ struct Layer {
   const float* ffn_norm_b;
   Product qkv, o, up, down;
   // The options, null / 0 where the model does not have them.
-  const float* q_norm_w = nullptr;  // (Dh,) each
+  const float* q_norm_w = nullptr;  // (Dh,) each: per head
   const float* k_norm_w = nullptr;
+  const float* q_width_norm_w = nullptr;  // (H Dh,), (Hkv Dh,): over the width
+  const float* k_width_norm_w = nullptr;
   const float* attn_out_norm_w = nullptr;  // (C,) each: a sandwich block's
   const float* attn_out_norm_b = nullptr;
   const float* ffn_out_norm_w = nullptr;
   const float* ffn_out_norm_b = nullptr;
   int64_t window = 0;  // a local layer's last columns attended; 0: all
-  const float* rope_cos = nullptr;  // (P, Dh): the model's tables or the local ones, or null
+  const float* rope_cos = nullptr;  // (P, rope_dims): the model's tables or the local ones, or null
   const float* rope_sin = nullptr;
 };
 
 struct Plan {
   int64_t rows, n_layers, d_model, heads, kv_heads, d_head, d_ff, vocab;
   int64_t norm, ffn, act, position, position_offset;
-  bool final_norm, sandwich, qk_norm;
-  float eps, scale, embed_scale, attn_softcap, logit_softcap;
+  int64_t out_norm, qk_norm;  // as in sizes: 0 none; out_norm 1 sandwich / 2 output; qk_norm 1 head / 2 width
+  bool final_norm;
+  int64_t rope_dims = 0;  // R: the rotary tables' width, <= d_head
+  float eps, scale, embed_scale, attn_softcap, logit_softcap, residual, logits_scaling;
   Matrix tok;              // (V, C) token table
   const float* pos = nullptr;  // (P, C) learned positions, or null
-  const float* rope_cos = nullptr;  // (P, Dh), or null
+  const float* rope_cos = nullptr;  // (P, rope_dims), or null
   const float* rope_sin = nullptr;
   const float* final_w = nullptr;
   const float* final_b = nullptr;
@@ -184,6 +197,17 @@ void multiply(const Plan& p, const Product& prod, const Input& in, int64_t j0, i
 // Columns per chunk of a pass over n columns: about eight chunks per thread, in whole units of columns (32, or
 // 256 where a chunk's columns are quantized to Q8_K blocks).
 int64_t chunk_columns(int64_t n, int64_t threads, int64_t unit = QK);
+
+// The attention pass, one (row r, kv head g) of layer l at a time (decode_attention.cpp); `qkv_row` is row r's
+// [q | k | v], `scratch` a thread's own buffer:
+//   normalize_qk_width  (qk_norm 2, a pass per row before the others) q and k of the row normalized in place
+//   store         the head's key (normalized, rotated) and value written at the row's cache column
+//   attend_group  the query heads of group g (normalized, rotated) over the row's keys, a local layer's last
+//                 `window`, into att_row's heads (the row's key stored already)
+void normalize_qk_width(const Plan& p, int64_t l, float* qkv_row);
+void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch);
+void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
+                  std::vector<float>& scratch);
 
 // Reads and checks the adapters' arguments into the plan's products (decode_lora.cpp).
 void add_lora(Plan& p, const at::Tensor& adapters, at::TensorList weights, at::TensorList lora,

@@ -1,0 +1,90 @@
+// The attention pass of the native decode step (decode_step.cpp), one (row, kv head) at a time: the head's key
+// and value stored at the row's cache column, then the query heads it serves attending over the row's keys.
+// They mirror oneblock.inference.plan's heads_of_one_token and attend_cached; a layer's options are null pointers
+// where it does not have them (no q/k norm, no rotary), and then cost nothing.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "decode_step.h"
+
+namespace oneblock {
+namespace {
+
+// `scratch` grown to at least n floats (never shrunk: a thread reuses it from call to call).
+float* room(std::vector<float>& scratch, int64_t n) {
+  if (static_cast<int64_t>(scratch.size()) < n) scratch.resize(static_cast<size_t>(n));
+  return scratch.data();
+}
+
+// One head (Dh,) rotated at row r's position into `out`: its first rope_dims features turned
+// (rotate_half over them), the rest copied (partial rotary: apply_rotary with tables narrower than the head).
+void turn(const Plan& p, const Layer& layer, int64_t r, const float* x, float* out) {
+  const int64_t dh = p.d_head, rd = p.rope_dims, at = p.positions[r] * rd;
+  rotate(x, layer.rope_cos + at, layer.rope_sin + at, rd, out);
+  if (rd < dh) std::memcpy(out + rd, x + rd, static_cast<size_t>(dh - rd) * sizeof(float));
+}
+
+}  // namespace
+
+// OLMo 2's q/k norms: one RMSNorm over the row's H Dh query features, one over its Hkv Dh key features (the heads
+// side by side, as projected), in place, before any head is rotated or stored.
+void normalize_qk_width(const Plan& p, int64_t l, float* qkv_row) {
+  const Layer& layer = p.layers[static_cast<size_t>(l)];
+  const int64_t hq = p.heads * p.d_head, hk = p.kv_heads * p.d_head;
+  rms_norm(p.math, qkv_row, layer.q_width_norm_w, p.eps, hq, qkv_row);
+  rms_norm(p.math, qkv_row + hq, layer.k_width_norm_w, p.eps, hk, qkv_row + hq);
+}
+
+// One (row, kv head): normalize (qk_norm), rotate and store the head's key and value at the row's column.
+// `scratch` holds a normalized key.
+void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch) {
+  const Layer& layer = p.layers[static_cast<size_t>(l)];
+  const int64_t dh = p.d_head, col = p.columns[r], cap = p.capacity[static_cast<size_t>(r)];
+  float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const float* k = qkv_row + (p.heads + g) * dh;
+  const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
+  if (layer.k_norm_w != nullptr) {
+    float* normed = room(scratch, dh);
+    rms_norm(p.math, k, layer.k_norm_w, p.eps, dh, normed);
+    k = normed;
+  }
+  if (layer.rope_cos != nullptr) {
+    turn(p, layer, r, k, keys + col * dh);
+  } else {
+    std::memcpy(keys + col * dh, k, static_cast<size_t>(dh) * sizeof(float));
+  }
+  std::memcpy(values + col * dh, v, static_cast<size_t>(dh) * sizeof(float));
+}
+
+// One (row, kv head): the query heads it serves attend over the row's keys (its own stored already), a local
+// layer's over its last `window` columns.
+void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
+                  std::vector<float>& scratch) {
+  const Layer& layer = p.layers[static_cast<size_t>(l)];
+  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = p.columns[r];
+  const int64_t start = layer.window > 0 ? std::max(p.starts[r], col - layer.window + 1) : p.starts[r];
+  const int64_t cap = p.capacity[static_cast<size_t>(r)];
+  const float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const int64_t n = col - start + 1;
+  float* scores = room(scratch, n + 2 * dh);
+  float* q = scores + n;  // the rotated query
+  float* normed = q + dh;  // the normalized one (qk_norm)
+  for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
+    const float* query = qkv_row + h * dh;
+    if (layer.q_norm_w != nullptr) {
+      rms_norm(p.math, query, layer.q_norm_w, p.eps, dh, normed);
+      query = normed;
+    }
+    if (layer.rope_cos != nullptr) {
+      turn(p, layer, r, query, q);
+      query = q;
+    }
+    attend(p.math, query, keys + start * dh, values + start * dh, n, dh, p.scale, p.attn_softcap, scores,
+           att_row + h * dh);
+  }
+}
+
+}  // namespace oneblock
