@@ -195,13 +195,13 @@ def from_gguf(
 ) -> Decoder:
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 
-    By default (``dtype=None``, on the CPU) every Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K matrix stays as stored,
-    in a :class:`~oneblock.layers.quantized.BlockLinear` multiplied by oneblock's block kernels the way llama.cpp
-    multiplies it (activations rounded to 8-bit blocks, integer dot products); the query, key and value projections
-    are stacked into one, as are the FFN's gate and up projections; a token table in a block format is read row by
-    row (:class:`~oneblock.layers.quantized.BlockEmbedding`) and, tied, is the head's matrix too. Tensors in other
-    formats (norms, the other K-quants) are dequantized to float32. With a ``dtype`` every tensor is dequantized
-    once into that dtype: ``dtype=torch.float32`` is the exact reference model.
+    By default (``dtype=None``, on the CPU) every Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K / IQ4_NL /
+    IQ4_XS matrix stays as stored, in a :class:`~oneblock.layers.quantized.BlockLinear` multiplied by oneblock's block
+    kernels the way llama.cpp multiplies it (activations rounded to 8-bit blocks, integer dot products); the query, key
+    and value projections are stacked into one, as are the FFN's gate and up projections; a token table in a block
+    format is read row by row (:class:`~oneblock.layers.quantized.BlockEmbedding`) and, tied, is the head's matrix too.
+    Tensors in other formats (norms, the other K-quants) are dequantized to float32. With a ``dtype`` every tensor is
+    dequantized once into that dtype: ``dtype=torch.float32`` is the exact reference model.
 
     Args:
         path: the ``.gguf`` file (e.g. :func:`oneblock.inference.smollm2.smollm2_gguf_path`), its parsed layout,
