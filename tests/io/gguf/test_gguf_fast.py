@@ -172,3 +172,36 @@ def test_fast_model_decodes_the_same_compiled_and_eager(tmp_path):
     eager = generate(model, prompt, 5, greedy=True, return_logits=True)
     compiled = generate(model, prompt, 5, greedy=True, return_logits=True, compile="aot_eager")
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_q2_k_and_q3_k_matrices_load_exactly_in_float_and_say_so(tmp_path, capsys):
+    """No block kernel multiplies Q2_K or Q3_K: their matrices are dequantized at load to gguf's values, and one line on
+    stderr says which run in float; a file without them loads silently."""
+    sizes = {**QUANT, "hidden_size": 256, "num_attention_heads": 8, "intermediate_size": 256}
+    hf = hf_llama(sizes, tie=False, seed=14)
+    raw = {}
+    for name, qtype, nbytes, d_at in (
+        ("blk.0.ffn_down.weight", Q.Q2_K, 84, 80),
+        ("blk.1.attn_output.weight", Q.Q3_K, 110, 108),
+    ):
+        g = np.random.default_rng(len(raw))
+        blocks = g.integers(0, 256, (256, nbytes), dtype=np.uint8)  # 256 rows of one super-block each
+        scales = (g.random((256, 2)) * 2e-3).astype(np.float16).view(np.uint8)
+        blocks[:, d_at:] = scales[:, : nbytes - d_at]  # d (and Q2_K's dmin), last in these blocks
+        raw[name] = (qtype, blocks)
+    path = write_gguf(tmp_path / "q2.gguf", hf, Q.Q8_0, raw=raw)
+    capsys.readouterr()
+    model = from_gguf(path, cache=False)
+    err = capsys.readouterr().err
+    assert err == (
+        "oneblock: 2 matrices stored as Q2_K, Q3_K (such as blk.0.ffn_down.weight) run in float32, dequantized at "
+        "load: oneblock has no block kernel for these types (more memory, slower)\n"
+    )
+    for layer, name in (
+        (model.blocks[0].ffn.w2, "blk.0.ffn_down.weight"),
+        (model.blocks[1].attn.o_proj, "blk.1.attn_output.weight"),
+    ):
+        assert type(layer) is torch.nn.Linear
+        assert torch.equal(layer.weight, torch.from_numpy(gguf.quants.dequantize(raw[name][1], raw[name][0])))
+    from_gguf(write_gguf(tmp_path / "q8.gguf", hf, Q.Q8_0), cache=False)
+    assert capsys.readouterr().err == ""
