@@ -1,6 +1,7 @@
 """The native decode step multiplies the K-quants (Q4_K, Q6_K: super-blocks of 256 values, read with llama.cpp's
 Q8_K activation blocks) as a Q4_K_M GGUF file mixes them: Q4_K for most matrices, Q6_K for v, down and the tied
-token table, and 32-value formats (Q8_0 interleaved, Q5_0) beside a K-quant in one product (gate and up).
+token table, and 32-value formats (Q8_0 interleaved, Q5_0) beside a K-quant in one product (gate and up); and as
+Q5_K_M and IQ4 files mix Q5_K, IQ4_XS (256 values, Q8_K activations) and IQ4_NL (32 values, Q8_0 activations).
 
 The native step rounds each input row to the blocks of every kind its product reads, with the same quantizers and
 kernels as ``BlockLinear``: its logits are within 1e-5 of their scale of the Python step's, for one row and a
@@ -29,26 +30,33 @@ pytestmark = pytest.mark.skipif(kernels.backend() == "torch", reason="the native
 
 SIZES = {"vocab_size": 300, "d_model": 256, "n_heads": 4, "d_ff": 512, "max_seq_len": 32, "n_layers": 2}
 LLAMA = {"norm": "rmsnorm", "ffn": "swiglu", "position": "rope", "bias": False, "tie_embeddings": True}
-D_SCALE = {"q4_k": 3e-4, "q6_k": 5e-5}  # weights of about 0.05 from random codes and sub-scales
+# weights of about 0.05 from random codes and sub-scales
+D_SCALE = {"q4_k": 3e-4, "q6_k": 5e-5, "q5_k": 1.5e-4, "iq4_xs": 4e-5, "iq4_nl": 7e-4}
+MEAN_CODE = {"q4_k": 7.5, "q5_k": 15.5}  # dmin / d: the minimums about the mean of d * scale * code
 Q4_K, Q6_K = FORMATS["q4_k"].ggml_type, FORMATS["q6_k"].ggml_type
+Q5_K, IQ4_XS, IQ4_NL = (FORMATS[name].ggml_type for name in ("q5_k", "iq4_xs", "iq4_nl"))
+# a Q4_K_M file's formats, and those of Q5_K_M and IQ4 files: most matrices, v and down, the token table
+MIXES = {"q4_k_m": ("q4_k", "q6_k", "q6_k"), "q5_k_iq4": ("q5_k", "iq4_xs", "iq4_nl")}
 
 
 def k_blocks(fmt: str, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
-    """(N, K / 256 * nbytes) uint8 random super-blocks, d of either sign (q4_k: positive, with its dmin)."""
+    """(N, K / block * nbytes) uint8 random blocks, d of either sign (q4_k, q5_k: positive, with their dmin)."""
     spec = FORMATS[fmt]
     count = n * k // spec.block
     blocks = torch.randint(0, 256, (count, spec.nbytes), dtype=torch.uint8, generator=gen)
     d = (0.5 + torch.rand(count, 1, generator=gen)) * D_SCALE[fmt]
-    if fmt == "q6_k":
+    if not spec.has_min:
         d = d * torch.where(torch.rand(count, 1, generator=gen) < 0.5, -1.0, 1.0)
     blocks[:, spec.d_offset : spec.d_offset + 2] = d.half().view(torch.uint8)
-    if spec.has_min:  # q4_k's dmin: about the mean of d * scale * code, so that the weights centre near 0
-        blocks[:, 2:4] = (d * 7.5).half().view(torch.uint8)
+    if spec.has_min:  # so that the weights centre near 0
+        blocks[:, 2:4] = (d * MEAN_CODE[fmt]).half().view(torch.uint8)
     return blocks.reshape(n, -1)
 
 
-def k_quant_model(n_kv_heads: int, seed: int = 0) -> torch.nn.Module:
-    """A Llama-shaped decoder made of K-quant matrices (and one 32-value matrix in each gate/up product)."""
+def k_quant_model(n_kv_heads: int, seed: int = 0, mix: str = "q4_k_m") -> torch.nn.Module:
+    """A Llama-shaped decoder made of K-quant matrices (and one 32-value matrix in each gate/up product): ``mix``
+    names the formats of most matrices, of v and down, and of the tied token table (:data:`MIXES`)."""
+    main, side, table_format = MIXES[mix]
     torch.manual_seed(seed)
     model = ob.build_model(ob.ModelConfig(**SIZES, **LLAMA, n_kv_heads=n_kv_heads))
     with torch.no_grad():
@@ -61,14 +69,17 @@ def k_quant_model(n_kv_heads: int, seed: int = 0) -> torch.nn.Module:
 
     for i in range(SIZES["n_layers"]):
         attn, ffn = model.block(i).attn, model.block(i).ffn
-        attn.q_proj, attn.k_proj, attn.o_proj = (blocks(m, "q4_k") for m in (attn.q_proj, attn.k_proj, attn.o_proj))
-        attn.v_proj = blocks(attn.v_proj, "q6_k")
-        ffn.w1, ffn.w2 = blocks(ffn.w1, "q4_k"), blocks(ffn.w2, "q6_k")
+        attn.q_proj, attn.k_proj, attn.o_proj = (blocks(m, main) for m in (attn.q_proj, attn.k_proj, attn.o_proj))
+        attn.v_proj = blocks(attn.v_proj, side)
+        ffn.w1, ffn.w2 = blocks(ffn.w1, main), blocks(ffn.w2, side)
+        if i == 1 and mix == "q5_k_iq4":
+            ffn.w3 = blocks(ffn.w3, "iq4_nl")  # blocks of 32 beside q5_k's 256
+            continue
         up = BlockLinear.from_float(0.2 * ffn.w3.weight, "q8_0" if i == 0 else "q5_0")
-        assert up.interleave() == (i == 0)  # q8_0x16 beside q4_k in layer 0, q5_0 in layer 1
+        assert up.interleave() == (i == 0)  # q8_0x16 beside the K-quant in layer 0, q5_0 in layer 1
         ffn.w3 = up
-    table = k_blocks("q6_k", SIZES["vocab_size"], SIZES["d_model"], gen)
-    model.embed.tok, model.lm_head = BlockEmbedding(table, "q6_k"), BlockLinear(table, "q6_k")  # tied
+    table = k_blocks(table_format, SIZES["vocab_size"], SIZES["d_model"], gen)
+    model.embed.tok, model.lm_head = BlockEmbedding(table, table_format), BlockLinear(table, table_format)  # tied
     return model.eval()
 
 
@@ -143,3 +154,26 @@ def test_a_k_quant_matrix_of_the_wrong_width_is_refused(model):
     zero = torch.zeros(1, dtype=torch.long)
     with pytest.raises(RuntimeError, match=r"down must be uint8 \(N, 420\) blocks \(2 of 210 bytes\) for K = 512"):
         plan(torch.tensor([1]), zero, zero, zero, keys, values)
+
+
+@pytest.fixture(scope="module")
+def q5_k_model() -> torch.nn.Module:
+    return k_quant_model(2, seed=3, mix="q5_k_iq4")
+
+
+def test_q5_k_and_iq4_matrices_decode_natively_equal_to_the_python_step(q5_k_model):
+    """Q5_K (q, k, o, gate), IQ4_XS (v, down), IQ4_NL (the tied token table and head, layer 1's up beside Q5_K)."""
+    plan = NativeStep.plan(q5_k_model)
+    assert isinstance(plan, NativeStep), plan
+    assert plan.formats[0] == plan.formats[6] == IQ4_NL  # the tied token table and head
+    assert {Q5_K, IQ4_XS, IQ4_NL, kernels.INTERLEAVED["q8_0x16"].ggml_type} <= set(plan.formats)
+    for prompts in ([[5, 17, 3, 299, 42]], [[5, 17, 3, 299, 42], [7, 8], [60, 61, 62]]):
+        native, python = decode_both(q5_k_model, prompts, steps=6)
+        assert python.abs().max() > 1.0  # logits far from uniform
+        assert relative(native, python) <= 1e-5
+        assert torch.equal(native.argmax(-1), python.argmax(-1))
+
+
+def test_q5_k_and_iq4_threads_and_instruction_sets_agree(q5_k_model):
+    scalar, python = decode_across_threads_and_isas(q5_k_model, [[5, 17, 3], [7, 8, 9, 10]])
+    assert relative(scalar, python) <= 1e-5

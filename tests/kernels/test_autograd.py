@@ -8,8 +8,10 @@ import torch
 from oneblock import kernels
 from oneblock.kernels import ops
 from oneblock.kernels.formats import FORMATS
+from oneblock.kernels.quantize import QUANTIZABLE
 
-BLOCK32 = [name for name, spec in FORMATS.items() if spec.block == 32]  # K-quants: test_k_quants.py
+# the 32-value formats oneblock writes; the K-quants: test_k_quants.py, iq4_nl: test_iq4_nl.py
+BLOCK32 = [name for name, spec in FORMATS.items() if spec.block == 32 and name in QUANTIZABLE]
 
 
 class _TiledLinear(torch.autograd.Function):

@@ -57,7 +57,7 @@ def test_below_gemm_rows_it_is_block_mm_exactly(fmt, case):
     assert torch.equal(torch.ops.oneblock.block_mm_bf16(x, blocks, code), torch.ops.oneblock.block_mm(x, blocks, code))
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_k", "iq4_xs"])
 def test_k_quant_tiles_are_the_bfloat16_product_and_below_gemm_rows_block_mm(fmt):
     from test_k_quants import random_blocks  # valid 256-value blocks: oneblock writes no K-quants
 

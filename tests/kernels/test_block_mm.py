@@ -15,8 +15,10 @@ from gguf.quants import quantize as gguf_quantize
 from oneblock import kernels
 from oneblock.kernels import fallback, ops, reference
 from oneblock.kernels.formats import FORMATS
+from oneblock.kernels.quantize import QUANTIZABLE
 
-BLOCK32 = [name for name, spec in FORMATS.items() if spec.block == 32]  # K-quants: test_k_quants.py
+# the 32-value formats oneblock writes; the K-quants: test_k_quants.py, iq4_nl: test_iq4_nl.py
+BLOCK32 = [name for name, spec in FORMATS.items() if spec.block == 32 and name in QUANTIZABLE]
 
 SHAPES = [(1, 7, 32), (5, 13, 96), (9, 37, 160), (3, 70, 576)]  # M, N, K; nb odd and even; N, M not multiples of 4
 VECTOR = [isa for isa in ops.ISAS[1:]]

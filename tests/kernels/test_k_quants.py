@@ -1,4 +1,4 @@
-"""Q6_K and Q4_K, the K-quants (super-blocks of 256 values), multiplied with llama.cpp's Q8_K activation blocks.
+"""Q6_K, Q4_K, Q5_K and IQ4_XS (super-blocks of 256 values), multiplied with llama.cpp's Q8_K activation blocks.
 
 The decoders equal the ``gguf`` package's dequantizer bit for bit; the C++ kernel on every instruction set equals the
 NumPy reference bit for bit (scalar and AVX2 kernels, which sum exact integers per super-block; the AVX-512 paths run
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from oneblock import kernels
@@ -20,7 +20,7 @@ from oneblock.errors import InputError
 from oneblock.kernels import fallback, ops, reference
 from oneblock.kernels.formats import FORMATS
 
-K_QUANTS = [name for name, spec in FORMATS.items() if spec.k_quant]
+K_QUANTS = ["q6_k", "q4_k", "q5_k", "iq4_xs"]
 SHAPES = [(1, 7, 256), (3, 13, 512), (5, 37, 768)]  # M, N, K: M and N not multiples of any vector width
 
 
@@ -32,7 +32,7 @@ def random_blocks(fmt: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
     blocks = torch.randint(0, 256, (count, spec.nbytes), dtype=torch.uint8, generator=g)
     d = (torch.rand(count, 1, generator=g) - 0.5) * 0.02 * torch.logspace(-2, 2, count)[:, None]
     blocks[:, spec.d_offset : spec.d_offset + 2] = d.half().view(torch.uint8)
-    if spec.has_min:  # q4_k's dmin, after d
+    if spec.has_min:  # q4_k's and q5_k's dmin, after d
         blocks[:, 2:4] = (torch.rand(count, 1, generator=g) * 0.01).half().view(torch.uint8)
     blocks = blocks.reshape(n, -1)
     blocks[0] = 0  # all codes 0 and d 0
@@ -75,6 +75,13 @@ def test_decoders_equal_ggufs_dequantize(fmt):
     rows = torch.tensor([[10, 0], [3, 3]])
     np.testing.assert_array_equal(kernels.dequantize(blocks, fmt, rows).numpy(), theirs[rows.numpy()])
     np.testing.assert_array_equal(fallback.dequantize_rows(blocks, rows, FORMATS[fmt]).numpy(), theirs[rows.numpy()])
+
+
+def test_every_k_quant_is_tested_and_has_ggmls_layout():
+    assert [name for name, spec in FORMATS.items() if spec.k_quant] == K_QUANTS
+    for name in K_QUANTS:
+        qtype = GGMLQuantizationType(FORMATS[name].ggml_type)
+        assert qtype.name.lower() == name and GGML_QUANT_SIZES[qtype] == (256, FORMATS[name].nbytes)
 
 
 def test_q8_k_activations_follow_llama_cpp():

@@ -13,8 +13,10 @@ from oneblock import kernels
 from oneblock.errors import InputError
 from oneblock.kernels import fallback, reference
 from oneblock.kernels.formats import FORMATS
+from oneblock.kernels.quantize import QUANTIZABLE
 
-BLOCK32 = [name for name, spec in FORMATS.items() if spec.block == 32]  # K-quants: test_k_quants.py
+# the 32-value formats oneblock writes; the K-quants: test_k_quants.py, iq4_nl: test_iq4_nl.py
+BLOCK32 = [name for name, spec in FORMATS.items() if spec.block == 32 and name in QUANTIZABLE]
 
 GGML = {name: GGMLQuantizationType(spec.ggml_type) for name, spec in FORMATS.items()}
 SHAPES = [(1, 7, 32), (5, 13, 96), (9, 37, 160)]  # M, N, K: N and M not multiples of any vector width

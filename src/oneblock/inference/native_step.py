@@ -8,8 +8,8 @@ the head. Run from Python, that is about 1,200 small operations a token, each a 
 the dispatcher. The C++ op (``kernels/csrc/decode_step.cpp``) runs the same passes inside one parallel region, the
 threads meeting between passes, each activation rounded to 8-bit blocks once per product and shared by the stacked
 matrices (q, k, v; gate, up), the norms, rotary, cache write and residual adds done in the passes that touch
-the data. Block matrices of 32-value formats and K-quants (Q4_K, Q6_K: super-blocks of 256, read with llama.cpp's
-Q8_K activation blocks) may share a product, each multiplied as ``BlockLinear`` multiplies it.
+the data. Block matrices of 32-value formats and K-quants (Q4_K, Q5_K, Q6_K, IQ4_XS: super-blocks of 256, read with
+llama.cpp's Q8_K activation blocks) may share a product, each multiplied as ``BlockLinear`` multiplies it.
 
 LoRA adapters served per row (``oneblock.adapters.multi``: every adapted layer a ``MultiLoraLinear`` over a plain
 layer) go in too: each adapted matrix's adapters' A (r, in) and B (out, r) and scales, and at every call the

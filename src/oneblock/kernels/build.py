@@ -30,6 +30,8 @@ SOURCES = (
     "dot_scalar.cpp",
     "dot_avx2.cpp",
     "dot_avx512.cpp",
+    "dot_kq_scalar.cpp",  # Q5_K, IQ4_NL, IQ4_XS
+    "dot_kq_avx2.cpp",
     "dot_x16_scalar.cpp",
     "dot_x16_avx2.cpp",
     "dot_x16_avx512.cpp",

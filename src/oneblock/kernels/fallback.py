@@ -17,7 +17,9 @@ from oneblock.kernels.formats import (
     BlockFormat,
     block_parts,
     decode_blocks,
+    iq4_xs_parts,
     q4_k_parts,
+    q5_k_parts,
     q6_k_parts,
 )
 from oneblock.kernels.interleave import deinterleave
@@ -73,7 +75,10 @@ def _k_parts(tile: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tensor | N
     if fmt.name == "q6_k":
         q, sc, d = q6_k_parts(tile)
         return q * sc.repeat_interleave(16, dim=1), d, None, torch.zeros_like(d)
-    q, sc, m, d, dmin = q4_k_parts(tile)
+    if fmt.name == "iq4_xs":
+        qx, scx, dx = iq4_xs_parts(tile)
+        return qx * scx.repeat_interleave(32, dim=1), dx, None, torch.zeros_like(dx)
+    q, sc, m, d, dmin = q4_k_parts(tile) if fmt.name == "q4_k" else q5_k_parts(tile)
     return q * sc.repeat_interleave(32, dim=1), d, m.repeat_interleave(32, dim=1), dmin
 
 

@@ -13,6 +13,9 @@ q5_0   22 / 32     d (f16), qh (4 bytes), 16 bytes of nibbles             d * (q
 q5_1   24 / 32     d (f16), m (f16), qh (4 bytes), 16 bytes of nibbles    d * q + m
 q6_k   210 / 256   ql (128 B), qh (64 B), 16 x int8 scales, d (f16)       d * scale * (q - 32)
 q4_k   144 / 256   d, dmin (f16), 12 B of 6-bit scales/mins, 128 B nibbles  d * sc * q - dmin * m
+q5_k   176 / 256   d, dmin (f16), 12 B of scales/mins, qh (32 B), nibbles  d * sc * q - dmin * m
+iq4_nl 18 / 32     d (f16), 16 bytes of 4-bit indices                     d * IQ4_VALUES[q]
+iq4_xs 136 / 256   d (f16), scales_h (u16), scales_l (4 B), 128 B indices  d * (ls - 32) * IQ4_VALUES[q]
 =====  ==========  =====================================================  ==================
 
 In the 4- and 5-bit formats byte ``j`` holds (the low 4 bits of) value ``j`` in its low nibble and value ``j + 16``
@@ -22,7 +25,11 @@ and ``qh`` advancing by 64 and 32 bytes) value ``i`` takes nibble ``i // 64`` of
 ``2 * (i // 32)`` of ``qh[i % 32]`` as its top two. The same layouts are written out once more, for the C++, in
 ``csrc/blocks.h``. q4_k's 256 values form 8 sub-blocks of 32 with 6-bit scales ``sc`` and minimums ``m``
 (ggml's ``get_scale_min_k4``); sub-blocks ``2c`` and ``2c + 1`` take the low and the high nibbles of bytes
-``32c .. 32c + 31``.
+``32c .. 32c + 31``. q5_k adds bit ``s`` of ``qh[j % 32]`` as bit 4 of value ``j`` of sub-block ``s``. The IQ4
+formats' 4-bit indices pick one of 16 fixed values (ggml's ``kvalues_iq4nl``); iq4_nl holds them as q4_0 holds its
+codes and is multiplied with Q8_0 activations; iq4_xs's sub-block ``s`` of 32 holds them so in bytes
+``16s .. 16s + 15``, its 6-bit scale ``ls`` the nibble ``s % 2`` of ``scales_l[s // 2]`` and bits ``2s, 2s + 1`` of
+``scales_h`` above it.
 
 ``q4_1x16`` and ``q8_0x16`` hold the same blocks with the rows interleaved 16 at a time (see
 :mod:`oneblock.kernels.interleave`): the layout the vector kernels read fastest, made once at load.
@@ -43,6 +50,9 @@ module reads a format's ``block`` instead."""
 
 QK_K = 256
 """Values per super-block of the K-quants (llama.cpp's ``QK_K``)."""
+
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+"""The values of iq4_nl's and iq4_xs's 4-bit indices (ggml's ``kvalues_iq4nl``)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,9 @@ FORMATS: dict[str, BlockFormat] = {
     "q5_1": BlockFormat("q5_1", QK, 24, 7, has_min=True),
     "q6_k": BlockFormat("q6_k", QK_K, 210, 14, d_offset=208),
     "q4_k": BlockFormat("q4_k", QK_K, 144, 12, has_min=True),
+    "q5_k": BlockFormat("q5_k", QK_K, 176, 13, has_min=True),
+    "iq4_nl": BlockFormat("iq4_nl", QK, 18, 20),
+    "iq4_xs": BlockFormat("iq4_xs", QK_K, 136, 23),
 }
 """The formats :func:`oneblock.kernels.block_mm` multiplies, by name."""
 
@@ -156,6 +169,35 @@ def q4_k_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return q, sc, m, f16(blocks[:, 0:2]), f16(blocks[:, 2:4])
 
 
+def q5_k_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Split (G, 176) uint8 q5_k super-blocks as :func:`q4_k_parts` splits q4_k's: codes in [0, 31]."""
+    head = torch.cat([blocks[:, :16], blocks[:, 48:]], dim=1)  # d, dmin, scales and the nibbles: a q4_k block
+    q, sc, m, d, dmin = q4_k_parts(head)
+    qh = blocks[:, 16:48]  # (G, 32): bit s of byte l is bit 4 of value l of sub-block s
+    bits = (qh[:, None, :] >> torch.arange(8, dtype=torch.uint8)[None, :, None]) & 1  # (G, 8, 32)
+    return q | (bits.reshape(-1, QK_K).short() << 4), sc, m, d, dmin
+
+
+def iq4_values(index: Tensor) -> Tensor:
+    """4-bit indices (any shape, integer) -> their int16 values in :data:`IQ4_VALUES`."""
+    return torch.tensor(IQ4_VALUES, dtype=torch.int16)[index.long()]
+
+
+def iq4_xs_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Split (G, 136) uint8 iq4_xs super-blocks into values and sub-block scales.
+
+    Returns:
+        ``(q, sc, d)``: (G, 256) int16 values of the indices; (G, 8) int16 scales ``ls - 32`` in [-32, 31]; (G, 1)
+        float32 ``d``; so that value ``j`` is ``(d * sc[j // 32]) * q[j]``.
+    """
+    high = blocks[:, 2:4].contiguous().view(torch.int16).int() & 0xFFFF  # (G, 1) scales_h
+    high = (high >> torch.arange(0, 16, 2, dtype=torch.int32)) & 3  # (G, 8)
+    low = blocks[:, 4:8, None] >> torch.tensor([0, 4], dtype=torch.uint8)  # (G, 4, 2): sub-blocks 2i, 2i + 1
+    sc = ((low.reshape(-1, 8) & 0x0F).int() | (high << 4)).short() - 32
+    q = iq4_values(nibbles(blocks[:, 8:].reshape(-1, 8, 16)).reshape(-1, QK_K))
+    return q, sc, f16(blocks[:, 0:2])
+
+
 def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tensor | None]:
     """Split (G, nbytes) uint8 blocks of a 32-value format into integer codes and float scales, without multiplying
     them out.
@@ -166,6 +208,8 @@ def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tenso
         ``value = d * q (+ m)``.
     """
     d = f16(blocks[:, :2])  # (G, 1)
+    if fmt.name == "iq4_nl":
+        return iq4_values(nibbles(blocks[:, 2:])), d, None  # (G, 32) values of the indices
     if fmt.name == "q8_0":
         return blocks[:, 2:].contiguous().view(torch.int8).short(), d, None  # (G, 32)
     if fmt.name == "q4_0":
@@ -184,8 +228,11 @@ def decode_blocks(blocks: Tensor, fmt: BlockFormat) -> Tensor:
     if fmt.name == "q6_k":
         q6, sc6, d6 = q6_k_parts(blocks)
         return (d6 * sc6.float()).repeat_interleave(16, dim=1) * q6.float()  # (G, 256)
-    if fmt.name == "q4_k":
-        q4, sc4, m4, d4, dmin = q4_k_parts(blocks)
+    if fmt.name == "iq4_xs":
+        qx, scx, dx = iq4_xs_parts(blocks)
+        return (dx * scx.float()).repeat_interleave(32, dim=1) * qx.float()  # (G, 256)
+    if fmt.name in ("q4_k", "q5_k"):
+        q4, sc4, m4, d4, dmin = q4_k_parts(blocks) if fmt.name == "q4_k" else q5_k_parts(blocks)
         scale, low = (d4 * sc4.float()).repeat_interleave(32, dim=1), (dmin * m4.float()).repeat_interleave(32, dim=1)
         return scale * q4.float() - low  # (G, 256)
     q, d, m = block_parts(blocks, fmt)

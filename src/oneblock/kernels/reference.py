@@ -10,15 +10,16 @@ computes it:
    that row's: nothing is shared between rows).
 2. Per block, an exact integer dot product ``sumi = sum_j qw_j qa_j``.
 3. Per block, one float32 multiply-add into the output, blocks in order:
-   ``y += sumi * (dw * da)``, and for q4_1 and q5_1 ``y += sumi * (dw * da) + mw * sa``.
+   ``y += sumi * (dw * da)``, and for q4_1 and q5_1 ``y += sumi * (dw * da) + mw * sa``. iq4_nl's codes are the
+   values of its 4-bit indices.
 
-For the K-quants (super-blocks of 256 values; q6_k: 16 sub-blocks of 16 with int8 scales, q4_k: 8 sub-blocks of 32
-with 6-bit scales and minimums) the activations are
+For the K-quants (super-blocks of 256 values; q6_k: 16 sub-blocks of 16 with int8 scales, q4_k and q5_k: 8 sub-blocks
+of 32 with 6-bit scales and minimums, iq4_xs: 8 sub-blocks of 32 with 6-bit scales minus 32) the activations are
 llama.cpp's Q8_K blocks of 256 (``quantize_row_q8_K_ref``): ``m`` the value of largest magnitude (the first, sign
 kept), ``iscale = -127 / m``, ``q_j = min(127, rint(iscale x_j))``, ``d = 1 / iscale``, a float32 kept unrounded
 (0 and codes 0 for an all-zero block). Per super-block, the exact integer
 ``isum = sum_s sc_s sum_{j in s} qw_j qa_j`` and one float32 multiply-add ``y += float(isum) * (dw * da)``; for
-q4_k then also ``msum = sum_s m_s sum_{j in s} qa_j`` and ``y -= float(msum) * (dmin * da)``.
+q4_k and q5_k then also ``msum = sum_s m_s sum_{j in s} qa_j`` and ``y -= float(msum) * (dmin * da)``.
 
 Every float operation is a single IEEE float32 operation in a fixed order, so any implementation that does the
 same operations in the same order gets the same bits.
@@ -28,9 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from oneblock.kernels.formats import QK, QK_K, get_format
+from oneblock.kernels.formats import IQ4_VALUES, QK, QK_K, get_format
 
 F32 = np.float32
+_IQ4 = np.array(IQ4_VALUES, dtype=np.int32)
 
 
 def quantize_activations(x: np.ndarray, with_sums: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -61,7 +63,8 @@ def weight_codes(blocks: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, 
     """Decode (N, K / 32 * nbytes) uint8 rows into codes and scales.
 
     Returns:
-        ``(qw, dw, mw)``: (N, K / 32, 32) int32 signed codes (q4_0's minus 8, q5_0's minus 16); (N, K / 32)
+        ``(qw, dw, mw)``: (N, K / 32, 32) int32 signed codes (q4_0's minus 8, q5_0's minus 16, iq4_nl's the values of
+        its indices); (N, K / 32)
         float32 scales; the (N, K / 32) float32 minimums of q4_1 and q5_1, else None.
     """
     spec = get_format(fmt)
@@ -71,6 +74,8 @@ def weight_codes(blocks: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, 
     mw = b[..., 2:4].copy().view(np.float16)[..., 0].astype(F32) if spec.has_min else None
     if spec.name == "q8_0":
         return b[..., 2:].copy().view(np.int8).astype(np.int32), dw, mw
+    if spec.name == "iq4_nl":  # the values of the 4-bit indices
+        return _IQ4[np.concatenate([b[..., 2:] & 0x0F, b[..., 2:] >> 4], axis=-1)], dw, None
     head = 4 if spec.has_min else 2  # bytes of d (and m)
     five = spec.name in ("q5_0", "q5_1")
     packed = b[..., head + 4 :] if five else b[..., head:]  # (N, K/32, 16)
@@ -142,12 +147,41 @@ def q4_k_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     return qw, sc, m, dw, dmin
 
 
+def q5_k_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Decode (N, K / 256 * 176) uint8 q5_k rows as :func:`q4_k_codes` decodes q4_k's: codes in [0, 31]."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, 176)  # (N, nb, 176)
+    qw, sc, m, dw, dmin = q4_k_codes(np.concatenate([b[..., :16], b[..., 48:]], axis=-1).reshape(n, -1))
+    qh = b[..., None, 16:48] >> np.arange(8, dtype=np.uint8)[:, None]  # (N, nb, 8, 32): bit s for sub-block s
+    return qw | ((qh & 1).reshape(n, -1, QK_K).astype(np.int64) << 4), sc, m, dw, dmin
+
+
+def iq4_xs_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode (N, K / 256 * 136) uint8 iq4_xs rows.
+
+    Returns:
+        ``(qw, sc, dw)``: (N, K / 256, 256) int64 values of the indices; (N, K / 256, 8) int64 sub-block scales
+        ``ls - 32``; (N, K / 256) float32 ``d``.
+    """
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, 136)  # (N, nb, 136)
+    high = (b[..., 2:4].copy().view("<u2").astype(np.int64) >> np.arange(0, 16, 2)) & 3  # (N, nb, 8)
+    low = (b[..., 4:8, None] >> np.array([0, 4], dtype=np.uint8)).reshape(n, -1, 8) & 0x0F  # (N, nb, 8)
+    sc = (low.astype(np.int64) | (high << 4)) - 32
+    qs = b[..., 8:].reshape(n, -1, 8, 16)
+    qw = _IQ4[np.concatenate([qs & 0x0F, qs >> 4], axis=-1)].reshape(n, -1, QK_K).astype(np.int64)
+    return qw, sc, b[..., 0:2].copy().view(np.float16)[..., 0].astype(F32)
+
+
 def _k_parts(blocks: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
     """``(qw, sc, dw, m, dmin)`` of a K-quant, the scales and minimums repeated to one per value (N, nb, 256)."""
     if fmt == "q6_k":
         qw, sc6, dw = q6_k_codes(blocks)
         return qw, np.repeat(sc6, 16, axis=-1), dw, None, np.zeros_like(dw)
-    qw, sc4, m4, dw, dmin = q4_k_codes(blocks)
+    if fmt == "iq4_xs":
+        qx, scx, dx = iq4_xs_codes(blocks)
+        return qx, np.repeat(scx, 32, axis=-1), dx, None, np.zeros_like(dx)
+    qw, sc4, m4, dw, dmin = q4_k_codes(blocks) if fmt == "q4_k" else q5_k_codes(blocks)
     return qw, np.repeat(sc4, 32, axis=-1), dw, np.repeat(m4, 32, axis=-1), dmin
 
 
@@ -186,8 +220,12 @@ def dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
         qw, sc6, d6 = q6_k_codes(blocks)
         scale = np.repeat(d6[..., None] * sc6.astype(F32), 16, axis=-1)  # (N, nb, 256)
         return (scale * qw.astype(F32)).reshape(blocks.shape[0], -1)
-    if fmt == "q4_k":
-        qw, sc4, m4, d4, dmin = q4_k_codes(blocks)
+    if fmt == "iq4_xs":
+        qx, scx, dx = iq4_xs_codes(blocks)
+        scale = np.repeat(dx[..., None] * scx.astype(F32), 32, axis=-1)  # (N, nb, 256)
+        return (scale * qx.astype(F32)).reshape(blocks.shape[0], -1)
+    if fmt in ("q4_k", "q5_k"):
+        qw, sc4, m4, d4, dmin = q4_k_codes(blocks) if fmt == "q4_k" else q5_k_codes(blocks)
         scale = np.repeat(d4[..., None] * sc4.astype(F32), 32, axis=-1)  # (N, nb, 256)
         low = np.repeat(dmin[..., None] * m4.astype(F32), 32, axis=-1)
         return (scale * qw.astype(F32) - low).reshape(blocks.shape[0], -1)

@@ -287,9 +287,9 @@ def test_non_llama_architecture(tmp_path):
 
 def test_unsupported_quant_type(tmp_path):
     hf = hf_llama(QUANT, tie=True, seed=9)
-    iq4_nl = np.zeros((96, 96 // 32 * 18), dtype=np.uint8)  # IQ4_NL: 32 values in 18 bytes
-    path = write_gguf(tmp_path / "iq.gguf", hf, raw={"blk.1.attn_v.weight": (Q.IQ4_NL, iq4_nl)})
-    with pytest.raises(ConversionError, match=r"'blk.1.attn_v.weight' is stored as IQ4_NL.*supported types: F32"):
+    mxfp4 = np.zeros((96, 96 // 32 * 17), dtype=np.uint8)  # MXFP4: 32 values in 17 bytes
+    path = write_gguf(tmp_path / "mx.gguf", hf, raw={"blk.1.attn_v.weight": (Q.MXFP4, mxfp4)})
+    with pytest.raises(ConversionError, match=r"'blk.1.attn_v.weight' is stored as MXFP4.*supported types: F32"):
         from_gguf(path)
 
 

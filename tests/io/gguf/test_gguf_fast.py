@@ -89,10 +89,14 @@ def test_matrices_of_different_formats_are_not_stacked(tmp_path):
     assert (a - b).abs().max().item() <= 0.04 * (b.amax(-1) - b.amin(-1)).mean().item()
 
 
-def test_k_quant_matrices_stay_as_stored(tmp_path, monkeypatch):
-    """Q4_K_M files hold Q4_K and Q6_K matrices (rows of a multiple of 256 values): each becomes a BlockLinear of the
-    file's bytes, equal to gguf's dequantized values, and the model keeps to the exact one within the activations'
-    rounding; it decodes with the native step (where the C++ library is built), as the Python step does."""
+@pytest.mark.parametrize(
+    ("down", "output", "head"), [(Q.Q6_K, Q.Q4_K, Q.Q6_K), (Q.Q5_K, Q.IQ4_XS, Q.IQ4_NL)], ids=["q4_k_m", "q5_k_iq4"]
+)
+def test_k_quant_matrices_stay_as_stored(tmp_path, monkeypatch, down, output, head):
+    """Q4_K_M, Q5_K_M and IQ4_XS files hold K-quant and IQ4 matrices (rows of a multiple of 256 values; IQ4_NL's
+    blocks are of 32): each becomes a BlockLinear of the file's bytes, equal to gguf's dequantized values, and the
+    model keeps to the exact one within the activations' rounding; it decodes with the native step (where the C++
+    library is built), as the Python step does."""
     from oneblock import kernels
     from oneblock.inference.generation import generate
     from oneblock.inference.native_step import ENV
@@ -100,16 +104,16 @@ def test_k_quant_matrices_stay_as_stored(tmp_path, monkeypatch):
     sizes = {**QUANT, "hidden_size": 256, "num_attention_heads": 8, "intermediate_size": 256}
     hf = hf_llama(sizes, tie=False, seed=12)
     raw = {}
-    matrices = (("blk.0.ffn_down.weight", 256, Q.Q6_K), ("blk.1.attn_output.weight", 256, Q.Q4_K))
-    for name, rows, qtype in (*matrices, ("output.weight", 211, Q.Q6_K)):
+    matrices = (("blk.0.ffn_down.weight", 256, down), ("blk.1.attn_output.weight", 256, output))
+    for name, rows, qtype in (*matrices, ("output.weight", 211, head)):
         g = np.random.default_rng(len(raw))
-        blocks = g.integers(0, 256, (rows, 210 if qtype == Q.Q6_K else 144), dtype=np.uint8)
-        scales = (g.random((rows, 2)) * 2e-3).astype(np.float16).view(np.uint8)  # (rows, 4): two float16
-        if qtype == Q.Q6_K:
-            blocks[:, 208:210] = scales[:, :2]  # d, last in a Q6_K block
-        else:
-            blocks[:, 0:4] = scales  # d and dmin, first in a Q4_K block
-        raw[name] = (qtype, blocks)
+        spec = kernels.FORMATS[qtype.name.lower()]
+        blocks = g.integers(0, 256, (rows * 256 // spec.block, spec.nbytes), dtype=np.uint8)
+        scales = (g.random((len(blocks), 2)) * 2e-3).astype(np.float16).view(np.uint8)  # two float16 a block
+        blocks[:, spec.d_offset : spec.d_offset + 2] = scales[:, :2]  # d (last in a Q6_K block)
+        if spec.has_min:
+            blocks[:, 2:4] = scales[:, 2:]  # dmin, after d
+        raw[name] = (qtype, blocks.reshape(rows, -1))
     path = write_gguf(tmp_path / "kq.gguf", hf, Q.Q8_0, raw=raw)
     fast, exact = from_gguf(path), from_gguf(path, dtype=torch.float32)
     layers = (fast.blocks[0].ffn.w2, fast.blocks[1].attn.o_proj, fast.lm_head)
@@ -168,3 +172,36 @@ def test_fast_model_decodes_the_same_compiled_and_eager(tmp_path):
     eager = generate(model, prompt, 5, greedy=True, return_logits=True)
     compiled = generate(model, prompt, 5, greedy=True, return_logits=True, compile="aot_eager")
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_q2_k_and_q3_k_matrices_load_exactly_in_float_and_say_so(tmp_path, capsys):
+    """No block kernel multiplies Q2_K or Q3_K: their matrices are dequantized at load to gguf's values, and one line on
+    stderr says which run in float; a file without them loads silently."""
+    sizes = {**QUANT, "hidden_size": 256, "num_attention_heads": 8, "intermediate_size": 256}
+    hf = hf_llama(sizes, tie=False, seed=14)
+    raw = {}
+    for name, qtype, nbytes, d_at in (
+        ("blk.0.ffn_down.weight", Q.Q2_K, 84, 80),
+        ("blk.1.attn_output.weight", Q.Q3_K, 110, 108),
+    ):
+        g = np.random.default_rng(len(raw))
+        blocks = g.integers(0, 256, (256, nbytes), dtype=np.uint8)  # 256 rows of one super-block each
+        scales = (g.random((256, 2)) * 2e-3).astype(np.float16).view(np.uint8)
+        blocks[:, d_at:] = scales[:, : nbytes - d_at]  # d (and Q2_K's dmin), last in these blocks
+        raw[name] = (qtype, blocks)
+    path = write_gguf(tmp_path / "q2.gguf", hf, Q.Q8_0, raw=raw)
+    capsys.readouterr()
+    model = from_gguf(path, cache=False)
+    err = capsys.readouterr().err
+    assert err == (
+        "oneblock: 2 matrices stored as Q2_K, Q3_K (such as blk.0.ffn_down.weight) run in float32, dequantized at "
+        "load: oneblock has no block kernel for these types (more memory, slower)\n"
+    )
+    for layer, name in (
+        (model.blocks[0].ffn.w2, "blk.0.ffn_down.weight"),
+        (model.blocks[1].attn.o_proj, "blk.1.attn_output.weight"),
+    ):
+        assert type(layer) is torch.nn.Linear
+        assert torch.equal(layer.weight, torch.from_numpy(gguf.quants.dequantize(raw[name][1], raw[name][0])))
+    from_gguf(write_gguf(tmp_path / "q8.gguf", hf, Q.Q8_0), cache=False)
+    assert capsys.readouterr().err == ""

@@ -18,9 +18,9 @@ Q5_1     24     d (f16), m (f16), qh, nibbles                 d * q + m
 =======  =====  ===========================================  ==================
 
 In the 4- and 5-bit formats byte ``j`` holds value ``j`` in its low nibble and value ``j + 16`` in its high nibble
-(their low 4 bits; bit ``j`` of the 5-bit formats' ``qh`` is bit 4 of value ``j``). Q4_K and Q6_K (256-value
-super-blocks, see :mod:`oneblock.kernels.formats`) are decoded here too; the other "K-quants" (Q2_K, Q3_K, Q5_K)
-by the ``gguf`` package's reference implementation, which llama.cpp maintains next to the C code.
+(their low 4 bits; bit ``j`` of the 5-bit formats' ``qh`` is bit 4 of value ``j``). Q4_K, Q5_K, Q6_K, IQ4_XS
+(256-value super-blocks) and IQ4_NL (see :mod:`oneblock.kernels.formats`) are decoded here too; the other "K-quants"
+(Q2_K, Q3_K) by the ``gguf`` package's reference implementation, which llama.cpp maintains next to the C code.
 """
 
 from __future__ import annotations
@@ -53,8 +53,11 @@ _NATIVE = (
     types.Q5_1,
     types.Q6_K,
     types.Q4_K,
+    types.Q5_K,
+    types.IQ4_NL,
+    types.IQ4_XS,
 )
-_REFERENCE = (types.Q2_K, types.Q3_K, types.Q5_K)
+_REFERENCE = (types.Q2_K, types.Q3_K)
 SUPPORTED_TYPES: tuple[int, ...] = _NATIVE + _REFERENCE
 """Every GGML tensor type id :func:`dequantize` accepts (``gguf.GGMLQuantizationType`` values)."""
 

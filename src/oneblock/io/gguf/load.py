@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, TypeAlias
 
 import torch
@@ -28,6 +30,7 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConversionError
+from oneblock.io.gguf import types
 from oneblock.io.gguf.archs import ARCHITECTURES, architecture_of
 from oneblock.io.gguf.archs.base import Architecture, decoder_config
 from oneblock.io.gguf.block_cache import cached_modules
@@ -195,13 +198,13 @@ def from_gguf(
 ) -> Decoder:
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 
-    By default (``dtype=None``, on the CPU) every Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K matrix stays as stored,
-    in a :class:`~oneblock.layers.quantized.BlockLinear` multiplied by oneblock's block kernels the way llama.cpp
-    multiplies it (activations rounded to 8-bit blocks, integer dot products); the query, key and value projections
-    are stacked into one, as are the FFN's gate and up projections; a token table in a block format is read row by
-    row (:class:`~oneblock.layers.quantized.BlockEmbedding`) and, tied, is the head's matrix too. Tensors in other
-    formats (norms, the other K-quants) are dequantized to float32. With a ``dtype`` every tensor is dequantized
-    once into that dtype: ``dtype=torch.float32`` is the exact reference model.
+    By default (``dtype=None``, on the CPU) every Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K / IQ4_NL /
+    IQ4_XS matrix stays as stored, in a :class:`~oneblock.layers.quantized.BlockLinear` multiplied by oneblock's block
+    kernels the way llama.cpp multiplies it (activations rounded to 8-bit blocks, integer dot products); the query, key
+    and value projections are stacked into one, as are the FFN's gate and up projections; a token table in a block
+    format is read row by row (:class:`~oneblock.layers.quantized.BlockEmbedding`) and, tied, is the head's matrix too.
+    Tensors in other formats (norms, the other K-quants) are dequantized to float32. With a ``dtype`` every tensor is
+    dequantized once into that dtype: ``dtype=torch.float32`` is the exact reference model.
 
     Args:
         path: the ``.gguf`` file (e.g. :func:`oneblock.inference.smollm2.smollm2_gguf_path`), its parsed layout,
@@ -240,11 +243,10 @@ def from_gguf(
         _put(model, name, module)
     covered = {name for _, names_covered in modules.values() for name in names_covered}
     tied = cfg.tie_embeddings and "lm_head" not in modules
-    decoded = {
-        name: _decoded(t, cfg, arch, layout).to(dtype or torch.float32)
-        for name, t in state.items()
-        if name not in covered and not (tied and name == "lm_head.weight")
-    }
+    rest = {name: t for name, t in state.items() if name not in covered and not (tied and name == "lm_head.weight")}
+    if dtype is None and on_cpu:
+        _note_float_matrices(rest.values())
+    decoded = {name: _decoded(t, cfg, arch, layout).to(dtype or torch.float32) for name, t in rest.items()}
     _stack_biases(model, decoded)
     model.load_state_dict(decoded, strict=False, assign=True)
     if tied:
@@ -253,6 +255,25 @@ def from_gguf(
     if not on_cpu:
         model = model.to(device)
     return model.eval()
+
+
+def _note_float_matrices(records: Iterable[TensorRecord]) -> None:
+    """One line on stderr where quantized matrices of the file have no block kernel (Q2_K, Q3_K): they are
+    dequantized to float32 at load and multiplied in float, the model larger and slower than the file suggests."""
+    kinds: dict[str, list[str]] = {}
+    for t in records:
+        if len(t.shape) == 2 and t.ggml_type not in (types.F32, types.F16, types.BF16):
+            kinds.setdefault(types.type_name(t.ggml_type), []).append(t.name)
+    if kinds:
+        count, first = sum(len(names) for names in kinds.values()), next(iter(kinds.values()))[0]
+        what = "1 matrix stored as" if count == 1 else f"{count} matrices stored as"
+        kind = "that type" if len(kinds) == 1 else "these types"
+        print(
+            f"oneblock: {what} {', '.join(kinds)} (such as {first}) run{'s' if count == 1 else ''} in float32, "
+            f"dequantized at load: oneblock has no block kernel for {kind} (more memory, slower)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _put(model: Decoder, name: str, module: nn.Module) -> None:

@@ -49,6 +49,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
 
 F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
 Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 6, 7, 10, 11, 12, 13, 14
+IQ4_NL, IQ4_XS = 20, 23
 
 
 def type_info(type_id: int) -> tuple[str, int, int] | None:

@@ -16,6 +16,16 @@
 //   Q4_K: d (f16), dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of nibbles = 144 bytes per 256 weights;
 //         w = d * sc[s] * q - dmin * m[s] for weight j of sub-block s = j / 32. Sub-blocks 2c and 2c + 1 take the
 //         low and the high nibbles of qs[32c .. 32c + 31]; sc and m are unpacked by q4_k_scale_min.
+//   Q5_K: d, dmin (f16), 12 bytes of scales and mins (as Q4_K), qh (32 bytes), 128 bytes of nibbles = 176 bytes per
+//         256 weights; w = d * sc[s] * q - dmin * m[s]. The nibbles as Q4_K's; bit s of qh[j % 32] is bit 4 of weight
+//         j of sub-block s.
+//   IQ4_XS: d (f16), scales_h (uint16), scales_l (4 bytes), 128 bytes of nibbles = 136 bytes per 256 weights;
+//         w = d * (ls[s] - 32) * kIq4nlValues[q], ls[s] the low nibble s % 2 of scales_l[s / 2] and bits 2s, 2s + 1
+//         of scales_h as its top two. Sub-block s holds its 32 indices in qs[16s .. 16s + 15] as the 32-value
+//         formats hold theirs.
+//
+// IQ4_NL: d (f16), 16 bytes of 4-bit indices = 18 bytes per 32 weights; w = d * kIq4nlValues[q] (a block of 32,
+// multiplied with Q8_0 activations).
 //
 // In the 4- and 5-bit formats byte j holds the low 4 bits of weight j in its low nibble and those of weight j + 16
 // in its high nibble; the 5-bit formats' qh, read as a little-endian uint32, holds bit 4 of weight j in bit j.
@@ -65,6 +75,23 @@ struct BlockQ4_K {
   uint8_t scales[12];
   uint8_t qs[QK_K / 2];
 };
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[QK_K / 8];
+  uint8_t qs[QK_K / 2];
+};
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[QK / 2];
+};
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[QK_K / 64];
+  uint8_t qs[QK_K / 2];
+};
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 is 18 bytes per block");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 is 20 bytes per block");
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 is 34 bytes per block");
@@ -72,9 +99,26 @@ static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 is 22 bytes per block");
 static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 is 24 bytes per block");
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K is 210 bytes per 256 weights");
 static_assert(sizeof(BlockQ4_K) == 144, "Q4_K is 144 bytes per 256 weights");
+static_assert(sizeof(BlockQ5_K) == 176, "Q5_K is 176 bytes per 256 weights");
+static_assert(sizeof(BlockIQ4_NL) == 18, "IQ4_NL is 18 bytes per block");
+static_assert(sizeof(BlockIQ4_XS) == 136, "IQ4_XS is 136 bytes per 256 weights");
+
+// The non-linear values of IQ4_NL's and IQ4_XS's 4-bit indices (ggml's kvalues_iq4nl).
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 // The GGUF type ids, which are also the `fmt` argument of the ops.
-enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum Format : int64_t {
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23
+};
 
 inline int64_t block_bytes(int64_t fmt) {
   switch (fmt) {
@@ -85,12 +129,15 @@ inline int64_t block_bytes(int64_t fmt) {
     case kQ8_0: return sizeof(BlockQ8_0);
     case kQ4_K: return sizeof(BlockQ4_K);
     case kQ6_K: return sizeof(BlockQ6_K);
+    case kQ5_K: return sizeof(BlockQ5_K);
+    case kIQ4_NL: return sizeof(BlockIQ4_NL);
+    case kIQ4_XS: return sizeof(BlockIQ4_XS);
     default: return 0;
   }
 }
 
 // Whether a file format is a K-quant: 256-value super-blocks, multiplied with Q8_K activation blocks.
-inline bool is_k_quant(int64_t fmt) { return fmt == kQ4_K || fmt == kQ6_K; }
+inline bool is_k_quant(int64_t fmt) { return fmt == kQ4_K || fmt == kQ5_K || fmt == kQ6_K || fmt == kIQ4_XS; }
 
 // Weights per block of a file format.
 inline int64_t block_values(int64_t fmt) { return is_k_quant(fmt) ? QK_K : QK; }
@@ -164,6 +211,32 @@ inline void q4_k_scale_min(const uint8_t* q, int j, int& sc, int& m) {
 inline int q4_k_code(const BlockQ4_K& b, int j) {
   const uint8_t byte = b.qs[32 * (j / 64) + j % 32];
   return (j / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+}
+
+// Code j (0..255) of a Q5_K super-block, in [0, 31].
+inline int q5_k_code(const BlockQ5_K& b, int j) {
+  const int s = j / 32, l = j % 32;
+  const uint8_t byte = b.qs[32 * (s / 2) + l];
+  return (s % 2 == 0 ? (byte & 0x0F) : (byte >> 4)) | (((b.qh[l] >> s) & 1) << 4);
+}
+
+// The scale of sub-block s (0..7) of an IQ4_XS super-block, in [-32, 31].
+inline int iq4_xs_scale(const BlockIQ4_XS& b, int s) {
+  const int low = (b.scales_l[s / 2] >> (4 * (s % 2))) & 0x0F;
+  const int high = (load_u16(&b.scales_h) >> (2 * s)) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+// The value (kIq4nlValues) of weight j (0..255) of an IQ4_XS super-block.
+inline int iq4_xs_value(const BlockIQ4_XS& b, int j) {
+  const int l = j % 32;
+  const uint8_t byte = b.qs[16 * (j / 32) + l % 16];
+  return kIq4nlValues[l < 16 ? (byte & 0x0F) : (byte >> 4)];
+}
+
+// The value (kIq4nlValues) of weight j (0..31) of an IQ4_NL block.
+inline int iq4_nl_value(const BlockIQ4_NL& b, int j) {
+  return kIq4nlValues[j < QK / 2 ? (b.qs[j] & 0x0F) : (b.qs[j - QK / 2] >> 4)];
 }
 
 // One activation row quantized to 8-bit blocks of 32: codes in [-127, 127], per block the float16-rounded scale

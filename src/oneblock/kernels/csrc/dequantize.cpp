@@ -33,8 +33,36 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
     }
     return;
   }
+  if (fmt == kQ5_K) {
+    for (int64_t b = 0; b < nb; ++b, out += QK_K) {
+      const auto& blk = reinterpret_cast<const BlockQ5_K*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)], dmin = g_half[load_u16(&blk.dmin)];
+      for (int s = 0; s < QK_K / 32; ++s) {
+        int sc, m;
+        q4_k_scale_min(blk.scales, s, sc, m);
+        const float ds = d * static_cast<float>(sc), ms = dmin * static_cast<float>(m);
+        for (int t = 32 * s; t < 32 * s + 32; ++t) out[t] = ds * static_cast<float>(q5_k_code(blk, t)) - ms;
+      }
+    }
+    return;
+  }
+  if (fmt == kIQ4_XS) {
+    for (int64_t b = 0; b < nb; ++b, out += QK_K) {
+      const auto& blk = reinterpret_cast<const BlockIQ4_XS*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      for (int s = 0; s < QK_K / 32; ++s) {
+        const float ds = d * static_cast<float>(iq4_xs_scale(blk, s));
+        for (int t = 32 * s; t < 32 * s + 32; ++t) out[t] = ds * static_cast<float>(iq4_xs_value(blk, t));
+      }
+    }
+    return;
+  }
   for (int64_t b = 0; b < nb; ++b, out += QK) {
-    if (fmt == kQ8_0) {
+    if (fmt == kIQ4_NL) {
+      const auto& blk = reinterpret_cast<const BlockIQ4_NL*>(row)[b];
+      const float d = g_half[load_u16(&blk.d)];
+      for (int j = 0; j < QK; ++j) out[j] = d * static_cast<float>(iq4_nl_value(blk, j));
+    } else if (fmt == kQ8_0) {
       const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
       const float d = g_half[load_u16(&blk.d)];
       for (int j = 0; j < QK; ++j) out[j] = d * static_cast<float>(blk.qs[j]);

@@ -72,6 +72,15 @@ struct Q5_0Codes {
   }
 };
 
+// IQ4_NL: the 4-bit indices looked up in the 16 non-linear values (vpshufb, as ggml's), in [-127, 113].
+struct IQ4_NLCodes {
+  using Block = BlockIQ4_NL;
+  OB_AVX2 static __m256i codes(const Block& w) {
+    const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+    return _mm256_shuffle_epi8(_mm256_set_m128i(values, values), unpack_nibbles(w.qs));
+  }
+};
+
 template <typename Codes>
 struct Signed {
   template <int R, int C>
@@ -231,6 +240,10 @@ void dot_q4_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* 
 void dot_q8_0_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
   tile_dispatch<Signed<Q8_0Codes>::Tile>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_iq4_nl_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                     float* out, int64_t stride) {
+  tile_dispatch<Signed<IQ4_NLCodes>::Tile>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_q4_0_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
