@@ -5,10 +5,11 @@
                                           [--threads N] [--json PATH]
 
 ``make`` (``make bench-models``) builds each shape with random weights through transformers (a Llama-3.2-1B shape:
-C 2048, 16 layers, 32 query and 8 key/value heads, FFN 8192; a Qwen2.5-0.5B shape: C 896, 24 layers, 14/2 heads,
-FFN 4864, q/k/v biases; both with SmolLM2's 49,152-token vocabulary, tied), converts it with llama.cpp's own
-``convert_hf_to_gguf.py`` to F16, and quantizes that with its ``llama-quantize`` to each type, all kept under
-``~/.cache/oneblock/bench-models/<shape>/``. Nothing is downloaded; ``make bench-llamacpp`` builds the tools.
+C 2048, 16 layers, 32 query and 8 key/value heads, FFN 8192, SmolLM2's 49,152-token vocabulary; a Qwen2.5-0.5B
+shape: C 896, 24 layers, 14/2 heads, FFN 4864, q/k/v biases, Qwen2's 151,936-token vocabulary from the sdist; both
+tied), converts it with llama.cpp's own ``convert_hf_to_gguf.py`` to F16, and quantizes that with its
+``llama-quantize`` to each type, all kept under ``~/.cache/oneblock/bench-models/<shape>/``. Nothing is
+downloaded; ``make bench-llamacpp`` builds the tools.
 
 ``run`` decodes each file in interleaved rounds, nothing else running: ``oneblock generate --json`` (greedy, the
 prompt's tokens then ``--new`` tokens) against ``llama-bench -p P -n N`` on the same threads, and in the same
@@ -69,7 +70,8 @@ def make_hf(shape: str, directory: Path) -> None:
     from oneblock.inference.smollm2 import smollm2_gguf_path
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
-    tokenizer = GGUFTokenizer.from_gguf(smollm2_gguf_path())
+    vocabulary = SDIST / "models" / "ggml-vocab-qwen2.gguf" if shape.startswith("qwen") else smollm2_gguf_path()
+    tokenizer = GGUFTokenizer.from_gguf(vocabulary)
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
     config_class, sizes = SHAPES[shape]
     config = getattr(transformers, config_class)(
