@@ -187,3 +187,11 @@ def test_adapter_is_laid_out_as_llama_cpp_reads_it(tmp_path, rslora):
         if base.endswith((".attn_q.weight", ".attn_k.weight")):
             delta = unpermute_rows(delta, 4 if ".attn_q." in base else 2)
         torch.testing.assert_close(delta, module.delta_weight(), atol=1e-6, rtol=1e-5)
+
+
+def test_an_option_no_architecture_states_is_refused_naming_each_architectures_difference(tmp_path):
+    cfg = tiny_llama(tie=True).config.replace(no_rope_every=3)
+    with pytest.raises(ConversionError, match=r"differs: llama \(Llama\): no_rope_every=3 .*smollm3 \(SmolLM3\): "
+                       r"no_rope_every=3 \(llama.cpp's smollm3 skips rotary every 4 layers\)"):  # fmt: skip
+        save_gguf(build_decoder(cfg), tmp_path / "m.gguf")
+    assert not list(tmp_path.iterdir())
