@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +25,9 @@ from oneblock.io.gguf.tokenizer import byte_alphabet
 from oneblock.io.gguf.write import save_gguf
 from oneblock.io.gguf.writer import Entry, typed_metadata
 from oneblock.models.build import build_decoder
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "io" / "gguf"))
+from converter_testing import made  # the random-weight models of tests/io/gguf
 
 LLAMA = ModelConfig(
     vocab_size=258, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=96, max_seq_len=64, norm="rmsnorm",
@@ -180,3 +185,28 @@ def test_the_gguf_writer_refuses_a_fifo(tmp_path):
     with pytest.raises(CheckpointError, match=r"it is a FIFO \(named pipe\), not a regular file"):
         save_gguf(build_decoder(LLAMA).eval(), tmp_path / "pipe", vocabulary=VOCAB)
     assert (tmp_path / "pipe").is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_a_qwen2_directory_becomes_a_qwen2_file_computing_its_logits(tmp_path, capsys):
+    from oneblock.io.hf.convert import from_hf
+
+    source, out = made("qwen2"), tmp_path / "qwen2.gguf"
+    assert main(["convert", "--model", str(source), "--to", "gguf", str(out)]) == 0, capsys.readouterr()
+    layout = read_layout(out)
+    assert layout.metadata["general.architecture"] == "qwen2" and "blk.0.attn_q.bias" in layout.tensors
+    assert layout.metadata["tokenizer.ggml.pre"] == "qwen2"  # Qwen2's digit-by-digit split, as the converter names it
+    ids = torch.randint(0, 151936, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = from_hf(source)(ids)[0], from_gguf(out, dtype=torch.float32)(ids)[0]
+    assert (got - want).abs().max() <= 1e-5 * (want.max() - want.min())
+
+
+def test_a_family_no_gguf_architecture_holds_is_refused_in_one_line(tmp_path, capsys):
+    from oneblock.io.hf.convert import save_hf
+    from oneblock.models.build import build_model
+    from oneblock.presets import get_preset
+
+    save_hf(build_model(get_preset("lesson")), tmp_path / "gpt2")
+    code = main(["convert", str(tmp_path / "gpt2"), str(tmp_path / "o.gguf"), "--to", "gguf"])
+    assert "only Llama-family decoders (llama, qwen2, qwen3" in one_line_error(capsys, code)
+    assert not (tmp_path / "o.gguf").exists()

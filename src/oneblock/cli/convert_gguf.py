@@ -32,7 +32,7 @@ def run(args: argparse.Namespace, src: Path, dst: Path) -> int:
 
     from oneblock.adapters.gguf import save_gguf_adapter
     from oneblock.inference.load import load_model
-    from oneblock.io.gguf.write import save_gguf
+    from oneblock.io.gguf.write import architecture_for, save_gguf
     from oneblock.models.inputs import config_of
 
     _check(args, src, dst)
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace, src: Path, dst: Path) -> int:
         save_gguf_adapter(loaded.model, dst, tensor_type=args.type, name=Path(args.adapter).name)
         what = f"LoRA adapter {args.adapter} -> GGUF adapter"
     else:
+        architecture_for(config_of(loaded.model))  # a model no architecture holds is refused before its tokenizer
         vocabulary = vocabulary_of(src, config_of(loaded.model).vocab_size)
         save_gguf(loaded.model, dst, tensor_type=args.type, vocabulary=vocabulary, name=_name(src, args))
         what = f"{loaded.kind} -> GGUF" + (f" (adapter {args.adapter} merged)" if args.adapter else "")

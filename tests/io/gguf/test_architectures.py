@@ -15,7 +15,9 @@ of 64 and Gemma's window of 24, so the scaled frequencies and the window matter.
   KL divergence at most 1.1x llama.cpp's, top-1 agreement no more than a point lower;
 * cached decoding (the native step, which computes every family's options) equals the full forward, and the
   native step equals the Python step;
-* the file's tokenizer, rebuilt by oneblock, equals transformers' on the directory.
+* the file's tokenizer, rebuilt by oneblock, equals transformers' on the directory;
+* the directory loaded into oneblock and written by ``save_gguf`` is llama.cpp's own F32 conversion again: the
+  same keys and tensors, the model's logits when oneblock reads it back, llama.cpp's logits on its own file.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from oneblock.errors import ConversionError
 from oneblock.inference.fidelity import fidelity, full_logits, stepwise_logits
 from oneblock.inference.generation import generate
 from oneblock.io.gguf.archs import ARCHITECTURES, architecture_of
+from oneblock.io.gguf.layout import read_layout
 from oneblock.io.gguf.load import from_gguf
 from oneblock.io.gguf.tokenizer import GGUFTokenizer
+from oneblock.io.gguf.write import save_gguf
+from oneblock.io.gguf.writer import typed_metadata
 from oneblock.io.hf.convert import from_hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -166,3 +171,61 @@ def test_an_architecture_oneblock_does_not_run_is_refused_naming_those_it_does()
     with pytest.raises(ConversionError, match=r"'mistral3' is not supported; oneblock runs llama .*qwen2 .*phi3"):
         architecture_of({"general.architecture": "mistral3"})
     assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3", "phi3"}
+
+
+@pytest.fixture(scope="module")
+def written(family, tmp_path_factory):
+    """The family's directory loaded into oneblock (float32), written by ``save_gguf`` as F32 with the tokenizer of
+    llama.cpp's conversion, and the loaded model's logits."""
+    name, directory, ids, _ = family
+    model = from_hf(directory)
+    assert next(model.parameters()).dtype == torch.float32
+    path = tmp_path_factory.mktemp("written") / f"{name}.gguf"
+    save_gguf(model, path, vocabulary=typed_metadata(directory / "f32.gguf", ("tokenizer.",)))
+    with torch.no_grad():
+        logits = model(ids)[0]
+    return path, logits
+
+
+def test_a_written_file_reads_back_as_the_model(family, written):
+    path, want = written
+    with torch.no_grad():
+        got = from_gguf(path, dtype=torch.float32)(family[2])[0]
+    assert _spread(got, want) < 1e-5
+
+
+SAME_EXCEPT = {  # keys that legitimately differ from llama.cpp's conversion of the same directory
+    "general.name", "general.finetune", "general.size_label",  # the converter names a file from its directory
+    "oneblock.sha256",  # the digest of its bytes that oneblock writes into every file
+}  # fmt: skip
+FAMILY_EXCEPT = {
+    # Llama files as oneblock wrote them before the other architectures: no quantization version in an F32 file,
+    # and the head width only where it is not C / H (the converter copies transformers' head_dim)
+    "llama3": {"general.quantization_version", "llama.attention.key_length", "llama.attention.value_length"},
+    # oneblock opens a LongRoPE model at its original context (512, the short factors); the converter states 2048
+    "phi3": {"phi3.context_length"},
+}
+
+
+def _values(path) -> tuple[dict, dict]:
+    layout = read_layout(path)
+    plain = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in layout.metadata.items()}
+    return plain, {name: (t.shape, t.ggml_type) for name, t in layout.tensors.items()}
+
+
+def test_a_written_file_has_the_keys_and_tensors_of_llama_cpps_conversion(family, written):
+    name, directory, _, _ = family
+    (ours, our_tensors), (theirs, their_tensors) = _values(written[0]), _values(directory / "f32.gguf")
+    skip = SAME_EXCEPT | FAMILY_EXCEPT.get(name, set())
+    assert {k: v for k, v in ours.items() if k not in skip} == {k: v for k, v in theirs.items() if k not in skip}
+    assert our_tensors == their_tensors
+
+
+def test_llama_cpp_runs_a_written_file_as_its_own_conversion(family, written):
+    llama_cpp_module()
+    name, directory, ids, _ = family
+    window = ids[0, : LLAMA_CPP_SPAN.get(name, 65)].tolist()
+    theirs = llama_cpp_windows(directory / "f32.gguf", [window], stepwise=False)
+    figures = fidelity(theirs, llama_cpp_windows(written[0], [window], stepwise=False))
+    assert figures.kld < 1e-6
+    assert figures.top1 == 1.0

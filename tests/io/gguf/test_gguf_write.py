@@ -217,3 +217,11 @@ def test_a_phi3_adapter_on_stacked_matrices_is_written_per_projection(tmp_path):
             if role in ("q", "k"):
                 delta = unpermute_rows(delta, 3 if role == "q" else 1)
             torch.testing.assert_close(delta, fused.delta_weight()[start:end], atol=1e-6, rtol=1e-5)
+
+
+def test_an_option_no_architecture_states_is_refused_naming_each_architectures_difference(tmp_path):
+    cfg = tiny_llama(tie=True).config.replace(no_rope_every=3)
+    with pytest.raises(ConversionError, match=r"differs: llama \(Llama\): no_rope_every=3 .*smollm3 \(SmolLM3\): "
+                       r"no_rope_every=3 \(llama.cpp's smollm3 skips rotary every 4 layers\)"):  # fmt: skip
+        save_gguf(build_decoder(cfg), tmp_path / "m.gguf")
+    assert not list(tmp_path.iterdir())

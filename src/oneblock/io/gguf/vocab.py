@@ -4,8 +4,8 @@ llama.cpp stores a tokenizer as ``tokenizer.ggml.model = gpt2`` (byte-level BPE)
 (``tokens``), each token's type (``token_type``: 1 normal, 3 control, 4 user-defined), the merges as ``"left
 right"`` strings, ``pre`` naming its word-splitting regex, the special ids, and the chat template. Everything comes
 from ``tokenizer.json`` and ``tokenizer_config.json``; the word-splitting rule is recognised from the
-pre-tokenizer's structure, for the three rules oneblock's reader knows (``gpt2``, ``smollm``, ``llama-bpe``), and
-anything else (SentencePiece, WordPiece, another regex) is refused by name rather than written wrong.
+pre-tokenizer's structure, for the four rules oneblock's reader knows (``gpt2``, ``smollm``, ``llama-bpe``,
+``qwen2``), and anything else (SentencePiece, WordPiece, another regex) is refused by name rather than written wrong.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from oneblock import jsontext
 from oneblock.errors import ConversionError
 from oneblock.io.files import read_bytes
-from oneblock.io.gguf.tokenizer import _LLAMA3_SPLIT
+from oneblock.io.gguf.tokenizer import _LLAMA3_SPLIT, _QWEN2_SPLIT
 from oneblock.io.gguf.writer import Entry
 
 _U32, _I32, _BOOL, _STR, _ARRAY = 4, 5, 7, 8, 9
@@ -33,11 +33,15 @@ def _pre_name(pre: dict[str, Any] | None) -> str:
         return "gpt2"
     if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
         return "smollm"
-    if kinds == ["Split", "ByteLevel"] and steps[0].get("pattern", {}).get("Regex") == _LLAMA3_SPLIT:
+    split = steps[0].get("pattern", {}).get("Regex") if kinds == ["Split", "ByteLevel"] else None
+    if split == _LLAMA3_SPLIT:
         return "llama-bpe"
+    if split == _QWEN2_SPLIT:
+        return "qwen2"
     raise ConversionError(
         f"tokenizer.json splits words with {kinds}, which matches none of the rules oneblock writes for llama.cpp "
-        "(GPT-2's ByteLevel, SmolLM's Digits + ByteLevel, Llama 3's Split + ByteLevel); convert the model with "
+        "(GPT-2's ByteLevel, SmolLM's Digits + ByteLevel, Llama 3's or Qwen2's Split + ByteLevel); convert the "
+        "model with "
         "llama.cpp's convert_hf_to_gguf.py instead"
     )
 

@@ -2,13 +2,18 @@
 
 What the file holds, as llama.cpp's ``convert_hf_to_gguf.py`` writes it:
 
-* ``general.architecture = llama`` and the ``llama.*`` keys of the config (width, depth, heads, RoPE base,
-  RMSNorm epsilon, ...), ``general.file_type`` saying which tensor type dominates;
+* ``general.architecture``: the file's own when the model came from a GGUF file, else the architecture of the
+  Hugging Face family the config fits (``llama``, ``qwen2``, ``qwen3``, ``gemma2``, ``gemma3``, ``granite``,
+  ``smollm3``, ``olmo2``, ``phi3``; :mod:`oneblock.io.gguf.archs`, each module writing what it reads);
+* the ``<arch>.*`` keys of the config (width, depth, heads, RoPE base, RMSNorm epsilon, the architecture's
+  options), ``general.file_type`` saying which tensor type dominates, tensors the options need
+  (``rope_freqs.weight``, ``rope_factors_short.weight``);
 * every tensor under llama.cpp's name (``blocks.3.ffn.w1.weight`` -> ``blk.3.ffn_gate.weight``), the matrices in
   F32, F16 or Q8_0 and the 1-D norms always in F32; a head tied to the embedding is not written (llama.cpp ties
   it when ``output.weight`` is absent);
-* the rows of the query and key projections interleaved back into llama.cpp's order (:func:`permute_rows`, the
-  inverse of :func:`~oneblock.io.gguf.load.unpermute_rows`);
+* for the architectures stored permuted (``llama``, ``granite``, ``smollm3``), the rows of the query and key
+  projections interleaved back into llama.cpp's order (:func:`permute_rows`, the inverse of
+  :func:`~oneblock.io.gguf.load.unpermute_rows`); Phi-3's q/k/v and gate/up stacked;
 * the tokenizer and chat template (``tokenizer.*`` keys) given by the caller, typically copied with their types
   from the source GGUF file (:func:`~oneblock.io.gguf.writer.typed_metadata`).
 
@@ -27,6 +32,8 @@ from torch import Tensor, nn
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConversionError
+from oneblock.io.gguf.archs import ARCHITECTURES
+from oneblock.io.gguf.archs.base import Architecture, Written
 from oneblock.io.gguf.load import _BLOCK_NAMES, _GLOBAL_NAMES
 from oneblock.io.gguf.writer import Entry, TensorData, write_gguf
 from oneblock.models.inputs import config_of
@@ -34,7 +41,7 @@ from oneblock.models.inputs import config_of
 # --type -> (GGMLQuantizationType id of the matrices, llama.cpp's LlamaFileType id for general.file_type)
 TENSOR_TYPES: dict[str, tuple[int, int]] = {"f32": (0, 0), "f16": (1, 1), "q8_0": (8, 7)}
 _Q8_0_BLOCK = 32  # weights per Q8_0 block: a row must hold whole blocks
-_U32, _F32, _STR = 4, 6, 8
+_U32, _STR = 4, 8
 
 _GGUF_GLOBAL = {ours: theirs for theirs, ours in _GLOBAL_NAMES.items()}
 _GGUF_BLOCK = {ours: theirs for theirs, ours in _BLOCK_NAMES.items()}
@@ -53,6 +60,8 @@ def permute_rows(weight: Tensor, n_heads: int) -> Tensor:
     Returns:
         (H * Dh, ...) in llama.cpp's order.
     """
+    if weight.ndim == 1:  # a bias: its rows are single values
+        return permute_rows(weight.view(-1, 1), n_heads).view(-1)
     rows, width = weight.shape
     half = rows // n_heads // 2
     w = weight.reshape(n_heads, 2, half, width)  # (H, 2, Dh/2, C): first halves, then second halves
@@ -96,29 +105,66 @@ def check_llama(cfg: ModelConfig) -> None:
         )
 
 
-def llama_metadata(cfg: ModelConfig, tensor_type: str, name: str | None = None) -> list[Entry]:
-    """The ``general.*`` and ``llama.*`` keys of a config, typed as llama.cpp reads them."""
+_WRITTEN = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3", "phi3")  # tried in order
+
+
+def fit(arch: Architecture, cfg: ModelConfig) -> tuple[Written, list[str]]:
+    """What ``arch`` writes of ``cfg``, and why it cannot (empty when it can): the differences from its Hugging
+    Face family (rotary scaling aside: each architecture states or refuses it itself) and its own refusals."""
+    from oneblock.io.hf.families import FAMILIES
+
+    if arch.write is None:
+        raise ConversionError(f"oneblock does not write GGUF architecture {arch.name!r}")
+    written = arch.write(cfg)
+    problems = FAMILIES[arch.hf_type].mismatches(cfg.replace(rope_scaling={}))
+    if cfg.bias:
+        problems.append("bias=True (oneblock writes GGUF files without biases on every linear layer)")
+    return written, [*problems, *written.problems]
+
+
+def architecture_for(cfg: ModelConfig) -> tuple[Architecture, Written]:
+    """The GGUF architecture ``cfg`` is written as: the one it was read from, else that of the Hugging Face family
+    it came from, else the first that holds it; and what that architecture writes of it.
+
+    Raises:
+        ConversionError: naming what differs from each architecture tried.
+    """
+    from oneblock.io.hf.families import FAMILIES
+
+    hf_types = {ARCHITECTURES[name].hf_type: name for name in _WRITTEN}
+    known = cfg.extra.get("gguf_architecture") or hf_types.get(str(cfg.extra.get("hf_model_type")))
+    reasons = {}
+    for name in [known] if known in _WRITTEN else _WRITTEN:
+        arch = ARCHITECTURES[name]
+        written, problems = fit(arch, cfg)
+        if not problems:
+            return arch, written
+        reasons[f"{name} ({FAMILIES[arch.hf_type].FAMILY})"] = problems
+    listed = "; ".join(f"{name}: {', '.join(diff)}" for name, diff in reasons.items())
+    raise ConversionError(
+        f"only Llama-family decoders ({', '.join(_WRITTEN)}) can be written as GGUF; this model differs: {listed}"
+    )
+
+
+def gguf_metadata(
+    arch: Architecture, written: Written, tensor_type: str, name: str | None, cfg: ModelConfig
+) -> list[Entry]:
+    """The ``general.*`` keys and the architecture's, typed as llama.cpp reads them."""
     entries = [
         Entry("general.type", "model", _STR),
         Entry("general.name", name or str(cfg.extra.get("name") or "oneblock"), _STR),
         Entry("general.file_type", TENSOR_TYPES[tensor_type][1], _U32),
-        Entry("llama.vocab_size", cfg.vocab_size, _U32),
-        Entry("llama.context_length", cfg.max_seq_len, _U32),
-        Entry("llama.embedding_length", cfg.d_model, _U32),
-        Entry("llama.block_count", cfg.n_layers, _U32),
-        Entry("llama.feed_forward_length", cfg.d_ff, _U32),
-        Entry("llama.attention.head_count", cfg.n_heads, _U32),
-        Entry("llama.attention.head_count_kv", cfg.n_kv_heads, _U32),
-        Entry("llama.attention.layer_norm_rms_epsilon", float(cfg.norm_eps), _F32),
-        Entry("llama.rope.freq_base", float(cfg.rope_theta), _F32),
-        Entry("llama.rope.dimension_count", cfg.d_head, _U32),
+        *written.metadata,
     ]
-    if cfg.d_head * cfg.n_heads != cfg.d_model:  # llama.cpp assumes d_model / H unless told
-        entries += [Entry("llama.attention.key_length", cfg.d_head, _U32)]
-        entries += [Entry("llama.attention.value_length", cfg.d_head, _U32)]
-    if tensor_type == "q8_0":
+    if tensor_type == "q8_0" or arch.name != "llama":  # the converter always states it; llama files of old did not
         entries.append(Entry("general.quantization_version", 2, _U32))
     return entries
+
+
+def llama_metadata(cfg: ModelConfig, tensor_type: str, name: str | None = None) -> list[Entry]:
+    """The ``general.*`` and ``llama.*`` keys of a config, typed as llama.cpp reads them."""
+    arch = ARCHITECTURES["llama"]
+    return gguf_metadata(arch, fit(arch, cfg)[0], tensor_type, name, cfg)
 
 
 def encode_tensor(name: str, weight: Tensor, tensor_type: str) -> TensorData:
@@ -145,8 +191,8 @@ def save_gguf(
     """Write a Llama-family oneblock model as a GGUF file that llama.cpp (and ``oneblock.load_model``) reads.
 
     Args:
-        model: a float ``Decoder`` whose config fits Llama (load a GGUF file with ``dtype=torch.float32``; merge
-            LoRA adapters first).
+        model: a float ``Decoder`` whose config fits one of the architectures (:func:`architecture_for`; load a
+            GGUF file with ``dtype=torch.float32``; merge LoRA adapters first).
         path: the ``.gguf`` file to write, atomically.
         tensor_type: ``"f32"`` (read back bit-equal), ``"f16"`` or ``"q8_0"`` for the matrices; norms stay F32.
         vocabulary: the ``tokenizer.*`` entries (see ``typed_metadata``); without them llama.cpp cannot run the
@@ -157,18 +203,18 @@ def save_gguf(
         ``path``.
 
     Raises:
-        ConversionError: an unknown ``tensor_type``, a config that is not Llama, 4-bit or unmerged-adapter layers,
+        ConversionError: an unknown ``tensor_type``, a config no architecture holds, 4-bit or unmerged-adapter layers,
             or vocabulary entries that are not ``tokenizer.*`` keys.
         CheckpointError: the file cannot be written (the previous one, if any, is intact).
     """
     if tensor_type not in TENSOR_TYPES:
         raise ConversionError(f"GGUF tensor type {tensor_type!r} is not supported; choose one of {list(TENSOR_TYPES)}")
     cfg = config_of(model)
-    check_llama(cfg)
+    arch, written = architecture_for(cfg)
     wrong = [e.key for e in vocabulary if not e.key.startswith("tokenizer.")]
     if wrong:
         raise ConversionError(f"vocabulary entries must be tokenizer.* keys; got {wrong[:4]}")
-    tensors = []
+    tensors = dict(written.tensors)
     for ours, weight in model.state_dict().items():
         if cfg.tie_embeddings and ours == "lm_head.weight":
             continue  # llama.cpp ties the head to token_embd.weight when output.weight is absent
@@ -178,10 +224,13 @@ def save_gguf(
                 f"{ours} holds {weight.dtype} values (a 4-bit layer): load the model with dtype=torch.float32 to "
                 "write it as GGUF"
             )
-        if theirs.endswith(".attn_q.weight"):
+        if arch.permuted and ".attn_q." in theirs:
             weight = permute_rows(weight, cfg.n_heads)
-        elif theirs.endswith(".attn_k.weight"):
+        elif arch.permuted and ".attn_k." in theirs:
             weight = permute_rows(weight, cfg.n_kv_heads)
-        tensors.append(encode_tensor(theirs, weight, tensor_type))
-    metadata = [*llama_metadata(cfg, tensor_type, name), *vocabulary]
-    return write_gguf(path, arch="llama", metadata=metadata, tensors=tensors, what="GGUF model")
+        tensors[theirs] = weight
+    if arch.stack is not None:
+        tensors = arch.stack(cfg, tensors)
+    encoded = [encode_tensor(theirs, weight, tensor_type) for theirs, weight in tensors.items()]
+    metadata = [*gguf_metadata(arch, written, tensor_type, name, cfg), *vocabulary]
+    return write_gguf(path, arch=arch.name, metadata=metadata, tensors=encoded, what="GGUF model")

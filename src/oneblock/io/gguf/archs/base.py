@@ -4,6 +4,8 @@ Every architecture oneblock opens from a GGUF file is the Llama block with optio
 ``qkv_bias``, ``qk_norm``, ``rope_scaling``, ...). An :class:`Architecture` names them: the file's
 ``general.architecture``, whether the converter permuted the query and key rows (only the ``llama`` layout does),
 which tensors feed the config rather than the model, and a function reading the architecture's own options.
+Writing is the inverse (:mod:`oneblock.io.gguf.archs.writing`): each architecture also names the Hugging Face
+family whose configs it holds and a function turning a config's options back into its keys and tensors.
 """
 
 from __future__ import annotations
@@ -12,11 +14,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torch import Tensor
+
 from oneblock.config import ModelConfig
 from oneblock.errors import ConfigError, ConversionError
 from oneblock.io.gguf.layout import GGUFLayout
+from oneblock.io.gguf.writer import Entry
 
 Split = Callable[[GGUFLayout, ModelConfig], GGUFLayout]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a config's options add to a file: metadata entries beyond the shared sizes, tensors beyond the
+    model's weights (``rope_freqs.weight``), and the refusals of options the architecture cannot state."""
+
+    metadata: list[Entry]
+    tensors: dict[str, Tensor]
+    problems: list[str]
+
+
+Write = Callable[[ModelConfig], Written]
+Stack = Callable[[ModelConfig, dict[str, Tensor]], dict[str, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -31,6 +50,9 @@ class Architecture:
         options: the ``ModelConfig`` fields the file sets beyond the Llama block, read from the layout.
         consumed: tensors read into the config (``rope_freqs.weight``), not loaded as weights.
         split: cuts a file's stacked matrices into the usual records (Phi-3's ``attn_qkv``), or ``None``.
+        hf_type: the Hugging Face ``model_type`` whose configs this architecture holds (its ``mismatches``).
+        write: the keys and tensors of a config's options, as llama.cpp's converter writes them.
+        stack: the inverse of ``split`` on GGUF-named float tensors, or ``None``.
     """
 
     name: str
@@ -39,6 +61,9 @@ class Architecture:
     options: Callable[[GGUFLayout], dict[str, Any]]
     consumed: tuple[str, ...] = ()
     split: Split | None = None
+    hf_type: str = ""
+    write: Write | None = None
+    stack: Stack | None = None
 
 
 def need(metadata: dict[str, Any], key: str) -> Any:

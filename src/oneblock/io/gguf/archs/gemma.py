@@ -14,8 +14,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from oneblock.config import ModelConfig
 from oneblock.errors import ConversionError
-from oneblock.io.gguf.archs.base import Architecture, linear_scaling, need
+from oneblock.io.gguf.archs.base import Architecture, Written, linear_scaling, need
+from oneblock.io.gguf.archs.writing import default_scale, f32, joined, linear_rope, sizes, u32
 from oneblock.io.gguf.layout import GGUFLayout
 
 _LAYERS_27B = {"gemma2": 46, "gemma3": 62}
@@ -66,5 +68,39 @@ def _gemma3(layout: GGUFLayout) -> dict[str, Any]:
     return options
 
 
-GEMMA2 = Architecture("gemma2", "Gemma 2", permuted=False, options=_gemma2)
-GEMMA3 = Architecture("gemma3", "Gemma 3", permuted=False, options=_gemma3)
+_PERIOD = {"gemma2": 2, "gemma3": 6}  # llama.cpp's swa pattern, which its converter does not write
+
+
+def _write_gemma(name: str, cfg: ModelConfig, *, freq_base: bool) -> Written:
+    """The sizes, the query scale as the reader infers it, the window's period as llama.cpp fixes it."""
+    keys = sizes(name, cfg, vocab=False, rope_dims=False, head_width=True, freq_base=freq_base)
+    scale = 1 / math.sqrt(cfg.d_model // cfg.n_heads if cfg.n_layers == _LAYERS_27B[name] else cfg.d_head)
+    problems = default_scale(name, cfg, scale)
+    if cfg.sliding_window is not None:
+        keys.append(u32(f"{name}.attention.sliding_window", cfg.sliding_window))
+        if cfg.global_every != _PERIOD[name]:
+            problems.append(f"global_every={cfg.global_every} (llama.cpp's {name} has a global layer every "
+                            f"{_PERIOD[name]})")  # fmt: skip
+    return joined(Written(keys, {}, problems), linear_rope(name, cfg))
+
+
+def _write_gemma2(cfg: ModelConfig) -> Written:
+    out = _write_gemma("gemma2", cfg, freq_base=cfg.rope_theta != 10000.0)  # the converter leaves the default out
+    caps = [f32("gemma2.attn_logit_softcapping", cfg.attn_softcap or 0.0),
+            f32("gemma2.final_logit_softcapping", cfg.logit_softcap or 0.0)]  # fmt: skip
+    problems = [f"{field}=None (llama.cpp's gemma2 always soft-caps)" for field in ("attn_softcap", "logit_softcap",
+                "sliding_window") if getattr(cfg, field) is None]  # fmt: skip
+    return joined(Written(caps, {}, problems), out)
+
+
+def _write_gemma3(cfg: ModelConfig) -> Written:
+    out = _write_gemma("gemma3", cfg, freq_base=True)
+    keys = [] if cfg.rope_local_theta is None else [f32("gemma3.rope.freq_base_swa", cfg.rope_local_theta)]
+    if cfg.logit_softcap:
+        keys.append(f32("gemma3.final_logit_softcapping", cfg.logit_softcap))
+    return joined(out, Written(keys, {}, []))
+
+
+GEMMA2 = Architecture("gemma2", "Gemma 2", permuted=False, options=_gemma2, hf_type="gemma2", write=_write_gemma2)
+GEMMA3 = Architecture("gemma3", "Gemma 3", permuted=False, options=_gemma3, hf_type="gemma3_text",
+                      write=_write_gemma3)  # fmt: skip

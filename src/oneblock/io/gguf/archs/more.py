@@ -10,19 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from oneblock.io.gguf.archs.base import Architecture, linear_scaling
+from oneblock.config import ModelConfig
+from oneblock.io.gguf.archs.base import Architecture, Written, linear_scaling
+from oneblock.io.gguf.archs.writing import default_scale, f32, joined, linear_rope, plain, sizes
 from oneblock.io.gguf.layout import GGUFLayout
 
 SMOLLM3_NO_ROPE_EVERY = 4  # llama.cpp's n_no_rope_layer_step
+_GRANITE_SCALARS = (
+    ("attention.scale", "attn_scale"), ("embedding_scale", "embedding_multiplier"),
+    ("residual_scale", "residual_multiplier"), ("logit_scale", "logits_scaling"),
+)  # fmt: skip
 
 
 def _granite(layout: GGUFLayout) -> dict[str, Any]:
     metadata = layout.metadata
     options: dict[str, Any] = {"rope_scaling": linear_scaling("granite", metadata)}
-    for key, field in (
-        ("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
-        ("logit_scale", "logits_scaling"), ("attention.scale", "attn_scale"),
-    ):  # fmt: skip
+    for key, field in _GRANITE_SCALARS:
         value = metadata.get(f"granite.{key}")
         if value:
             options[field] = float(value)
@@ -40,6 +43,24 @@ def _olmo2(layout: GGUFLayout) -> dict[str, Any]:
     }  # fmt: skip
 
 
-GRANITE = Architecture("granite", "Granite 3", permuted=True, options=_granite)
-SMOLLM3 = Architecture("smollm3", "SmolLM3", permuted=True, options=_smollm3)
-OLMO2 = Architecture("olmo2", "OLMo 2", permuted=False, options=_olmo2)
+def _write_granite(cfg: ModelConfig) -> Written:
+    keys = sizes("granite", cfg, vocab=True, rope_dims=True, head_width=False)
+    scalars = [f32(f"granite.{key}", getattr(cfg, field)) for key, field in _GRANITE_SCALARS if getattr(cfg, field)]
+    problems = [] if cfg.attn_scale is not None else ["attn_scale=None (Granite states attention.scale)"]
+    return joined(Written([*keys, *scalars], {}, problems), linear_rope("granite", cfg))
+
+
+def _write_smollm3(cfg: ModelConfig) -> Written:
+    keys = sizes("smollm3", cfg, vocab=True, rope_dims=True, head_width=False)
+    problems = default_scale("smollm3", cfg)
+    if cfg.no_rope_every != SMOLLM3_NO_ROPE_EVERY:
+        problems.append(f"no_rope_every={cfg.no_rope_every} (llama.cpp's smollm3 skips rotary every "
+                        f"{SMOLLM3_NO_ROPE_EVERY} layers)")  # fmt: skip
+    return joined(Written(keys, {}, problems), linear_rope("smollm3", cfg))
+
+
+GRANITE = Architecture("granite", "Granite 3", permuted=True, options=_granite, hf_type="granite",
+                       write=_write_granite)  # fmt: skip
+SMOLLM3 = Architecture("smollm3", "SmolLM3", permuted=True, options=_smollm3, hf_type="smollm3",
+                       write=_write_smollm3)  # fmt: skip
+OLMO2 = Architecture("olmo2", "OLMo 2", permuted=False, options=_olmo2, hf_type="olmo2", write=plain("olmo2"))

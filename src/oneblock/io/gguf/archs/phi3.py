@@ -13,11 +13,16 @@ transformers (llama.cpp turns it off).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
+
+import torch
+from torch import Tensor
 
 from oneblock.config import ModelConfig
 from oneblock.errors import ConversionError
-from oneblock.io.gguf.archs.base import Architecture, need
+from oneblock.io.gguf.archs.base import Architecture, Written, need
+from oneblock.io.gguf.archs.writing import default_scale, f32, sizes, u32
 from oneblock.io.gguf.dequant import dequantize
 from oneblock.io.gguf.layout import GGUFLayout, TensorRecord
 
@@ -70,5 +75,42 @@ def _split(layout: GGUFLayout, cfg: ModelConfig) -> GGUFLayout:
     return dataclasses.replace(layout, tensors=tensors)
 
 
+def _write(cfg: ModelConfig) -> Written:
+    """The file llama.cpp's converter writes, at the context oneblock opened: LongRoPE's short factors stand for the
+    long ones too (llama.cpp picks the short ones within the original context, which is all a model holds here)."""
+    keys = sizes("phi3", cfg, vocab=False, rope_dims=True, head_width=False)
+    tensors: dict[str, Tensor] = {}
+    problems = default_scale("phi3", cfg)
+    kind = cfg.rope_scaling.get("type")
+    if kind == "longrope":
+        factors = torch.tensor(cfg.rope_scaling["factors"], dtype=torch.float32)
+        tensors = {LONG: factors, SHORT: factors.clone()}
+        keys += [f32("phi3.rope.scaling.attn_factor", cfg.rope_scaling.get("attention_factor", 1.0)),
+                 u32("phi3.rope.scaling.original_context_length", cfg.max_seq_len)]  # fmt: skip
+    elif kind is not None:
+        problems.append(f"rope_scaling of type {kind!r} (phi3 files state LongRoPE or plain rotary)")
+    if cfg.sliding_window is not None:
+        keys.append(u32("phi3.attention.sliding_window", cfg.sliding_window))
+        if cfg.global_every <= cfg.n_layers:
+            problems.append(f"global_every={cfg.global_every} (Phi-3's window applies to every layer)")
+    return Written(keys, tensors, problems)
+
+
+_BLOCK = re.compile(r"(blk\.\d+)\.attn_q\.weight")
+
+
+def _stack(cfg: ModelConfig, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The inverse of :func:`_split`: q, k, v rows stacked into ``attn_qkv``, gate and up into ``ffn_up``."""
+    out = dict(tensors)
+    for name in tensors:
+        match = _BLOCK.fullmatch(name)
+        if match:
+            b = match.group(1)
+            qkv = [out.pop(f"{b}.attn_{part}.weight") for part in "qkv"]
+            out[f"{b}.attn_qkv.weight"] = torch.cat(qkv)  # (q + 2 kv, C)
+            out[f"{b}.ffn_up.weight"] = torch.cat([out.pop(f"{b}.ffn_gate.weight"), out.pop(f"{b}.ffn_up.weight")])
+    return out
+
+
 ARCH = Architecture("phi3", "Phi-3, Phi-3.5, Phi-4-mini", permuted=False, options=_options, consumed=(SHORT, LONG),
-                    split=_split)  # fmt: skip
+                    split=_split, hf_type="phi3", write=_write, stack=_stack)  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from oneblock.io.gguf.archs.base import Architecture, linear_scaling
+from oneblock.io.gguf.archs.writing import plain
 from oneblock.io.gguf.layout import GGUFLayout
 
 
@@ -16,4 +17,5 @@ def _options(layout: GGUFLayout) -> dict[str, Any]:
     }
 
 
-ARCH = Architecture("qwen3", "Qwen3", permuted=False, options=_options)
+ARCH = Architecture("qwen3", "Qwen3", permuted=False, options=_options, hf_type="qwen3",
+                    write=plain("qwen3", head_width=True))  # fmt: skip
