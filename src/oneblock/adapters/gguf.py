@@ -2,15 +2,18 @@
 
 The layout is that of llama.cpp's ``convert_lora_to_gguf.py``:
 
-* metadata ``general.type = adapter``, ``general.architecture = llama`` (llama.cpp refuses an adapter whose
-  architecture differs from the model's), ``adapter.type = lora`` and ``adapter.lora.alpha`` (float32);
+* metadata ``general.type = adapter``, ``general.architecture`` the one the base model is written as
+  (:func:`~oneblock.io.gguf.write.architecture_for`; llama.cpp refuses an adapter whose architecture differs from
+  the model's), ``adapter.type = lora`` and ``adapter.lora.alpha`` (float32);
 * per adapted matrix, two tensors named after the base weight: ``blk.{i}.attn_q.weight.lora_a``, A (r, in) in
   PyTorch's row-major shape (GGUF dimensions (in, r)), and ``.lora_b``, B (out, r);
-* the rows of B for the query and key projections interleaved as llama.cpp stores ``W_q`` and ``W_k``
-  (:func:`~oneblock.io.gguf.write.permute_rows`): the update ``B A`` then lands on the same rows as in the
-  oneblock model. A (the input side) is unchanged;
-* an adapter on a stacked matrix (Phi-3's ``qkv_proj`` and ``gate_up_proj``) as one adapter per projection, A
-  shared and B split by rows.
+* in the ``llama`` layout, the rows of B for the query and key projections interleaved as llama.cpp stores
+  ``W_q`` and ``W_k`` (:func:`~oneblock.io.gguf.write.permute_rows`): the update ``B A`` then lands on the same
+  rows as in the oneblock model. A (the input side) is unchanged;
+* an architecture that stacks matrices (Phi-3's ``attn_qkv`` and ``ffn_up``) gets one adapter per stacked matrix:
+  peft's adapter on ``qkv_proj`` as it is (A shared, B stacked), separate adapters on the parts as A stacked and B
+  block-diagonal (rank the sum of theirs), B scaled so that llama.cpp's ``alpha / rank`` gives each part its own
+  update; an architecture that keeps them apart gets a stacked adapter as one per part, A shared and B split.
 
 llama.cpp scales the update by ``alpha / r`` (with ``r`` read from the tensors), so an rsLoRA adapter
 (``alpha / sqrt(r)``) is written with ``alpha' = scale * r``: the same update, in the only form llama.cpp reads.
@@ -28,7 +31,8 @@ from oneblock.adapters.apply import lora_modules
 from oneblock.adapters.lora import LoraLinear
 from oneblock.config import ModelConfig
 from oneblock.errors import ConversionError
-from oneblock.io.gguf.write import check_llama, encode_tensor, gguf_name, permute_rows
+from oneblock.io.gguf.archs.base import Architecture
+from oneblock.io.gguf.write import architecture_for, encode_tensor, gguf_name, permute_rows
 from oneblock.io.gguf.writer import Entry, TensorData, write_gguf
 from oneblock.layers.quantized import BlockLinear
 from oneblock.models.inputs import config_of
@@ -53,7 +57,9 @@ def adapter_tensors(model: nn.Module, tensor_type: str = "f32") -> tuple[float, 
         raise ConversionError(
             f"llama.cpp reads one alpha per adapter file; these adapters have the scale * rank values {sorted(alphas)}"
         )
-    tensors = []
+    arch, _ = architecture_for(cfg)
+    alpha = float(max(alphas))
+    pairs: dict[str, tuple[Tensor, Tensor]] = {}  # llama.cpp's name of the base weight -> (A, B)
     for ours, module in modules.items():
         if module.merged:
             raise ConversionError(f"the adapter on {ours} is merged into its base; unmerge_lora(model) first")
@@ -64,16 +70,49 @@ def adapter_tensors(model: nn.Module, tensor_type: str = "f32") -> tuple[float, 
             )
         for name, a, b in _projections(ours, module, cfg):
             theirs = gguf_name(f"{name}.weight")
-            if theirs.endswith(".attn_q.weight"):
+            if arch.permuted and theirs.endswith(".attn_q.weight"):
                 b = permute_rows(b, cfg.n_heads)
-            elif theirs.endswith(".attn_k.weight"):
+            elif arch.permuted and theirs.endswith(".attn_k.weight"):
                 b = permute_rows(b, cfg.n_kv_heads)
-            # encode_tensor keeps a matrix F32 or makes it F16; no LoRA tensor is quantized
-            tensors += [
-                encode_tensor(f"{theirs}.lora_a", a, tensor_type),
-                encode_tensor(f"{theirs}.lora_b", b, tensor_type),
-            ]
-    return float(max(alphas)), tensors
+            pairs[theirs] = (a, b)
+    if arch.stacked:
+        pairs = _stacked(arch, cfg, pairs)
+    # encode_tensor keeps a matrix F32 or makes it F16; no LoRA tensor is quantized
+    tensors = [encode_tensor(f"{theirs}.lora_{x}", t, tensor_type)
+               for theirs, ab in pairs.items() for x, t in zip("ab", ab, strict=True)]  # fmt: skip
+    return alpha, tensors
+
+
+def _stacked(
+    arch: Architecture, cfg: ModelConfig, pairs: dict[str, tuple[Tensor, Tensor]]
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """The adapters of an architecture's stacked matrices: per stacked matrix one (A, B) whose update ``alpha / R *
+    B A`` (R the rows of A, as llama.cpp reads it) is, on each part's rows, that part's ``alpha / r * B_p A_p`` (a
+    part without an adapter: zero). Parts sharing one A (peft's adapter on the stacked matrix) keep it."""
+    out = dict(pairs)
+    rows = {"attn_q": cfg.n_heads * cfg.d_head, "attn_k": cfg.n_kv_heads * cfg.d_head,
+            "attn_v": cfg.n_kv_heads * cfg.d_head, "ffn_gate": cfg.d_ff, "ffn_up": cfg.d_ff}  # fmt: skip
+    for i in range(cfg.n_layers):
+        for whole, parts in arch.stacked:
+            names = [f"blk.{i}.{part}.weight" for part in parts]
+            found = [out.pop(name, None) for name in names]
+            if all(f is None for f in found):
+                continue
+            present = [f for f in found if f is not None]
+            if len(present) == len(parts) and all(f[0] is present[0][0] for f in present):
+                a, b = present[0][0], torch.cat([f[1] for f in present])  # one A: peft's stacked adapter
+            else:
+                a = torch.cat([f[0] for f in present])  # (R, C): each part's A in turn
+                b = torch.zeros(sum(rows[part] for part in parts), a.shape[0])
+                row = col = 0
+                for part, f in zip(parts, found, strict=True):
+                    if f is not None:
+                        r = f[0].shape[0]
+                        b[row : row + rows[part], col : col + r] = f[1] * (a.shape[0] / r)
+                        col += r
+                    row += rows[part]
+            out[f"blk.{i}.{whole}.weight"] = (a, b)
+    return out
 
 
 def _projections(ours: str, module: LoraLinear, cfg: ModelConfig) -> list[tuple[str, Tensor, Tensor]]:
@@ -98,7 +137,8 @@ def _projections(ours: str, module: LoraLinear, cfg: ModelConfig) -> list[tuple[
 def save_gguf_adapter(
     model: nn.Module, path: str | os.PathLike[str], *, tensor_type: str = "f32", name: str | None = None
 ) -> Path:
-    """Write the LoRA adapters of a Llama-family ``model`` as a GGUF adapter for llama.cpp.
+    """Write the LoRA adapters of ``model`` as a GGUF adapter for llama.cpp, laid out for the architecture its base
+    is written as (``save_gguf``).
 
     Args:
         model: a oneblock model with unmerged adapters (``load_adapter`` or ``apply_lora``) on a float base.
@@ -110,14 +150,14 @@ def save_gguf_adapter(
         ``path``.
 
     Raises:
-        ConversionError: see ``adapter_tensors``; a base that is not Llama; an unknown ``tensor_type``.
+        ConversionError: see ``adapter_tensors``; a base no GGUF architecture holds; an unknown ``tensor_type``.
         CheckpointError: the file cannot be written (the previous one, if any, is intact).
     """
     if tensor_type not in ADAPTER_TYPES:
         raise ConversionError(
             f"GGUF adapter tensor type {tensor_type!r} is not supported; choose one of {ADAPTER_TYPES}"
         )
-    check_llama(config_of(model))
+    arch, _ = architecture_for(config_of(model))
     alpha, tensors = adapter_tensors(model, tensor_type)
     metadata = [
         Entry("general.type", "adapter", _STR),
@@ -125,7 +165,7 @@ def save_gguf_adapter(
         Entry("adapter.type", "lora", _STR),
         Entry("adapter.lora.alpha", alpha, _F32),
     ]
-    return write_gguf(path, arch="llama", metadata=metadata, tensors=tensors, what="GGUF LoRA adapter")
+    return write_gguf(path, arch=arch.name, metadata=metadata, tensors=tensors, what="GGUF LoRA adapter")
 
 
 def lora_delta(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -27,6 +27,9 @@ import torch
 from converter_testing import FAMILIES, made
 from llamacpp_testing import llama_cpp_module, llama_cpp_windows
 
+from oneblock.adapters.apply import apply_lora, lora_modules
+from oneblock.adapters.gguf import save_gguf_adapter
+from oneblock.adapters.lora import LoraConfig
 from oneblock.errors import ConversionError
 from oneblock.inference.fidelity import fidelity, full_logits, stepwise_logits
 from oneblock.inference.generation import generate
@@ -227,5 +230,39 @@ def test_llama_cpp_runs_a_written_file_as_its_own_conversion(family, written):
     window = ids[0, : LLAMA_CPP_SPAN.get(name, 65)].tolist()
     theirs = llama_cpp_windows(directory / "f32.gguf", [window], stepwise=False)
     figures = fidelity(theirs, llama_cpp_windows(written[0], [window], stepwise=False))
+    assert figures.kld < 1e-6
+    assert figures.top1 == 1.0
+
+
+def _adapted(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """``model`` with an all-linear LoRA adapter whose B is random (an initial adapter changes nothing)."""
+    apply_lora(model, LoraConfig(rank=3, alpha=6.0, targets=("all-linear",)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in lora_modules(model).values():
+            module.lora_B.weight.copy_(0.2 * torch.randn(module.lora_B.weight.shape, generator=gen))
+    return model.eval()
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_llama_cpp_applies_a_written_adapter_as_oneblock_does(family, written, source, tmp_path):
+    """An adapter on the directory's model (Phi-3: peft's on the stacked matrices) or on the file's (Phi-3: one per
+    part), written by ``save_gguf_adapter`` for the architecture the base is written as, over the written base in
+    llama.cpp: oneblock's logits with the adapter."""
+    llama_cpp_module()
+    name, directory, ids, _ = family
+    base = from_hf(directory) if source == "hf" else from_gguf(directory / "f32.gguf", dtype=torch.float32)
+    model = _adapted(base, seed=3)
+    adapter = save_gguf_adapter(model, tmp_path / "adapter.gguf")
+    assert (
+        read_layout(adapter).metadata["general.architecture"]
+        == read_layout(written[0]).metadata["general.architecture"]
+    )
+    window = ids[0, : LLAMA_CPP_SPAN.get(name, 65)].tolist()
+    with torch.no_grad():
+        ours = full_logits(model, window)
+        plain = full_logits(from_hf(directory), window)
+    assert _spread(ours, plain) > 1e-3  # the adapter changes the logits
+    figures = fidelity([ours], llama_cpp_windows(written[0], [window], stepwise=False, lora_path=adapter))
     assert figures.kld < 1e-6
     assert figures.top1 == 1.0

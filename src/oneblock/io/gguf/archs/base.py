@@ -53,6 +53,8 @@ class Architecture:
         hf_type: the Hugging Face ``model_type`` whose configs this architecture holds (its ``mismatches``).
         write: the keys and tensors of a config's options, as llama.cpp's converter writes them.
         stack: the inverse of ``split`` on GGUF-named float tensors, or ``None``.
+        stacked: the stacked matrices ``stack`` makes, each from its parts in row order (``("attn_qkv",
+            ("attn_q", "attn_k", "attn_v"))``): what a LoRA adapter for the file must adapt whole.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Architecture:
     hf_type: str = ""
     write: Write | None = None
     stack: Stack | None = None
+    stacked: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def need(metadata: dict[str, Any], key: str) -> Any:

@@ -99,6 +99,10 @@ def _write(cfg: ModelConfig) -> Written:
 _BLOCK = re.compile(r"(blk\.\d+)\.attn_q\.weight")
 
 
+STACKED = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("ffn_up", ("ffn_gate", "ffn_up")))
+"""The stacked matrices and their parts, in row order: (q + 2 kv, C) and (2 d_ff, C)."""
+
+
 def _stack(cfg: ModelConfig, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """The inverse of :func:`_split`: q, k, v rows stacked into ``attn_qkv``, gate and up into ``ffn_up``."""
     out = dict(tensors)
@@ -106,11 +110,10 @@ def _stack(cfg: ModelConfig, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         match = _BLOCK.fullmatch(name)
         if match:
             b = match.group(1)
-            qkv = [out.pop(f"{b}.attn_{part}.weight") for part in "qkv"]
-            out[f"{b}.attn_qkv.weight"] = torch.cat(qkv)  # (q + 2 kv, C)
-            out[f"{b}.ffn_up.weight"] = torch.cat([out.pop(f"{b}.ffn_gate.weight"), out.pop(f"{b}.ffn_up.weight")])
+            for whole, parts in STACKED:
+                out[f"{b}.{whole}.weight"] = torch.cat([out.pop(f"{b}.{part}.weight") for part in parts])
     return out
 
 
 ARCH = Architecture("phi3", "Phi-3, Phi-3.5, Phi-4-mini", permuted=False, options=_options, consumed=(SHORT, LONG),
-                    split=_split, hf_type="phi3", write=_write, stack=_stack)  # fmt: skip
+                    split=_split, hf_type="phi3", write=_write, stack=_stack, stacked=STACKED)  # fmt: skip
