@@ -12,6 +12,8 @@ covered: 256 (the attention output rounded to Q8_K per group) and 128 (in a pass
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from native_testing import decode_across_threads_and_isas, decode_both, relative
@@ -91,8 +93,10 @@ def model(request) -> torch.nn.Module:
 def test_a_k_quant_model_takes_the_native_step(model):
     plan = NativeStep.plan(model)
     assert isinstance(plan, NativeStep), plan
-    assert plan.formats[0] == plan.formats[6] == Q6_K  # the tied token table and head
-    assert {Q4_K, Q6_K, FORMATS["q5_0"].ggml_type, kernels.INTERLEAVED["q8_0x16"].ggml_type} <= set(plan.formats)
+    formats = plan.fields.formats
+    assert formats["tok"] == formats["head_w"] == Q6_K  # the tied token table and head
+    used = {f for layer in plan.fields.layer_formats or [] for f in layer.values()}
+    assert {Q4_K, Q6_K, FORMATS["q5_0"].ggml_type, kernels.INTERLEAVED["q8_0x16"].ggml_type} <= used
 
 
 @pytest.mark.parametrize("prompts", [[[5, 17, 3, 299, 42]], [[5, 17, 3, 299, 42], [7, 8], [60, 61, 62]]])
@@ -146,14 +150,12 @@ def test_lora_adapters_over_a_k_quant_base(tmp_path):
 def test_a_k_quant_matrix_of_the_wrong_width_is_refused(model):
     plan = NativeStep.of(model)
     assert plan is not None
-    at = 10 + 16  # layer 0's down (kernels/csrc/decode_step.h): q6_k, K = 512
-    assert plan.formats[at] == Q6_K
-    plan.weights[at] = plan.weights[at][:, : -FORMATS["q6_k"].nbytes].contiguous()  # a super-block short
-    cache = model.new_cache(1, max_len=4, chunk=4)
-    keys, values = [layer.k for layer in cache.layers], [layer.v for layer in cache.layers]
-    zero = torch.zeros(1, dtype=torch.long)
-    with pytest.raises(RuntimeError, match=r"down must be uint8 \(N, 420\) blocks \(2 of 210 bytes\) for K = 512"):
-        plan(torch.tensor([1]), zero, zero, zero, keys, values)
+    fields = dataclasses.replace(plan.fields, layers=[dict(layer) for layer in plan.fields.layers])
+    assert fields.layer_formats is not None and fields.layer_formats[0]["down_w"] == Q6_K  # K = 512
+    down = fields.layers[0]["down_w"]
+    fields.layers[0]["down_w"] = down[:, : -FORMATS["q6_k"].nbytes].contiguous()  # a super-block short
+    with pytest.raises(RuntimeError, match=r"layer 0's down_w must be uint8 \(N, 420\) blocks \(2 of 210 bytes\)"):
+        fields.build()
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +167,10 @@ def test_q5_k_and_iq4_matrices_decode_natively_equal_to_the_python_step(q5_k_mod
     """Q5_K (q, k, o, gate), IQ4_XS (v, down), IQ4_NL (the tied token table and head, layer 1's up beside Q5_K)."""
     plan = NativeStep.plan(q5_k_model)
     assert isinstance(plan, NativeStep), plan
-    assert plan.formats[0] == plan.formats[6] == IQ4_NL  # the tied token table and head
-    assert {Q5_K, IQ4_XS, IQ4_NL, kernels.INTERLEAVED["q8_0x16"].ggml_type} <= set(plan.formats)
+    fields = plan.fields
+    assert fields.formats["tok"] == fields.formats["head_w"] == IQ4_NL  # the tied token table and head
+    used = {f for formats in [fields.formats, *(fields.layer_formats or [])] for f in formats.values()}
+    assert {Q5_K, IQ4_XS, IQ4_NL, kernels.INTERLEAVED["q8_0x16"].ggml_type} <= used
     for prompts in ([[5, 17, 3, 299, 42]], [[5, 17, 3, 299, 42], [7, 8], [60, 61, 62]]):
         native, python = decode_both(q5_k_model, prompts, steps=6)
         assert python.abs().max() > 1.0  # logits far from uniform

@@ -151,39 +151,36 @@ def test_threads_and_instruction_sets_agree_with_every_option(option):
 
 def test_the_layout_carries_each_layers_options():
     """Gemma 3: the window and the local tables on the local layer only; the options' tensors in every layer."""
-    from oneblock.kernels import decode_step
-
     plan = NativeStep.of(build("gemma3"))
     assert plan is not None
-    named = dict(zip(decode_step.SIZES, plan.sizes, strict=False))
-    assert (named["out_norm"], named["qk_norm"]) == (1, 1)  # sandwich, per head
-    assert plan.sizes[len(decode_step.SIZES) :] == [4, 2, 0, 1]  # (window, rope) of layers 0 (local) and 1
-    scalars = dict(zip(decode_step.SCALARS, plan.scalars, strict=True))
+    fields = plan.fields
+    assert (fields.sizes["out_norm"], fields.sizes["qk_norm"]) == (1, 1)  # sandwich, per head
+    assert fields.layer_sizes == [{"window": 4, "rope": 2}, {"window": 0, "rope": 1}]  # layers 0 (local) and 1
+    scalars = fields.scalars
     assert scalars["embed_scale"] == pytest.approx(SMALL["d_model"] ** 0.5)
     assert scalars["attn_softcap"] == scalars["logit_softcap"] == 0.0
     assert scalars["residual_multiplier"] == scalars["logits_scaling"] == 1.0
-    assert len(plan.weights) == 10 + 24 * SMALL["n_layers"]
+    assert len(fields.layers) == SMALL["n_layers"]
+    options = {"q_norm_w", "k_norm_w", "attn_out_norm_w", "ffn_out_norm_w"}
+    assert all(options <= layer.keys() for layer in fields.layers)
 
 
 def test_the_layout_carries_olmo2_granite_and_smollm3_options():
     """OLMo 2: output norms alone (no input norms' tensors), q/k norms over the width; Granite's scalars; SmolLM3's
     layer without rotary; partial rotary's narrow tables."""
-    from oneblock.kernels import decode_step
-
     olmo2 = NativeStep.of(build("olmo2"))
     assert olmo2 is not None
-    named = dict(zip(decode_step.SIZES, olmo2.sizes, strict=False))
-    assert (named["out_norm"], named["qk_norm"]) == (2, 2)
-    layer = olmo2.weights[10:34]
-    assert layer[0].numel() == layer[10].numel() == 0  # attn_norm_w, ffn_norm_w
+    assert (olmo2.fields.sizes["out_norm"], olmo2.fields.sizes["qk_norm"]) == (2, 2)
+    layer = olmo2.fields.layers[0]
+    assert "attn_norm_w" not in layer and "ffn_norm_w" not in layer
     d_head = SMALL["d_model"] // LLAMA["n_heads"]
-    assert (layer[18].shape, layer[19].shape) == ((6 * d_head,), (2 * d_head,))  # q_norm_w, k_norm_w
+    assert (layer["q_norm_w"].shape, layer["k_norm_w"].shape) == ((6 * d_head,), (2 * d_head,))
     granite = NativeStep.of(build("granite"))
     assert granite is not None
-    scalars = dict(zip(decode_step.SCALARS, granite.scalars, strict=True))
+    scalars = granite.fields.scalars
     assert (scalars["embed_scale"], scalars["attn_scale"]) == (6.0, 0.3)
     assert (scalars["residual_multiplier"], scalars["logits_scaling"]) == pytest.approx((0.22, 8.0))
     smollm3 = NativeStep.of(build("smollm3-phi4"))
     assert smollm3 is not None
-    assert smollm3.sizes[len(decode_step.SIZES) :] == [4, 1, 0, 0]  # layer 1: no window, no rotary
-    assert smollm3.weights[2].shape[1] == 2  # rope_cos (P, rope_dims)
+    assert smollm3.fields.layer_sizes == [{"window": 4, "rope": 1}, {"window": 0, "rope": 0}]  # layer 1: no rotary
+    assert smollm3.fields.tensors["rope_cos"].shape[1] == 2  # (P, rope_dims)

@@ -18,15 +18,16 @@ adapter of each row, read from the model's ``AdapterRows`` as the Python step's 
 (index 0) and a model without adapters compute nothing more.
 
 :class:`NativeStep` gathers the model's own tensors once per generation (no copies: block matrices as the file's
-bytes, float weights as they are) into the op's argument lists. ``NativeStep.of(model)`` returns ``None`` where
-the native step would not compute what the Python step computes, so the caller keeps the Python step: models with
-parts other than plain ``nn.Linear`` / ``BlockLinear`` layers, alone or under a ``MultiLoraLinear`` (a single
-adapter's ``LoraLinear``, int8 layers), embeddings with segments or a norm, a scaled tied head, weights that are
-not float32, a model off the CPU; and everywhere when the C++ library is not built (no compiler) or
-``ONEBLOCK_NATIVE_STEP=0``. The block's options go in: per-head q/k norms (Qwen3), sandwich norms, scaled
-embeddings, soft-capped scores and logits, sliding windows and local rotary tables (Gemma 2 and 3); scaled residual
-branches and logits (Granite); layers without rotary (SmolLM3); output norms and q/k norms over the width (OLMo 2);
-rotary on the first features of each head (Phi-4-mini).
+bytes, float weights as they are) into named fields (:class:`oneblock.kernels.decode_step.StepFields`) and builds
+from them the ``StepPlan`` that every call passes: the plan checks the tensors once, a call only its rows.
+``NativeStep.of(model)`` returns ``None`` where the native step would not compute what the Python step computes,
+so the caller keeps the Python step: models with parts other than plain ``nn.Linear`` / ``BlockLinear`` layers,
+alone or under a ``MultiLoraLinear`` (a single adapter's ``LoraLinear``, int8 layers), embeddings with segments or
+a norm, a scaled tied head, weights that are not float32, a model off the CPU; and everywhere when the C++ library
+is not built (no compiler) or ``ONEBLOCK_NATIVE_STEP=0``. The block's options go in: per-head q/k norms (Qwen3),
+sandwich norms, scaled embeddings, soft-capped scores and logits, sliding windows and local rotary tables (Gemma 2
+and 3); scaled residual branches and logits (Granite); layers without rotary (SmolLM3); output norms and q/k norms
+over the width (OLMo 2); rotary on the first features of each head (Phi-4-mini).
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ ENV = "ONEBLOCK_NATIVE_STEP"
 _NORMS: dict[type[nn.Module], int] = {LayerNorm: 0, RMSNorm: 1}
 _ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "silu": 3}
 _POSITIONS = {"none": 0, "learned": 1, "rope": 2}
-_NONE = torch.empty(0)  # an argument the model does not have
 _NO_ROWS = torch.empty(0, dtype=torch.long)  # the rows' adapters, without adapters
 
 
@@ -71,48 +71,49 @@ def enabled() -> bool:
     return kernels.backend() != "torch" and decode_step.defined()
 
 
-def _floats(t: Tensor | None) -> Tensor:
-    if t is None:
-        return _NONE
+def _floats(t: Tensor) -> Tensor:
     if t.dtype != torch.float32 or t.device.type != "cpu":
         raise _Unsupported(f"{t.dtype} weights on {t.device} (it reads float32 on the CPU)")
     return t.detach().contiguous()
 
 
-def _matrix(module: nn.Module | None) -> tuple[Tensor, int, Tensor]:
+def _put(tensors: dict[str, Tensor], name: str, t: Tensor | None) -> None:
+    """``tensors[name]`` = ``t`` (float32 on the CPU), where the model has it."""
+    if t is not None:
+        tensors[name] = _floats(t)
+
+
+def _matrix(module: nn.Module | None) -> tuple[Tensor, int, Tensor | None]:
     """``(weight, format, bias)`` of a plain float32 ``nn.Linear`` (format 0) or a ``BlockLinear``."""
     if type(module) is BlockLinear and module.blocks.device.type == "cpu":
-        return module.blocks, module.ggml_type, _floats(module.bias)
+        return module.blocks, module.ggml_type, module.bias
     if type(module) is nn.Linear:
-        return _floats(module.weight), 0, _floats(module.bias)
+        return _floats(module.weight), 0, module.bias
     raise _Unsupported(f"a {type(module).__name__} layer")
 
 
 class _Adapters:
-    """The LoRA updates of a model's ``MultiLoraLinear`` layers, in the op's layout (``csrc/decode_step.h``)."""
+    """The LoRA updates of a model's ``MultiLoraLinear`` layers, by layer and matrix (``csrc/decode_step.h``)."""
 
     def __init__(self) -> None:
         self.rows: AdapterRows | None = None  # shared by every layer: ``load_adapters`` made one
-        self.tensors: list[Tensor] = []  # A (r, in), B (out, r) of each update in turn
-        self.sites: list[int] = []  # per update: the index of the matrix in ``weights``, the adapter (>= 1)
-        self.scales: list[float] = []
+        self.updates: list[decode_step.LoraUpdate] = []
 
-    def matrix(self, module: nn.Module | None, at: int) -> tuple[Tensor, int, Tensor]:
-        """``_matrix`` of a layer, or of a ``MultiLoraLinear``'s base, whose updates are recorded for the
-        matrix at index ``at`` of the weights."""
+    def matrix(self, module: nn.Module | None, layer: int, name: str) -> tuple[Tensor, int, Tensor | None]:
+        """``_matrix`` of a layer, or of a ``MultiLoraLinear``'s base, whose updates are recorded for matrix
+        ``name`` of layer ``layer``."""
         if type(module) is not MultiLoraLinear:
             return _matrix(module)
         if self.rows is not None and module.rows is not self.rows:
             raise _Unsupported("adapted layers that read different AdapterRows")
         self.rows = module.rows
         for k, scale in module.scales.items():
-            self.tensors += [_floats(getattr(module, f"lora_A_{k}")), _floats(getattr(module, f"lora_B_{k}"))]
-            self.sites += [at, k]
-            self.scales.append(scale)
+            a, b = _floats(getattr(module, f"lora_A_{k}")), _floats(getattr(module, f"lora_B_{k}"))
+            self.updates.append(decode_step.LoraUpdate(layer, name, k, scale, a, b))
         return _matrix(module.base)
 
 
-def _norm(module: nn.Module | None, kind: int | None, eps: float | None) -> tuple[int, float, Tensor, Tensor]:
+def _norm(module: nn.Module | None, kind: int | None, eps: float | None) -> tuple[int, float, Tensor, Tensor | None]:
     """``(kind, eps, weight, bias)`` of a norm, the same kind and eps as the others of the model."""
     if not isinstance(module, (LayerNorm, RMSNorm)) or type(module) not in _NORMS:
         raise _Unsupported(f"a norm {type(module).__name__}")
@@ -120,28 +121,20 @@ def _norm(module: nn.Module | None, kind: int | None, eps: float | None) -> tupl
     if (kind is not None and found != kind) or (eps is not None and module.eps != eps):
         raise _Unsupported("norms of different kinds or eps in one model")
     bias = module.bias if isinstance(module, LayerNorm) else None
-    return found, float(module.eps), _floats(module.weight), _floats(bias)
+    return found, float(module.eps), _floats(module.weight), bias
 
 
 class NativeStep:
-    """A decoder's tensors in ``oneblock::decode_step``'s argument layout (``kernels/csrc/decode_step.h``).
+    """A decoder's ``StepPlan`` (``kernels/csrc/decode_step.h``), built once; call once per token.
 
-    Build with :meth:`of`; call once per token.
+    Build with :meth:`of`. ``fields`` keeps the named fields the plan was built from.
     """
 
-    def __init__(
-        self,
-        weights: list[Tensor],
-        formats: list[int],
-        sizes: list[int],
-        scalars: list[float],
-        adapters: _Adapters | None = None,
-    ) -> None:
-        self.weights, self.formats, self.sizes, self.scalars = weights, formats, sizes, scalars
-        self.n_layers = sizes[0]
-        held = adapters if adapters is not None and adapters.scales else _Adapters()
-        self.adapter_rows = held.rows  # ``None``: no adapters, every row computes the base
-        self.lora, self.lora_sites, self.lora_scales = held.tensors, held.sites, held.scales
+    def __init__(self, fields: decode_step.StepFields, rows: AdapterRows | None = None) -> None:
+        self.fields = fields
+        self.step_plan = fields.build()
+        self.n_layers = len(fields.layers)
+        self.adapter_rows = rows if fields.lora else None  # ``None``: no adapters, every row computes the base
 
     @classmethod
     def of(cls, model: nn.Module) -> NativeStep | None:
@@ -159,43 +152,52 @@ class NativeStep:
         if not enabled():
             return "the C++ kernels are not built here (no C++ compiler was found, or the build failed)"
         try:
-            return cls._gather(model)
+            fields, adapters = cls._gather(model)
         except _Unsupported as error:
             return f"the native step does not compute {error}"
+        return cls(fields, adapters.rows)
 
     @classmethod
-    def _gather(cls, model: Decoder) -> NativeStep:
+    def _gather(cls, model: Decoder) -> tuple[decode_step.StepFields, _Adapters]:
         cfg, embed = model.config, model.embed
         if embed.segment is not None or embed.norm is not None or cfg.scale_tied_logits:
             raise _Unsupported("segmented or normalized embeddings, or a scaled head")
         if cfg.position not in _POSITIONS or model.final_logits_bias is not None:
             raise _Unsupported(f"positions {cfg.position!r}")
+        tensors: dict[str, Tensor] = {}
+        formats: dict[str, int] = {}
         tok = embed.tok
         if type(tok) is BlockEmbedding and tok.blocks.device.type == "cpu":
-            table, tok_format = tok.blocks, tok.ggml_type
+            tensors["tok"], formats["tok"] = tok.blocks, tok.ggml_type
         elif type(tok) is nn.Embedding:
-            table, tok_format = _floats(tok.weight), 0
+            tensors["tok"] = _floats(tok.weight)
         else:
             raise _Unsupported(f"a {type(tok).__name__} token table")
-        pos = _floats(embed.pos.weight) if embed.pos is not None else _NONE
-        cos = _floats(model.rope.cos) if model.rope is not None else _NONE
-        sin = _floats(model.rope.sin) if model.rope is not None else _NONE
-        local = model.rope_local
-        local_cos = _floats(local.cos) if local is not None and model.rope is not None else _NONE
-        local_sin = _floats(local.sin) if local is not None and model.rope is not None else _NONE
+        _put(tensors, "pos", embed.pos.weight if embed.pos is not None else None)
+        if model.rope is not None:
+            _put(tensors, "rope_cos", model.rope.cos)
+            _put(tensors, "rope_sin", model.rope.sin)
+            if model.rope_local is not None:
+                _put(tensors, "rope_local_cos", model.rope_local.cos)
+                _put(tensors, "rope_local_sin", model.rope_local.sin)
         kind: int | None = None
         eps: float | None = None
-        final_w = final_b = _NONE
         if model.final_norm is not None:
             kind, eps, final_w, final_b = _norm(model.final_norm, kind, eps)
+            _put(tensors, "final_norm_w", final_w)
+            _put(tensors, "final_norm_b", final_b)
         head_w, head_format, head_b = _matrix(model.lm_head)
+        tensors["head_w"] = head_w
+        _put(tensors, "head_b", head_b)
+        if head_format:
+            formats["head_w"] = head_format
         adapters = _Adapters()
-        weights = [table, pos, cos, sin, final_w, final_b, head_w, head_b, local_cos, local_sin]
-        formats = [tok_format, 0, 0, 0, 0, 0, head_format, 0, 0, 0]
         first = model.block(0)
         attn = first.attn
         out_norm = 0 if first.attn_out_norm is None else 2 if type(first.attn_norm) is nn.Identity else 1
         qk_norm = 0 if attn.q_norm is None else 2 if attn.qk_norm_span == "width" else 1
+        layers: list[dict[str, Tensor]] = []
+        layer_formats: list[dict[str, int]] = []
         layer_sizes: list[dict[str, int]] = []
         for i in range(len(model.blocks)):
             block = model.block(i)
@@ -205,92 +207,93 @@ class NativeStep:
                 raise _Unsupported("blocks with different attention scales or soft caps")
             if block.residual_multiplier != first.residual_multiplier:
                 raise _Unsupported("blocks with different residual multipliers")
-            if block.attn.local_rope and not local_cos.numel():
+            if block.attn.local_rope and "rope_local_cos" not in tensors:
                 raise _Unsupported("local rotary tables without rotary positions")
+            layer: dict[str, Tensor] = {}
+            fmts: dict[str, int] = {}
             if out_norm == 2:  # output norms alone: nothing before the sublayers
                 if type(block.attn_norm) is not nn.Identity or type(block.ffn_norm) is not nn.Identity:
                     raise _Unsupported("blocks with and without norms before their sublayers in one model")
-                n1_w = n1_b = n2_w = n2_b = _NONE
             else:
-                kind, eps, n1_w, n1_b = _norm(block.attn_norm, kind, eps)
-                _, _, n2_w, n2_b = _norm(block.ffn_norm, kind, eps)
-            kind, eps, options = cls._options(block, out_norm, qk_norm, kind, eps)
+                for name, module in (("attn_norm", block.attn_norm), ("ffn_norm", block.ffn_norm)):
+                    kind, eps, w, b = _norm(module, kind, eps)
+                    _put(layer, f"{name}_w", w)
+                    _put(layer, f"{name}_b", b)
+            kind, eps = cls._options(block, out_norm, qk_norm, kind, eps, layer)
             a, ffn = block.attn, block.ffn
-            qkv = [a.qkv_proj, None, None] if a.qkv_proj is not None else [a.q_proj, a.k_proj, a.v_proj]
-            up: list[nn.Module | None] = (
-                [ffn.w13, None] if ffn.w13 is not None else [ffn.w1, None if ffn.kind == "mlp" else ffn.w3]
+            matrices: dict[str, nn.Module | None] = (
+                {"q_w": a.qkv_proj} if a.qkv_proj is not None else {"q_w": a.q_proj, "k_w": a.k_proj, "v_w": a.v_proj}
             )
-            layer: list[nn.Module | tuple[Tensor, int, Tensor] | None] = [(n1_w, 0, n1_b), *qkv, a.o_proj]
-            layer += [(n2_w, 0, n2_b), *up, ffn.w2]
-            for part in layer:  # (weight, bias) pairs: norms as they are, matrices with their adapters' updates
-                if part is None:
-                    weight, fmt, bias = _NONE, 0, _NONE
-                elif isinstance(part, tuple):
-                    weight, fmt, bias = part
-                else:
-                    weight, fmt, bias = adapters.matrix(part, len(weights))
-                weights += [weight, bias]
-                formats += [fmt, 0]
-            weights += options
-            formats += [0] * 6
+            matrices["o_w"] = a.o_proj
+            if ffn.w13 is not None:  # gate and up stacked
+                matrices["gate_w"] = ffn.w13
+            else:
+                matrices["gate_w"] = ffn.w1  # or the MLP's first matrix
+                if ffn.kind != "mlp":
+                    matrices["up_w"] = ffn.w3
+            matrices["down_w"] = ffn.w2
+            for name, part in matrices.items():  # each with its adapters' updates
+                weight, fmt, bias = adapters.matrix(part, i, name)
+                layer[name] = weight
+                _put(layer, name[:-1] + "b", bias)
+                if fmt:
+                    fmts[name] = fmt
+            layers.append(layer)
+            layer_formats.append(fmts)
             rope = 0 if model.rope is None or not a.use_rope else 2 if a.local_rope else 1  # none, global, local
             layer_sizes.append({"window": a.window or 0, "rope": rope})
         if kind is None or eps is None:
             raise _Unsupported("a model without norms")
         act = "silu" if cfg.ffn == "swiglu" else cfg.activation
-        sizes = decode_step.pack_sizes(
-            {
-                "n_layers": len(model.blocks), "d_model": cfg.d_model, "n_heads": attn.n_heads,
-                "n_kv_heads": attn.n_kv_heads, "d_head": attn.d_head, "d_ff": cfg.d_ff, "vocab": cfg.vocab_size,
-                "norm": kind, "ffn": 0 if cfg.ffn == "mlp" else 1, "activation": _ACTIVATIONS[act],
-                "position": _POSITIONS[cfg.position], "position_offset": embed.offset,
-                "final_norm": int(model.final_norm is not None), "out_norm": out_norm, "qk_norm": qk_norm,
-            },
-            layer_sizes,
-        )  # fmt: skip
-        scalars = decode_step.pack_scalars(
-            {
-                "norm_eps": eps,
-                "attn_scale": attn.scale if attn.scale is not None else 1.0 / math.sqrt(attn.d_head),
-                "embed_scale": embed.scale,
-                "attn_softcap": attn.softcap or 0.0,  # 0: none
-                "logit_softcap": cfg.logit_softcap or 0.0,
-                "residual_multiplier": first.residual_multiplier,  # 1: none
-                "logits_scaling": cfg.logits_scaling,  # 1: none
-            }
+        sizes = {
+            "d_model": cfg.d_model, "n_heads": attn.n_heads, "n_kv_heads": attn.n_kv_heads, "d_head": attn.d_head,
+            "d_ff": cfg.d_ff, "vocab": cfg.vocab_size, "norm": kind, "ffn": 0 if cfg.ffn == "mlp" else 1,
+            "activation": _ACTIVATIONS[act], "position": _POSITIONS[cfg.position], "position_offset": embed.offset,
+            "final_norm": int(model.final_norm is not None), "out_norm": out_norm, "qk_norm": qk_norm,
+        }  # fmt: skip
+        scalars = {
+            "norm_eps": eps,
+            "attn_scale": attn.scale if attn.scale is not None else 1.0 / math.sqrt(attn.d_head),
+            "embed_scale": embed.scale,
+            "attn_softcap": attn.softcap or 0.0,  # 0: none
+            "logit_softcap": cfg.logit_softcap or 0.0,
+            "residual_multiplier": first.residual_multiplier,  # 1: none
+            "logits_scaling": cfg.logits_scaling,  # 1: none
+        }
+        fields = decode_step.StepFields(
+            sizes, scalars, tensors, layer_sizes, layers, formats, layer_formats, adapters.updates
         )
-        return cls(weights, formats, sizes, scalars, adapters)
+        return fields, adapters
 
     @staticmethod
     def _options(
-        block: Block, out_norm: int, qk_norm: int, kind: int | None, eps: float | None
-    ) -> tuple[int | None, float | None, list[Tensor]]:
-        """A layer's option tensors in the op's order: q_norm_w, k_norm_w (RMSNorms with the model's eps, per head or
-        over the width), attn_out_norm_w, attn_out_norm_b, ffn_out_norm_w, ffn_out_norm_b (the norms of the
-        sublayers' outputs); empty where absent. Returns them after the model's norm kind and eps (the output norms'
-        where no norm was seen before)."""
+        block: Block, out_norm: int, qk_norm: int, kind: int | None, eps: float | None, layer: dict[str, Tensor]
+    ) -> tuple[int | None, float | None]:
+        """A layer's option tensors into ``layer``: q_norm_w, k_norm_w (RMSNorms with the model's eps, per head or
+        over the width), attn_out_norm_w/_b, ffn_out_norm_w/_b (the norms of the sublayers' outputs), where the
+        block has them. Returns the model's norm kind and eps (the output norms' where no norm was seen before)."""
         a = block.attn
         has_out = 0 if block.attn_out_norm is None else 2 if type(block.attn_norm) is nn.Identity else 1
         has_qk = 0 if a.q_norm is None else 2 if a.qk_norm_span == "width" else 1
         if (has_qk, has_out) != (qk_norm, out_norm):
             raise _Unsupported("blocks with different options (q/k norms, norms of the outputs) in one model")
-        out = [_NONE] * 4
         if block.attn_out_norm is not None:
-            kind, eps, w1, b1 = _norm(block.attn_out_norm, kind, eps)
-            _, _, w2, b2 = _norm(block.ffn_out_norm, kind, eps)
-            out = [w1, b1, w2, b2]
-        q_w = k_w = _NONE
+            for name, module in (("attn_out_norm", block.attn_out_norm), ("ffn_out_norm", block.ffn_out_norm)):
+                kind, eps, w, b = _norm(module, kind, eps)
+                _put(layer, f"{name}_w", w)
+                _put(layer, f"{name}_b", b)
         if a.q_norm is not None and a.k_norm is not None:
             norms = (a.q_norm, a.k_norm)
             if any(type(n) is not RMSNorm or n.eps != eps for n in norms):
                 raise _Unsupported("q/k norms other than RMSNorms with the model's eps")
-            q_w, k_w = _floats(a.q_norm.weight), _floats(a.k_norm.weight)
-        return kind, eps, [q_w, k_w, *out]
+            _put(layer, "q_norm_w", a.q_norm.weight)
+            _put(layer, "k_norm_w", a.k_norm.weight)
+        return kind, eps
 
     @property
     def adapted(self) -> bool:
         """Whether the plan holds LoRA updates (each row then runs its ``AdapterRows`` index's)."""
-        return bool(self.lora_scales)
+        return bool(self.fields.lora)
 
     def _rows(self, b: int, *, one_sequence: bool = False) -> Tensor:
         """The (B,) int64 adapter of each row, as the adapted layers read ``AdapterRows`` in the Python step
@@ -338,9 +341,8 @@ class NativeStep:
             ConfigError: adapters selected for a number of rows other than B.
         """
         return torch.ops.oneblock.decode_step(
-            tokens, positions, columns, starts, self.weights, self.formats, list(keys), list(values), self.sizes,
-            self.scalars, self._rows(tokens.shape[0]), self.lora, self.lora_sites, self.lora_scales,
-        )  # fmt: skip
+            self.step_plan, tokens, positions, columns, starts, list(keys), list(values), self._rows(tokens.shape[0])
+        )
 
     def prompt(self, tokens: Tensor, start: int, cache: Cache) -> Tensor:
         """Read T tokens of one sequence into its cache in one call: logits (V,) float32 of the token after the last.
@@ -365,9 +367,8 @@ class NativeStep:
         keys = [layer.k for layer in layers] * t  # keys[row * L + layer]: one buffer for all rows
         values = [layer.v for layer in layers] * t
         logits = torch.ops.oneblock.decode_step(
-            tokens.contiguous(), columns, columns, torch.zeros(t, dtype=torch.long), self.weights, self.formats,
-            keys, values, self.sizes, self.scalars, self._rows(t, one_sequence=True), self.lora, self.lora_sites,
-            self.lora_scales, t - 1,
+            self.step_plan, tokens.contiguous(), columns, columns, torch.zeros(t, dtype=torch.long), keys, values,
+            self._rows(t, one_sequence=True), t - 1,
         )[0]  # fmt: skip
         for layer in layers:
             layer.length = start + t  # as ``KVCache.write`` leaves it

@@ -19,8 +19,8 @@ float* room(std::vector<float>& scratch, int64_t n) {
 
 // One head (Dh,) rotated at row r's position into `out`: its first rope_dims features turned
 // (rotate_half over them), the rest copied (partial rotary: apply_rotary with tables narrower than the head).
-void turn(const Plan& p, const Layer& layer, int64_t r, const float* x, float* out) {
-  const int64_t dh = p.d_head, rd = p.rope_dims, at = p.positions[r] * rd;
+void turn(const Plan& p, const Call& c, const Layer& layer, int64_t r, const float* x, float* out) {
+  const int64_t dh = p.d_head, rd = p.rope_dims, at = c.positions[r] * rd;
   rotate(x, layer.rope_cos + at, layer.rope_sin + at, rd, out);
   if (rd < dh) std::memcpy(out + rd, x + rd, static_cast<size_t>(dh - rd) * sizeof(float));
 }
@@ -29,29 +29,29 @@ void turn(const Plan& p, const Layer& layer, int64_t r, const float* x, float* o
 
 // OLMo 2's q/k norms: one RMSNorm over the row's H Dh query features, one over its Hkv Dh key features (the heads
 // side by side, as projected), in place, before any head is rotated or stored.
-void normalize_qk_width(const Plan& p, int64_t l, float* qkv_row) {
+void normalize_qk_width(const Plan& p, const Call& c, int64_t l, float* qkv_row) {
   const Layer& layer = p.layers[static_cast<size_t>(l)];
   const int64_t hq = p.heads * p.d_head, hk = p.kv_heads * p.d_head;
-  rms_norm(p.math, qkv_row, layer.q_width_norm_w, p.eps, hq, qkv_row);
-  rms_norm(p.math, qkv_row + hq, layer.k_width_norm_w, p.eps, hk, qkv_row + hq);
+  rms_norm(c.math, qkv_row, layer.q_width_norm_w, p.eps, hq, qkv_row);
+  rms_norm(c.math, qkv_row + hq, layer.k_width_norm_w, p.eps, hk, qkv_row + hq);
 }
 
 // One (row, kv head): normalize (qk_norm), rotate and store the head's key and value at the row's column.
 // `scratch` holds a normalized key.
-void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch) {
+void store(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch) {
   const Layer& layer = p.layers[static_cast<size_t>(l)];
-  const int64_t dh = p.d_head, col = p.columns[r], cap = p.capacity[static_cast<size_t>(r)];
-  float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const int64_t dh = p.d_head, col = c.columns[r], cap = c.capacity[static_cast<size_t>(r)];
+  float* keys = c.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  float* values = c.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
   const float* k = qkv_row + (p.heads + g) * dh;
   const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
   if (layer.k_norm_w != nullptr) {
     float* normed = room(scratch, dh);
-    rms_norm(p.math, k, layer.k_norm_w, p.eps, dh, normed);
+    rms_norm(c.math, k, layer.k_norm_w, p.eps, dh, normed);
     k = normed;
   }
   if (layer.rope_cos != nullptr) {
-    turn(p, layer, r, k, keys + col * dh);
+    turn(p, c, layer, r, k, keys + col * dh);
   } else {
     std::memcpy(keys + col * dh, k, static_cast<size_t>(dh) * sizeof(float));
   }
@@ -60,14 +60,14 @@ void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row,
 
 // One (row, kv head): the query heads it serves attend over the row's keys (its own stored already), a local
 // layer's over its last `window` columns.
-void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
+void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
                   std::vector<float>& scratch) {
   const Layer& layer = p.layers[static_cast<size_t>(l)];
-  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = p.columns[r];
-  const int64_t start = layer.window > 0 ? std::max(p.starts[r], col - layer.window + 1) : p.starts[r];
-  const int64_t cap = p.capacity[static_cast<size_t>(r)];
-  const float* keys = p.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const float* values = p.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = c.columns[r];
+  const int64_t start = layer.window > 0 ? std::max(c.starts[r], col - layer.window + 1) : c.starts[r];
+  const int64_t cap = c.capacity[static_cast<size_t>(r)];
+  const float* keys = c.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const float* values = c.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
   const int64_t n = col - start + 1;
   float* scores = room(scratch, n + 2 * dh);
   float* q = scores + n;  // the rotated query
@@ -75,14 +75,14 @@ void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* q
   for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
     const float* query = qkv_row + h * dh;
     if (layer.q_norm_w != nullptr) {
-      rms_norm(p.math, query, layer.q_norm_w, p.eps, dh, normed);
+      rms_norm(c.math, query, layer.q_norm_w, p.eps, dh, normed);
       query = normed;
     }
     if (layer.rope_cos != nullptr) {
-      turn(p, layer, r, query, q);
+      turn(p, c, layer, r, query, q);
       query = q;
     }
-    attend(p.math, query, keys + start * dh, values + start * dh, n, dh, p.scale, p.attn_softcap, scores,
+    attend(c.math, query, keys + start * dh, values + start * dh, n, dh, p.scale, p.attn_softcap, scores,
            att_row + h * dh);
   }
 }

@@ -42,9 +42,9 @@ void quantize_range(const Input& in, const Product& prod, int64_t k, int64_t r, 
   if (prod.k_block) quantize_row_q8_k(in.x + at, j1 - j0, in.k_codes + at, in.k_d + at / QK_K, in.k_sums + at / 16);
 }
 
-void multiply(const Plan& p, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
+void multiply(const Call& c, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
               int64_t stride, int64_t rows) {
-  if (rows < 0) rows = p.rows;
+  if (rows < 0) rows = c.rows;
   const int64_t k = prod.k;
   int64_t offset = 0;
   for (int i = 0; i < prod.count; offset += prod.parts[i].n, ++i) {
@@ -53,26 +53,27 @@ void multiply(const Plan& p, const Product& prod, const Input& in, int64_t j0, i
     const bool k_quant = m.fmt != 0 && is_k_quant(file_format(m.fmt));
     const ActRow* acts = k_quant ? in.k : in.q;
     const int64_t nb = m.fmt == 0 ? 0 : k / block_values(file_format(m.fmt));
+    const DotFn dot = m.fmt == 0 ? nullptr : dot_kernel(m.fmt);  // the instruction set in use (set_isa)
     if (is_interleaved(m.fmt) && a < b) {
       // Groups of 16 rows: chunks are whole blocks of 32 columns and every part has a multiple of 16 rows, so
       // [a, b) starts and ends on a group. One call serves every activation row.
       const uint8_t* w = m.data + (a - offset) * m.row_bytes;
-      m.dot(w, m.row_bytes, static_cast<int>(b - a), acts, static_cast<int>(rows), nb, out + a, stride);
+      dot(w, m.row_bytes, static_cast<int>(b - a), acts, static_cast<int>(rows), nb, out + a, stride);
     }
     for (int64_t j = a; j < b && !is_interleaved(m.fmt); j += 4) {
       const int cols = static_cast<int>(std::min<int64_t>(4, b - j));
       const uint8_t* w = m.data + (j - offset) * m.row_bytes;
       if (m.fmt == 0) {
         for (int64_t r = 0; r < rows; ++r) {
-          p.math.dot(reinterpret_cast<const float*>(w), k, cols, in.x + r * k, out + r * stride + j);
+          c.math.dot(reinterpret_cast<const float*>(w), k, cols, in.x + r * k, out + r * stride + j);
         }
       } else if (rows == 1) {
-        m.dot(w, m.row_bytes, cols, acts, 1, nb, out + j, stride);
+        dot(w, m.row_bytes, cols, acts, 1, nb, out + j, stride);
       } else {
         for (int c = 0; c < cols; ++c) {
           for (int64_t r = 0; r < rows; r += 4) {
             const int group = static_cast<int>(std::min<int64_t>(4, rows - r));
-            m.dot(w + c * m.row_bytes, m.row_bytes, 1, acts + r, group, nb, out + r * stride + j + c, stride);
+            dot(w + c * m.row_bytes, m.row_bytes, 1, acts + r, group, nb, out + r * stride + j + c, stride);
           }
         }
       }

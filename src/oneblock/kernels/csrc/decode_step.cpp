@@ -1,9 +1,11 @@
 // oneblock::decode_step: one new token for B rows of a pre-LN decoder, in one call and one parallel region.
 //
-//   decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights, int[] formats,
-//               Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars, Tensor adapters, Tensor[] lora,
-//               int[] lora_sites, float[] lora_scales, int logits_from=0) -> Tensor
+//   decode_step(StepPlan plan, Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] keys,
+//               Tensor[] values, Tensor adapters, int logits_from=0) -> Tensor
 //                                                                      logits (B - logits_from, V) float32
+//
+// The plan, a model's tensors read and checked once (decode_plan.cpp), serves every call; a call checks only its
+// own arguments (read_call; the layout: decode_step.h).
 //
 // The passes mirror the Python step (oneblock.inference.decode.LeanDecode.step) one for one (the attention pass's
 // store and attend_group: decode_attention.cpp):
@@ -117,11 +119,11 @@ void fit(std::vector<T>& v, int64_t n) {
 }
 
 // x normalized into `out`, or copied where the block has no norm before its sublayer (output norms alone: w null).
-void normalize(const Plan& p, const float* x, const float* w, const float* b, float* out) {
+void normalize(const Plan& p, const Call& c, const float* x, const float* w, const float* b, float* out) {
   if (w == nullptr) {
     std::memcpy(out, x, static_cast<size_t>(p.d_model) * sizeof(float));
   } else if (p.norm == 1) {
-    rms_norm(p.math, x, w, p.eps, p.d_model, out);
+    rms_norm(c.math, x, w, p.eps, p.d_model, out);
   } else {
     layer_norm(x, w, b, p.eps, p.d_model, out);
   }
@@ -138,13 +140,13 @@ void add(const Plan& p, const float* y, float* x, int64_t n) {
 }
 
 // A sublayer's output y normalized (in place) before it joins the stream (out_norm): x += norm(y).
-void join(const Plan& p, const float* w, const float* b, float* y, float* x) {
-  normalize(p, y, w, b, y);
+void join(const Plan& p, const Call& c, const float* w, const float* b, float* y, float* x) {
+  normalize(p, c, y, w, b, y);
   add(p, y, x, p.d_model);
 }
 
-void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
-  const int64_t rows = p.rows, C = p.d_model, F = p.d_ff, hd = p.heads * p.d_head;
+void step(const Plan& p, const Call& c, Workspace& ws, float* logits, int64_t threads) {
+  const int64_t rows = c.rows, C = p.d_model, F = p.d_ff, hd = p.heads * p.d_head;
   const int64_t nqkv = p.layers[0].qkv.n, nff = p.ffn == 1 ? 2 * F : F;
   fit(ws.x, rows * C), fit(ws.xn, rows * C), fit(ws.y, rows * C), fit(ws.qkv, rows * nqkv);
   fit(ws.att, rows * hd), fit(ws.ff, rows * nff), fit(ws.h, rows * F);
@@ -155,7 +157,7 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     k_h = k_h || layer.down.k_block;
   }
   // At most: the passes before o and down are there only for quantizing the heads' output or for adapters.
-  const int64_t passes = 3 + (p.lora_width > 0 ? 9 : 8) * p.n_layers + (p.shared_cache ? p.n_layers : 0) +
+  const int64_t passes = 3 + (p.lora_width > 0 ? 9 : 8) * p.n_layers + (c.shared_cache ? p.n_layers : 0) +
                          (p.qk_norm == 2 ? p.n_layers : 0);
   if (ws.n_counters < passes) ws.counters.reset(new Counter[passes]), ws.n_counters = passes;
   for (int64_t i = 0; i < passes; ++i) ws.counters[i].claimed.store(0), ws.counters[i].done.store(0);
@@ -182,21 +184,21 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     walk.pass(rows, [&](int64_t r) {
       float* row = x + r * C;
       if (p.tok.fmt == 0) {
-        std::memcpy(row, reinterpret_cast<const float*>(p.tok.data) + p.tokens[r] * C, C * sizeof(float));
+        std::memcpy(row, reinterpret_cast<const float*>(p.tok.data) + c.tokens[r] * C, C * sizeof(float));
       } else {
         if (is_interleaved(p.tok.fmt)) {
-          const int64_t group = p.tokens[r] / kGroupRows * kGroupRows;
-          decode_interleaved_row(p.tok.data + group * p.tok.row_bytes, static_cast<int>(p.tokens[r] - group),
+          const int64_t group = c.tokens[r] / kGroupRows * kGroupRows;
+          decode_interleaved_row(p.tok.data + group * p.tok.row_bytes, static_cast<int>(c.tokens[r] - group),
                                  p.tok.fmt, C / QK, row);
         } else {
-          decode_row(p.tok.data + p.tokens[r] * p.tok.row_bytes, p.tok.fmt, C / block_values(p.tok.fmt), row);
+          decode_row(p.tok.data + c.tokens[r] * p.tok.row_bytes, p.tok.fmt, C / block_values(p.tok.fmt), row);
         }
       }
       if (p.embed_scale != 1.0f) {
         for (int64_t i = 0; i < C; ++i) row[i] *= p.embed_scale;
       }
       if (p.pos != nullptr) {
-        const float* pos = p.pos + (p.positions[r] + p.position_offset) * C;
+        const float* pos = p.pos + (c.positions[r] + p.position_offset) * C;
         for (int64_t i = 0; i < C; ++i) row[i] += pos[i];
       }
     });
@@ -206,61 +208,61 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
       walk.pass(rows, [&](int64_t r) {
         if (p.out_norm != 0 && l > 0) {  // the previous layer's feed-forward output joins the stream
           const Layer& before = p.layers[static_cast<size_t>(l - 1)];
-          join(p, before.ffn_out_norm_w, before.ffn_out_norm_b, y + r * C, x + r * C);
+          join(p, c, before.ffn_out_norm_w, before.ffn_out_norm_b, y + r * C, x + r * C);
         }
-        normalize(p, x + r * C, layer.attn_norm_w, layer.attn_norm_b, xn + r * C);
+        normalize(p, c, x + r * C, layer.attn_norm_w, layer.attn_norm_b, xn + r * C);
         quantize_range(xin, layer.qkv, C, r, 0, C);
-        if (!layer.qkv.lora.empty()) lora_a(p, layer.qkv, r, xn + r * C, lt + r * W);
+        if (!layer.qkv.lora.empty()) lora_a(p, c, layer.qkv, r, xn + r * C, lt + r * W);
       });
       walk.pass(chunks(nqkv, cols_qkv), [&](int64_t i) {
         const int64_t j0 = i * cols_qkv, j1 = std::min(nqkv, j0 + cols_qkv);
-        multiply(p, layer.qkv, xin, j0, j1, qkv, nqkv);
-        if (!layer.qkv.lora.empty()) lora_b(p, layer.qkv, lt, j0, j1, qkv, nqkv);
+        multiply(c, layer.qkv, xin, j0, j1, qkv, nqkv);
+        if (!layer.qkv.lora.empty()) lora_b(p, c, layer.qkv, lt, j0, j1, qkv, nqkv);
       });
       if (p.qk_norm == 2) {  // norms over the whole q and k rows: before any head is stored or attends
-        walk.pass(rows, [&](int64_t r) { normalize_qk_width(p, l, qkv + r * nqkv); });
+        walk.pass(rows, [&](int64_t r) { normalize_qk_width(p, c, l, qkv + r * nqkv); });
       }
-      if (p.shared_cache) {  // rows of one sequence: every key stored before any row attends
+      if (c.shared_cache) {  // rows of one sequence: every key stored before any row attends
         walk.pass(rows * p.kv_heads, [&](int64_t i) {
           thread_local std::vector<float> scratch;
           const int64_t r = i / p.kv_heads;
-          store(p, l, r, i % p.kv_heads, qkv + r * nqkv, scratch);
+          store(p, c, l, r, i % p.kv_heads, qkv + r * nqkv, scratch);
         });
       }
       walk.pass(rows * p.kv_heads, [&](int64_t i) {
         thread_local std::vector<float> scratch;
         const int64_t r = i / p.kv_heads, g = i % p.kv_heads;
-        if (!p.shared_cache) store(p, l, r, g, qkv + r * nqkv, scratch);
-        attend_group(p, l, r, g, qkv + r * nqkv, att + r * hd, scratch);
+        if (!c.shared_cache) store(p, c, l, r, g, qkv + r * nqkv, scratch);
+        attend_group(p, c, l, r, g, qkv + r * nqkv, att + r * hd, scratch);
         if (per_group) quantize_range(ain, layer.o, hd, r, g * width, (g + 1) * width);
       });
       if (!per_group || !layer.o.lora.empty()) {
         walk.pass(rows, [&](int64_t r) {
           if (!per_group) quantize_range(ain, layer.o, hd, r, 0, hd);
-          if (!layer.o.lora.empty()) lora_a(p, layer.o, r, att + r * hd, lt + r * W);
+          if (!layer.o.lora.empty()) lora_a(p, c, layer.o, r, att + r * hd, lt + r * W);
         });
       }
       walk.pass(chunks(C, cols_c), [&](int64_t i) {  // x += attention output W_o^T + b
         const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
-        multiply(p, layer.o, ain, j0, j1, y, C);
-        if (!layer.o.lora.empty()) lora_b(p, layer.o, lt, j0, j1, y, C);
+        multiply(c, layer.o, ain, j0, j1, y, C);
+        if (!layer.o.lora.empty()) lora_b(p, c, layer.o, lt, j0, j1, y, C);
         for (int64_t r = 0; r < rows && p.out_norm == 0; ++r) {  // out_norm: joins in the next pass, normalized
           add(p, y + r * C + j0, x + r * C + j0, j1 - j0);
         }
       });
       walk.pass(rows, [&](int64_t r) {
-        if (p.out_norm != 0) join(p, layer.attn_out_norm_w, layer.attn_out_norm_b, y + r * C, x + r * C);
-        normalize(p, x + r * C, layer.ffn_norm_w, layer.ffn_norm_b, xn + r * C);
+        if (p.out_norm != 0) join(p, c, layer.attn_out_norm_w, layer.attn_out_norm_b, y + r * C, x + r * C);
+        normalize(p, c, x + r * C, layer.ffn_norm_w, layer.ffn_norm_b, xn + r * C);
         quantize_range(xin, layer.up, C, r, 0, C);
-        if (!layer.up.lora.empty()) lora_a(p, layer.up, r, xn + r * C, lt + r * W);
+        if (!layer.up.lora.empty()) lora_a(p, c, layer.up, r, xn + r * C, lt + r * W);
       });
       walk.pass(chunks(F, cols_f), [&](int64_t i) {  // h = act(gate) * up, or act(x W_1^T + b)
         const int64_t j0 = i * cols_f, j1 = std::min(F, j0 + cols_f);
-        multiply(p, layer.up, xin, j0, j1, ff, nff);
-        if (p.ffn == 1) multiply(p, layer.up, xin, F + j0, F + j1, ff, nff);
+        multiply(c, layer.up, xin, j0, j1, ff, nff);
+        if (p.ffn == 1) multiply(c, layer.up, xin, F + j0, F + j1, ff, nff);
         if (!layer.up.lora.empty()) {
-          lora_b(p, layer.up, lt, j0, j1, ff, nff);
-          if (p.ffn == 1) lora_b(p, layer.up, lt, F + j0, F + j1, ff, nff);
+          lora_b(p, c, layer.up, lt, j0, j1, ff, nff);
+          if (p.ffn == 1) lora_b(p, c, layer.up, lt, F + j0, F + j1, ff, nff);
         }
         for (int64_t r = 0; r < rows; ++r) {
           const float* in = ff + r * nff;
@@ -271,26 +273,26 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
         }
       });
       if (!layer.down.lora.empty()) {
-        walk.pass(rows, [&](int64_t r) { lora_a(p, layer.down, r, h + r * F, lt + r * W); });
+        walk.pass(rows, [&](int64_t r) { lora_a(p, c, layer.down, r, h + r * F, lt + r * W); });
       }
       walk.pass(chunks(C, cols_c), [&](int64_t i) {  // x += h W_2^T + b
         const int64_t j0 = i * cols_c, j1 = std::min(C, j0 + cols_c);
-        multiply(p, layer.down, hin, j0, j1, y, C);
-        if (!layer.down.lora.empty()) lora_b(p, layer.down, lt, j0, j1, y, C);
+        multiply(c, layer.down, hin, j0, j1, y, C);
+        if (!layer.down.lora.empty()) lora_b(p, c, layer.down, lt, j0, j1, y, C);
         for (int64_t r = 0; r < rows && p.out_norm == 0; ++r) {  // out_norm: joins in the next pass, normalized
           add(p, y + r * C + j0, x + r * C + j0, j1 - j0);
         }
       });
     }
-    const int64_t r0 = p.logits_from;  // the rows whose logits are asked for: [r0, rows)
+    const int64_t r0 = c.logits_from;  // the rows whose logits are asked for: [r0, rows)
     walk.pass(rows - r0, [&](int64_t i) {
       const int64_t r = r0 + i;
       if (p.out_norm != 0) {
         const Layer& last = p.layers.back();
-        join(p, last.ffn_out_norm_w, last.ffn_out_norm_b, y + r * C, x + r * C);
+        join(p, c, last.ffn_out_norm_w, last.ffn_out_norm_b, y + r * C, x + r * C);
       }
       if (p.final_norm) {
-        normalize(p, x + r * C, p.final_w, p.final_b, xn + r * C);
+        normalize(p, c, x + r * C, p.final_w, p.final_b, xn + r * C);
       } else {
         std::memcpy(xn + r * C, x + r * C, C * sizeof(float));
       }
@@ -300,7 +302,7 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
     head_in.x += r0 * C, head_in.q += r0, head_in.k = xin.k != nullptr ? xin.k + r0 : nullptr;
     walk.pass(chunks(p.vocab, cols_v), [&](int64_t i) {
       const int64_t j0 = i * cols_v, j1 = std::min(p.vocab, j0 + cols_v);
-      multiply(p, p.head, head_in, j0, j1, logits, p.vocab, rows - r0);
+      multiply(c, p.head, head_in, j0, j1, logits, p.vocab, rows - r0);
       if (p.logits_scaling != 1.0f) {  // Granite: logits / logits_scaling, before any softcap
         for (int64_t r = 0; r < rows - r0; ++r) {
           for (int64_t j = j0; j < j1; ++j) logits[r * p.vocab + j] /= p.logits_scaling;
@@ -319,31 +321,20 @@ void step(const Plan& p, Workspace& ws, float* logits, int64_t threads) {
   }
 }
 
-at::Tensor decode_step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& columns,
-                       const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats,
-                       at::TensorList keys, at::TensorList values, at::IntArrayRef sizes,
-                       c10::ArrayRef<double> scalars, const at::Tensor& adapters, at::TensorList lora,
-                       at::IntArrayRef lora_sites, c10::ArrayRef<double> lora_scales, int64_t logits_from) {
-  Plan plan = make_plan(tokens, positions, columns, starts, weights, formats, keys, values, sizes, scalars);
-  add_lora(plan, adapters, weights, lora, lora_sites, lora_scales);
-  TORCH_CHECK(logits_from >= 0 && logits_from < std::max<int64_t>(plan.rows, 1),
-              "oneblock::decode_step: logits_from must be in [0, B) = [0, ", plan.rows, "); got ", logits_from);
-  plan.logits_from = plan.rows == 0 ? 0 : logits_from;
-  at::Tensor logits = at::empty({plan.rows - plan.logits_from, plan.vocab}, tokens.options().dtype(at::kFloat));
+at::Tensor decode_step(const c10::intrusive_ptr<StepPlan>& plan, const at::Tensor& tokens, const at::Tensor& positions,
+                       const at::Tensor& columns, const at::Tensor& starts, at::TensorList keys, at::TensorList values,
+                       const at::Tensor& adapters, int64_t logits_from) {
+  const Plan& p = plan->plan();
+  const Call c = read_call(p, tokens, positions, columns, starts, keys, values, adapters, logits_from);
+  at::Tensor logits = at::empty({c.rows - c.logits_from, p.vocab}, tokens.options().dtype(at::kFloat));
   thread_local Workspace ws;  // per calling thread: two decoders on two threads never share buffers
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  step(plan, ws, logits.data_ptr<float>(), threads);
+  step(p, c, ws, logits.data_ptr<float>(), threads);
   return logits;
 }
 
 }  // namespace
 }  // namespace oneblock
 
-TORCH_LIBRARY_FRAGMENT(oneblock, m) {
-  m.def(
-      "decode_step(Tensor tokens, Tensor positions, Tensor columns, Tensor starts, Tensor[] weights, "
-      "int[] formats, Tensor[] keys, Tensor[] values, int[] sizes, float[] scalars, Tensor adapters, "
-      "Tensor[] lora, int[] lora_sites, float[] lora_scales, int logits_from=0) -> Tensor");
-}
-
+// The op's schema: decode_plan.cpp, beside the StepPlan class it takes.
 TORCH_LIBRARY_IMPL(oneblock, CPU, m) { m.impl("decode_step", &oneblock::decode_step); }

@@ -1,56 +1,68 @@
-// The plan of the native decode step: pointers into the model's own tensors, read from the op's arguments once
-// per call (decode_plan.cpp), used by the passes of decode_step.cpp. Nothing here owns memory.
+// The plan of the native decode step: a StepPlan (decode_plan.cpp) reads and checks a model's tensors once, by
+// name, into pointers (Plan); each call adds its rows (Call) and runs the passes of decode_step.cpp. The StepPlan
+// holds the tensors it points into; Plan and Call own no memory.
 //
-// The op's arguments (built once per generation by oneblock/inference/native_step.py):
+// torch.classes.oneblock.StepPlan(sizes, scalars, tensors, formats, layer_sizes, layers, layer_formats), built
+// once per generation by oneblock/inference/native_step.py; every key below is required unless marked optional,
+// and a key not listed is refused by name:
 //
-//   sizes   = [n_layers, d_model, n_heads, n_kv_heads, d_head, d_ff, vocab, norm, ffn, activation, position,
-//              position_offset, final_norm, out_norm, qk_norm], then 2 per layer: [window, rope]
-//             norm 0 LayerNorm / 1 RMSNorm; ffn 0 MLP / 1 gated (act(gate) * up); activation as step_math.h;
-//             position 0 none / 1 learned / 2 rotary (tables (P, R): the first R <= Dh features of each head
-//             rotate, the rest pass unchanged, as Phi-4-mini's); out_norm 0 none / 1 sandwich: each sublayer's
-//             output normalized before the residual add too (Gemma) / 2 output: only that, no norm before the
-//             sublayers (OLMo 2: attn_norm and ffn_norm empty); qk_norm 0 none / 1 an RMSNorm over each head of q
-//             and of k before rotary (Qwen3) / 2 one over the whole q row (H Dh) and one over the whole k row
-//             (Hkv Dh) (OLMo 2);
-//             per layer: window 0 (the whole context) or W (a query at column c sees columns > c - W), rope 0 no
-//             rotary (SmolLM3's layers without positions) / 1 the model's tables / 2 the local tables (Gemma 3's
-//             local layers)
-//   scalars = [norm_eps, attn_scale, embed_scale, attn_softcap, logit_softcap, residual_multiplier,
-//              logits_scaling]
-//             embed_scale multiplies the token row (1: none; Granite's embedding_multiplier); a softcap of 0 is
-//             none, else s -> tanh(s / cap) * cap on the scaled scores before the softmax / on the logits;
-//             residual_multiplier scales each sublayer's output (normalized first where out_norm) before the
-//             residual add, logits_scaling divides the logits before their softcap (Granite; 1: none)
-//   weights = 10 model tensors, then 24 per layer; an empty tensor stands for one the model does not have:
-//             tok, pos, rope_cos, rope_sin, final_norm_w, final_norm_b, head_w, head_b, rope_local_cos,
-//             rope_local_sin,
-//             per layer: attn_norm_w, attn_norm_b, q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b,
-//                        ffn_norm_w, ffn_norm_b, gate_w, gate_b, up_w, up_b, down_w, down_b,   (kLayerMatrices)
-//                        q_norm_w, k_norm_w, attn_out_norm_w, attn_out_norm_b, ffn_out_norm_w, ffn_out_norm_b
-//             (q_norm_w, k_norm_w (Dh,) each, or (H Dh,) and (Hkv Dh,) over the width)
-//             q_w may hold q, k and v stacked (k_w, v_w empty); gate_w gate and up stacked (up_w empty), or the
-//             MLP's first matrix; the options' tensors are empty in a model without them
-//   formats = one per weight: 0 = float32 (N, K), else the GGUF type of (N, K / n * nbytes) uint8 blocks of n
-//             values: 32, or 256 for the K-quants (Q4_K, Q6_K), whose K must be a multiple of 256
+//   sizes         {str: int}  kSizeKeys: d_model, n_heads, n_kv_heads, d_head, d_ff, vocab, norm, ffn, activation,
+//                 position, position_offset, final_norm, out_norm, qk_norm
+//                 norm 0 LayerNorm / 1 RMSNorm; ffn 0 MLP / 1 gated (act(gate) * up); activation as step_math.h;
+//                 position 0 none / 1 learned / 2 rotary (tables (P, R): the first R <= Dh features of each head
+//                 rotate, the rest pass unchanged, as Phi-4-mini's); out_norm 0 none / 1 sandwich: each sublayer's
+//                 output normalized before the residual add too (Gemma) / 2 output: only that, no norm before the
+//                 sublayers (OLMo 2: no attn_norm, ffn_norm); qk_norm 0 none / 1 an RMSNorm over each head of q and
+//                 of k before rotary (Qwen3) / 2 one over the whole q row (H Dh) and one over the whole k row
+//                 (Hkv Dh) (OLMo 2)
+//   scalars       {str: float}  kScalarKeys: norm_eps, attn_scale, embed_scale, attn_softcap, logit_softcap,
+//                 residual_multiplier, logits_scaling
+//                 embed_scale multiplies the token row (1: none; Granite's embedding_multiplier); a softcap of 0 is
+//                 none, else s -> tanh(s / cap) * cap on the scaled scores before the softmax / on the logits;
+//                 residual_multiplier scales each sublayer's output (normalized first where out_norm) before the
+//                 residual add, logits_scaling divides the logits before their softcap (Granite; 1: none)
+//   tensors       {str: Tensor}  kModelKeys: tok (V, C), head_w (V, C); optional: pos (P, C) (position 1),
+//                 rope_cos, rope_sin (P, R) (position 2), rope_local_cos, rope_local_sin (P, R) (Gemma 3's local
+//                 layers), final_norm_w, final_norm_b (C,) (final_norm 1), head_b (V,)
+//   formats       {str: int}  the format of a matrix among tensors (tok, head_w); optional, absent: 0
+//   layer_sizes   [{str: int}] one per layer, kLayerSizeKeys: window 0 (the whole context) or W (a query at column
+//                 c sees columns > c - W), rope 0 no rotary (SmolLM3's layers without positions) / 1 the model's
+//                 tables / 2 the local tables (Gemma 3's local layers)
+//   layers        [{str: Tensor}] one per layer, kLayerKeys, all optional as the model has them:
+//                 attn_norm_w, attn_norm_b, q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, ffn_norm_w, ffn_norm_b,
+//                 gate_w, gate_b, up_w, up_b, down_w, down_b, q_norm_w, k_norm_w, attn_out_norm_w,
+//                 attn_out_norm_b, ffn_out_norm_w, ffn_out_norm_b
+//                 q_w may hold q, k and v stacked (no k_w, v_w); gate_w gate and up stacked (no up_w), or the MLP's
+//                 first matrix; q_norm_w, k_norm_w (Dh,) each, or (H Dh,) and (Hkv Dh,) over the width
+//   layer_formats [{str: int}] one per layer: the format of its matrices (q_w ... down_w); absent: 0
 //
-// LoRA adapters, rows of different adapters in one step (oneblock/adapters/multi.py, MultiLoraLinear); all empty
-// for a model without them:
+// A format is 0 = float32 (N, K), else the GGUF type of (N, K / n * nbytes) uint8 blocks of n values: 32, or 256
+// for the K-quants (Q4_K, Q6_K), whose K must be a multiple of 256.
 //
-//   adapters    = (B,) int64: each row's adapter, 0 for the base (read only when lora is not empty)
-//   lora        = A (r, K) and B (N, r) float32 of each update, in turn
-//   lora_sites  = two per update: the index in `weights` of the layer matrix it updates (q_w ... down_w), and its
-//                 adapter (>= 1)
-//   lora_scales = one per update: its scale (alpha / r)
+// LoRA adapters, rows of different adapters in one step (oneblock/adapters/multi.py, MultiLoraLinear), added to
+// the plan one update at a time (decode_lora.cpp):
 //
+//   plan.add_lora(layer, matrix, adapter, scale, A, B)    matrix one of q_w ... down_w the layer has; adapter >= 1;
+//                                                         A (r, K), B (N, r) float32; scale alpha / r
 //   a row of adapter k:  out[:, matrix's columns] = (x W^T + b) + (x A_k^T) B_k^T * scale_k    as MultiLoraLinear
 //
-// logits_from = the first row whose logits are computed (the op returns (B - logits_from, V)): a prompt read in
-// one call as rows of one sequence needs only its last row's.
+// A call, oneblock::decode_step(plan, tokens, positions, columns, starts, keys, values, adapters, logits_from)
+// (decode_step.cpp), checks only its own arguments:
+//
+//   tokens, positions, columns, starts   (B,) int64 each: token id, position (rotary / learned), cache column
+//                                        written, first cache column attended
+//   keys, values   per layer one (B, Hkv, capacity, Dh) float32 buffer, or per row and layer one (1, Hkv,
+//                  capacity_r, Dh) buffer (keys[r * L + l]); rows sharing one are the tokens of one prompt
+//   adapters       (B,) int64: each row's adapter, 0 for the base (read only when the plan holds LoRA updates)
+//   logits_from    the first row whose logits are computed (the op returns (B - logits_from, V)): a prompt read
+//                  in one call as rows of one sequence needs only its last row's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/custom_class.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dot.h"
@@ -58,12 +70,20 @@
 
 namespace oneblock {
 
-constexpr int64_t kGlobalWeights = 10;
-constexpr int64_t kLayerWeights = 24;
-constexpr int64_t kLayerMatrices = 18;  // a layer's norms and matrices, (weight, bias) pairs; its options after
-constexpr int64_t kSizes = 15;          // then kLayerSizes per layer
-constexpr int64_t kLayerSizes = 2;
-constexpr int64_t kScalars = 7;
+// The keys of a StepPlan's dicts, in the order of its arrays (oneblock/kernels/decode_step.py names them once more;
+// StepPlan.keys returns these, and a test checks that both agree).
+inline constexpr const char* kSizeKeys[] = {
+    "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab", "norm", "ffn", "activation", "position",
+    "position_offset", "final_norm", "out_norm", "qk_norm"};
+inline constexpr const char* kScalarKeys[] = {"norm_eps",      "attn_scale",          "embed_scale",   "attn_softcap",
+                                              "logit_softcap", "residual_multiplier", "logits_scaling"};
+inline constexpr const char* kModelKeys[] = {"tok",    "pos",    "rope_cos", "rope_sin",       "final_norm_w",
+                                             "final_norm_b", "head_w", "head_b",   "rope_local_cos", "rope_local_sin"};
+inline constexpr const char* kLayerSizeKeys[] = {"window", "rope"};
+inline constexpr const char* kLayerKeys[] = {
+    "attn_norm_w", "attn_norm_b", "q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w", "o_b", "ffn_norm_w", "ffn_norm_b",
+    "gate_w", "gate_b", "up_w", "up_b", "down_w", "down_b",  // the norms and matrices, (weight, bias) pairs
+    "q_norm_w", "k_norm_w", "attn_out_norm_w", "attn_out_norm_b", "ffn_out_norm_w", "ffn_out_norm_b"};
 constexpr int64_t kMaxParts = 3;
 
 // One weight matrix (N, K): float32 rows (fmt 0) or GGUF block rows (K / 32 blocks, K / 256 for a K-quant).
@@ -73,7 +93,6 @@ struct Matrix {
   int64_t n = 0;
   int64_t row_bytes = 0;
   const float* bias = nullptr;  // (N,) or null
-  DotFn dot = nullptr;          // block matrices only
 };
 
 // One adapter's low-rank update of one matrix of a product, for the rows of that adapter.
@@ -145,8 +164,9 @@ struct Layer {
   const float* rope_sin = nullptr;
 };
 
+// The model, read and checked once (StepPlan, decode_plan.cpp): every call reads it, none writes it.
 struct Plan {
-  int64_t rows, n_layers, d_model, heads, kv_heads, d_head, d_ff, vocab;
+  int64_t n_layers, d_model, heads, kv_heads, d_head, d_ff, vocab;
   int64_t norm, ffn, act, position, position_offset;
   int64_t out_norm, qk_norm;  // as in sizes: 0 none; out_norm 1 sandwich / 2 output; qk_norm 1 head / 2 width
   bool final_norm;
@@ -156,19 +176,24 @@ struct Plan {
   const float* pos = nullptr;  // (P, C) learned positions, or null
   const float* rope_cos = nullptr;  // (P, rope_dims), or null
   const float* rope_sin = nullptr;
+  int64_t table = -1, local_table = -1;  // the rows P of the position or rotary tables, of the local ones; -1: none
   const float* final_w = nullptr;
   const float* final_b = nullptr;
   Product head;
   std::vector<Layer> layers;
+  // The width of a row of the low-rank buffer (the largest sum of ranks over one product's updates); 0: no LoRA.
+  int64_t lora_width = 0;
+};
+
+// One call's rows, read and checked by each call (decode_step.cpp).
+struct Call {
+  int64_t rows;
   // Per row: token id, position (rotary / learned), cache column written, first cache column attended.
   const int64_t* tokens;
   const int64_t* positions;
   const int64_t* columns;
   const int64_t* starts;
-  // Per row: its adapter (0: the base), or null without adapters; the width of a row of the low-rank buffer (the
-  // largest sum of ranks over one product's updates).
-  const int64_t* adapters = nullptr;
-  int64_t lora_width = 0;
+  const int64_t* adapters = nullptr;  // per row: its adapter (0: the base), or null without LoRA updates
   // The caches of row r, layer l: keys[r * n_layers + l] and values[...], each (Hkv, capacity[r], Dh) float32.
   std::vector<float*> keys, values;
   std::vector<int64_t> capacity;
@@ -176,22 +201,42 @@ struct Plan {
   // written before any row attends, so a row sees the rows before it.
   bool shared_cache = false;
   int64_t logits_from = 0;  // the logits computed: rows [logits_from, rows)
-  FloatMath math;
+  FloatMath math;           // the float routines of the instruction set in use (set_isa)
 };
 
-// Reads and checks the op's arguments (decode_plan.cpp). The tensors must outlive the plan.
-Plan make_plan(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& columns,
-               const at::Tensor& starts, at::TensorList weights, at::IntArrayRef formats, at::TensorList keys,
-               at::TensorList values, at::IntArrayRef sizes, c10::ArrayRef<double> scalars);
+// Reads and checks one call's arguments against the plan (decode_plan.cpp). The tensors must outlive the call.
+Call read_call(const Plan& p, const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& columns,
+               const at::Tensor& starts, at::TensorList keys, at::TensorList values, const at::Tensor& adapters,
+               int64_t logits_from);
+
+// torch.classes.oneblock.StepPlan (decode_plan.cpp): a model's Plan, read and checked once from named tensors
+// (the arguments above), holding the tensors it points into.
+class StepPlan : public torch::CustomClassHolder {
+ public:
+  StepPlan(c10::Dict<std::string, int64_t> sizes, c10::Dict<std::string, double> scalars,
+           c10::Dict<std::string, at::Tensor> tensors, c10::Dict<std::string, int64_t> formats,
+           c10::List<c10::Dict<std::string, int64_t>> layer_sizes, c10::List<c10::Dict<std::string, at::Tensor>> layers,
+           c10::List<c10::Dict<std::string, int64_t>> layer_formats);
+  // One LoRA update of a layer's matrix (decode_lora.cpp), checked as it is added.
+  void add_lora(int64_t layer, const std::string& matrix, int64_t adapter, double scale, const at::Tensor& a,
+                const at::Tensor& b);
+  const Plan& plan() const { return plan_; }
+
+ private:
+  Plan plan_;
+  c10::Dict<std::string, at::Tensor> tensors_;  // what plan_ points into
+  c10::List<c10::Dict<std::string, at::Tensor>> layers_;
+  std::vector<at::Tensor> lora_;
+};
 
 // The blocks that `prod` reads of columns [j0, j1) of row r of an input of width k (decode_products.cpp):
 // whole blocks of 32, and of 256 where a part is a K-quant.
 void quantize_range(const Input& in, const Product& prod, int64_t k, int64_t r, int64_t j0, int64_t j1);
 
-// out[r * stride + j] = in_r . W_j + b_j for every row r (p.rows where rows < 0) and columns [j0, j1) of the
+// out[r * stride + j] = in_r . W_j + b_j for every row r (c.rows where rows < 0) and columns [j0, j1) of the
 // product's side-by-side outputs, each part with the blocks of its own size. Every output is computed by the same
 // instructions whatever the rows and the range.
-void multiply(const Plan& p, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
+void multiply(const Call& c, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
               int64_t stride, int64_t rows = -1);
 
 // Columns per chunk of a pass over n columns: about eight chunks per thread, in whole units of columns (32, or
@@ -204,20 +249,16 @@ int64_t chunk_columns(int64_t n, int64_t threads, int64_t unit = QK);
 //   store         the head's key (normalized, rotated) and value written at the row's cache column
 //   attend_group  the query heads of group g (normalized, rotated) over the row's keys, a local layer's last
 //                 `window`, into att_row's heads (the row's key stored already)
-void normalize_qk_width(const Plan& p, int64_t l, float* qkv_row);
-void store(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch);
-void attend_group(const Plan& p, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
+void normalize_qk_width(const Plan& p, const Call& c, int64_t l, float* qkv_row);
+void store(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch);
+void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
                   std::vector<float>& scratch);
-
-// Reads and checks the adapters' arguments into the plan's products (decode_lora.cpp).
-void add_lora(Plan& p, const at::Tensor& adapters, at::TensorList weights, at::TensorList lora,
-              at::IntArrayRef sites, c10::ArrayRef<double> scales);
 
 // The updates of a product, in two halves around its pass (decode_lora.cpp):
 //   lora_a  before the pass, per row: t = x A^T for each update of row r's adapter      (rank,) values each
 //   lora_b  in the pass, after the base product of columns [j0, j1): out += (t B^T) * scale on every row's own
 //           adapter's columns
-void lora_a(const Plan& p, const Product& prod, int64_t r, const float* x, float* t);
-void lora_b(const Plan& p, const Product& prod, const float* t, int64_t j0, int64_t j1, float* out, int64_t stride);
+void lora_a(const Plan& p, const Call& c, const Product& prod, int64_t r, const float* x, float* t);
+void lora_b(const Plan& p, const Call& c, const Product& prod, const float* t, int64_t j0, int64_t j1, float* out, int64_t stride);
 
 }  // namespace oneblock
