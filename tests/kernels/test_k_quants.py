@@ -1,8 +1,8 @@
 """Q6_K, Q4_K, Q5_K and IQ4_XS (super-blocks of 256 values), multiplied with llama.cpp's Q8_K activation blocks.
 
 The decoders equal the ``gguf`` package's dequantizer bit for bit; the C++ kernel on every instruction set equals the
-NumPy reference bit for bit (every kernel sums exact integers per super-block: scalar, AVX2, and AVX-512 for Q4_K and
-Q6_K, whose calls take 1 to 4 weight or activation rows; the AVX-512 paths run the AVX2 kernels of Q5_K and IQ4_XS),
+NumPy reference bit for bit (every kernel sums exact integers per super-block: scalar, AVX2, and AVX-512 for Q4_K, Q5_K
+and Q6_K, whose calls take 1 to 4 weight or activation rows; the AVX-512 paths run the AVX2 kernel of IQ4_XS),
 and so does the PyTorch fallback; every path is within the rounding of the activations of ``x @ W^T``
 computed in float64 from gguf's values. Blocks are random bytes with finite scales, as a file may hold them (oneblock
 has no K-quant quantizer: ggml's searches for its scales).

@@ -1,5 +1,5 @@
-// AVX-512 kernels of Q4_K and Q6_K, included twice by dot_kq_avx512.cpp: once with OB_VNNI 0 (`vpmaddubsw`, then
-// `vpmaddwd` with the sub-block scales in place of ones) and once with OB_VNNI 1 (`vpdpbusd`, then the scales
+// AVX-512 kernels of Q4_K, Q5_K and Q6_K, included twice by dot_kq_avx512.cpp: once with OB_VNNI 0 (`vpmaddubsw`,
+// then `vpmaddwd` with the sub-block scales in place of ones) and once with OB_VNNI 1 (`vpdpbusd`, then the scales
 // multiplied into the int32 lanes). 64 bytes of codes per instruction, the scales of a super-block unpacked once for
 // its 8 (16) sub-blocks, and up to 4 weight rows (or 4 activation rows) per call sharing each load. Every lane holds an
 // exact integer and a super-block's lanes are summed as integers: the `isum` (and `msum`) of the scalar kernel, then
@@ -52,63 +52,87 @@ inline void q4_k_scales_mins(const uint8_t* q, uint8_t out[16]) {
   std::memcpy(out, u, 16);
 }
 
-template <int R, int C>
-struct Q4_KTile {
-  OB_TARGET static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
-                            int64_t stride) {
-    // A 64-byte chunk k of nibbles holds sub-blocks 4k (low nibbles of bytes 0-31), 4k + 1 (their high nibbles),
-    // 4k + 2 and 4k + 3 (bytes 32-63): its low nibbles pair with the activations of sub-blocks (4k, 4k + 2), its high
-    // ones with (4k + 1, 4k + 3); the scale of each int32 lane is its sub-block's.
-    const __m512i pick[4] = {
-        _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
-        _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
-        _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4),
-        _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 5, 5, 5, 5, 5, 5, 5, 5)};
-    const __m512i low_mask = _mm512_set1_epi8(0x0F);
-    float acc[R][C] = {};
-    for (int64_t b = 0; b < nb; ++b) {
-      __m512i qa[R][4];  // per row: activations of sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
-      __m256i bsums[R];  // per row: the 16 int16 sums of 16 codes
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = a[r].q + b * QK_K;
-        for (int k = 0; k < 2; ++k) {
-          const __m512i a0 = _mm512_loadu_si512(q + 128 * k), a1 = _mm512_loadu_si512(q + 128 * k + 64);
-          qa[r][2 * k] = _mm512_shuffle_i64x2(a0, a1, 0x44);
-          qa[r][2 * k + 1] = _mm512_shuffle_i64x2(a0, a1, 0xEE);
-        }
-        bsums[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r].bsums + b * (QK_K / 16)));
-      }
-      for (int c = 0; c < C; ++c) {
-        const BlockQ4_K& w = reinterpret_cast<const BlockQ4_K*>(wp + c * row_bytes)[b];
-        alignas(16) uint8_t sm[16];
-        q4_k_scales_mins(w.scales, sm);
-        const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
-        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(packed));
-        // each minimum twice, as int16: vpmaddwd with the bsums gives m[s] * (bs[2s] + bs[2s + 1])
-        const __m128i mins8 = _mm_srli_si128(packed, 8);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
-        __m512i qw[4], scale[4];
-        for (int k = 0; k < 2; ++k) {
-          const __m512i raw = _mm512_loadu_si512(w.qs + 64 * k);
-          qw[2 * k] = _mm512_and_si512(raw, low_mask);
-          qw[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask);
-        }
-        for (int i = 0; i < 4; ++i) scale[i] = _mm512_permutexvar_epi32(pick[i], sc);
-        const float d = g_half[load_u16(&w.d)], dmin = g_half[load_u16(&w.dmin)];
+// Q5_K's fifth bits: bit s of qh[l] adds 16 to value l of sub-block s. A chunk's lanes 0-31 are of one sub-block and
+// 32-63 of another: the byte mask of qh (twice) tested against those two sub-blocks' bits.
+OB_TARGET inline __m512i add_fifth(__m512i low, __m512i qh2, int s0, int s1) {
+  const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << s0)),
+                                          _mm256_set1_epi8(static_cast<char>(1 << s1)), 1);
+  return _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(qh2, bits), low, _mm512_set1_epi8(16));
+}
+
+// Q4_K, and Q5_K (Five: the same scales, minimums and nibbles, and a fifth bit per code).
+template <typename Block, bool Five>
+struct Q4_K {
+  template <int R, int C>
+  struct Tile {
+    OB_TARGET static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
+                              int64_t stride) {
+      // A 64-byte chunk k of nibbles holds sub-blocks 4k (low nibbles of bytes 0-31), 4k + 1 (their high nibbles),
+      // 4k + 2 and 4k + 3 (bytes 32-63): its low nibbles pair with the activations of sub-blocks (4k, 4k + 2), its high
+      // ones with (4k + 1, 4k + 3); the scale of each int32 lane is its sub-block's.
+      const __m512i pick[4] = {
+          _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
+          _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+          _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4),
+          _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 5, 5, 5, 5, 5, 5, 5, 5)};
+      const __m512i low_mask = _mm512_set1_epi8(0x0F);
+      float acc[R][C] = {};
+      for (int64_t b = 0; b < nb; ++b) {
+        __m512i qa[R][4];  // per row: activations of sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+        __m256i bsums[R];  // per row: the 16 int16 sums of 16 codes
         for (int r = 0; r < R; ++r) {
-          __m512i sums = scaled_dot(qw[0], qa[r][0], scale[0]);
-          for (int i = 1; i < 4; ++i) sums = _mm512_add_epi32(sums, scaled_dot(qw[i], qa[r][i], scale[i]));
-          int isum, msum;
-          hsum_two(sums, _mm256_madd_epi16(bsums[r], mins), isum, msum);
-          acc[r][c] += static_cast<float>(isum) * (d * a[r].d[b]);
-          acc[r][c] -= static_cast<float>(msum) * (dmin * a[r].d[b]);
+          const int8_t* q = a[r].q + b * QK_K;
+          for (int k = 0; k < 2; ++k) {
+            const __m512i a0 = _mm512_loadu_si512(q + 128 * k), a1 = _mm512_loadu_si512(q + 128 * k + 64);
+            qa[r][2 * k] = _mm512_shuffle_i64x2(a0, a1, 0x44);
+            qa[r][2 * k + 1] = _mm512_shuffle_i64x2(a0, a1, 0xEE);
+          }
+          bsums[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r].bsums + b * (QK_K / 16)));
+        }
+        for (int c = 0; c < C; ++c) {
+          const Block& w = reinterpret_cast<const Block*>(wp + c * row_bytes)[b];
+          alignas(16) uint8_t sm[16];
+          q4_k_scales_mins(w.scales, sm);
+          const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+          const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(packed));
+          // each minimum twice, as int16: vpmaddwd with the bsums gives m[s] * (bs[2s] + bs[2s + 1])
+          const __m128i mins8 = _mm_srli_si128(packed, 8);
+          const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
+          __m512i qw[4], scale[4];
+          for (int k = 0; k < 2; ++k) {
+            const __m512i raw = _mm512_loadu_si512(w.qs + 64 * k);
+            qw[2 * k] = _mm512_and_si512(raw, low_mask);
+            qw[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_mask);
+          }
+          if constexpr (Five) {
+            const __m512i qh2 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qh)));
+            for (int k = 0; k < 2; ++k) {
+              qw[2 * k] = add_fifth(qw[2 * k], qh2, 4 * k, 4 * k + 2);
+              qw[2 * k + 1] = add_fifth(qw[2 * k + 1], qh2, 4 * k + 1, 4 * k + 3);
+            }
+          }
+          for (int i = 0; i < 4; ++i) scale[i] = _mm512_permutexvar_epi32(pick[i], sc);
+          const float d = g_half[load_u16(&w.d)], dmin = g_half[load_u16(&w.dmin)];
+          for (int r = 0; r < R; ++r) {
+            __m512i sums = scaled_dot(qw[0], qa[r][0], scale[0]);
+            for (int i = 1; i < 4; ++i) sums = _mm512_add_epi32(sums, scaled_dot(qw[i], qa[r][i], scale[i]));
+            int isum, msum;
+            hsum_two(sums, _mm256_madd_epi16(bsums[r], mins), isum, msum);
+            acc[r][c] += static_cast<float>(isum) * (d * a[r].d[b]);
+            acc[r][c] -= static_cast<float>(msum) * (dmin * a[r].d[b]);
+          }
         }
       }
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) out[r * stride + c] = acc[r][c];
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) out[r * stride + c] = acc[r][c];
-  }
+  };
 };
+
+template <int R, int C>
+using Q4_KTile = Q4_K<BlockQ4_K, false>::Tile<R, C>;
+template <int R, int C>
+using Q5_KTile = Q4_K<BlockQ5_K, true>::Tile<R, C>;
 
 template <int R, int C>
 struct Q6_KTile {
@@ -175,6 +199,7 @@ struct Q6_KTile {
   }
 OB_EXPORT(q4_k, Q4_KTile)
 OB_EXPORT(q6_k, Q6_KTile)
+OB_EXPORT(q5_k, Q5_KTile)
 #undef OB_EXPORT
 
 }  // namespace oneblock
