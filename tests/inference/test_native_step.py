@@ -99,7 +99,12 @@ def test_threads_and_instruction_sets_agree():
 
 @pytest.mark.parametrize(
     ("family", "fmt"),
-    [*((family, "q4_1") for family in WIDE_FAMILIES), ("llama-style", "q5_0"), ("gpt2-style", "q5_1")],
+    [
+        *((family, "q4_1") for family in WIDE_FAMILIES),
+        ("llama-style", "q4_0"),
+        ("llama-style", "q5_0"),
+        ("gpt2-style", "q5_1"),
+    ],
 )
 def test_block_weights_native_step_is_as_faithful_as_the_python_step(family, fmt):
     exact = build(family, seed=5, sizes=WIDE)

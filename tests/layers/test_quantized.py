@@ -118,7 +118,7 @@ def test_bad_input_is_refused_with_the_values():
         BlockLinear(blocks, "q8_0")(torch.zeros(2, 95))
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
 def test_interleave_keeps_the_layers_outputs_weights_lookups_and_splits(fmt):
     if kernels.backend() == "torch":
         pytest.skip("the C++ kernels did not build here: layers keep the file's layout")
@@ -146,8 +146,8 @@ def test_interleave_keeps_the_layers_outputs_weights_lookups_and_splits(fmt):
 
 
 def test_interleave_leaves_what_it_cannot_hold_in_the_files_layout():
-    q4_0, _ = gguf_blocks("q4_0", n=64)
+    q5_0, _ = gguf_blocks("q5_0", n=64)
     odd, _ = gguf_blocks("q4_1", n=40)
-    for layer in (BlockLinear(q4_0, "q4_0"), BlockLinear(odd, "q4_1")):
+    for layer in (BlockLinear(q5_0, "q5_0"), BlockLinear(odd, "q4_1")):
         before = layer.blocks
         assert not layer.interleave() and layer.blocks is before

@@ -3,9 +3,10 @@
 The file's layout keeps each weight row whole, block after block. A 512-bit multiply-add, though, covers 16
 int32 lanes: with the rows interleaved, one load holds 4 codes of each of 16 rows, one broadcast of 4
 activation codes meets all of them, and the 16 rows' scales convert to float in one instruction (llama.cpp does
-the same for Q4_0 with 8 rows, ``block_q4_0x8``, and not for Q4_1 or Q8_0). For a group of 16 rows, block b
+the same for Q4_0 with 8 rows, ``block_q4_0x8``, here Q4_0, Q4_1 and Q8_0 take 16). For a group of 16 rows, block b
 holds::
 
+    q4_0x16: d (16 x f16) | 4 chunks of 64 bytes: chunk L = bytes 4L..4L+3 of each row's codes
     q4_1x16: d (16 x f16) | m (16 x f16) | 4 chunks of 64 bytes: chunk L = bytes 4L..4L+3 of each row's codes
     q8_0x16: d (16 x f16) | 8 chunks of 64 bytes: chunk L = codes 4L..4L+3 of each row
 
@@ -28,7 +29,7 @@ from oneblock.kernels.formats import FORMATS, INTERLEAVED, BlockFormat, get_form
 GROUP_ROWS = 16
 """Rows read together by the interleaved kernels."""
 
-_HALF_FIELDS = {"q4_1": 2, "q8_0": 1}  # float16 fields at the head of a block (d, and q4_1's m)
+_HALF_FIELDS = {"q4_0": 1, "q4_1": 2, "q8_0": 1}  # float16 fields at the head of a block (d, and q4_1's m)
 
 
 def interleaved_format(fmt: str) -> BlockFormat | None:
@@ -66,7 +67,9 @@ def deinterleave(blocks: Tensor, fmt: str) -> Tensor:
     """
     base = get_format(fmt).base or fmt
     if not can_interleave(blocks, base):
-        raise InputError(f"deinterleave needs a q4_1x16 or q8_0x16 matrix; got {fmt} with shape {tuple(blocks.shape)}")
+        raise InputError(
+            f"deinterleave needs a {' / '.join(INTERLEAVED)} matrix; got {fmt} with shape {tuple(blocks.shape)}"
+        )
     g, nb, nbytes, halves = _split(blocks, base)
     y = blocks.reshape(g, nb, GROUP_ROWS * nbytes)
     heads = [y[..., 32 * f : 32 * f + 32].reshape(g, nb, GROUP_ROWS, 2) for f in range(halves)]  # (G, nb, 16, 2)

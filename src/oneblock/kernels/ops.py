@@ -27,7 +27,7 @@ from torch import Tensor
 
 from oneblock.errors import ConfigError, InputError
 from oneblock.kernels import fallback
-from oneblock.kernels.formats import BY_TYPE, FORMATS
+from oneblock.kernels.formats import BY_TYPE, FORMATS, INTERLEAVED
 from oneblock.kernels.interleave import GROUP_ROWS, can_interleave, interleave_reference, interleaved_format
 
 ENV = "ONEBLOCK_KERNELS"
@@ -35,6 +35,7 @@ ISAS = ("scalar", "avx2", "avx512", "avx512_vnni")
 """The C++ paths, slowest first."""
 BACKENDS = ("torch", *ISAS)
 
+_BASES = " / ".join(str(spec.base) for spec in INTERLEAVED.values())  # the formats with an interleaved layout
 _BACKWARD_TILE_VALUES = 1 << 21  # weights dequantized at once by the backward: 8 MB of float32
 
 
@@ -176,7 +177,7 @@ def interleave(blocks: Tensor, fmt: str) -> Tensor:
     """
     if not can_interleave(blocks, fmt):
         raise InputError(
-            f"interleave needs a q4_1 or q8_0 matrix with a multiple of {GROUP_ROWS} rows; got {fmt} with shape "
+            f"interleave needs a {_BASES} matrix with a multiple of {GROUP_ROWS} rows; got {fmt} with shape "
             f"{tuple(blocks.shape)}. Keep such a matrix in the file's layout"
         )
     if backend() != "torch":
@@ -194,7 +195,7 @@ def interleave_parts(parts: Sequence[Tensor], fmt: str, order: Tensor | None = N
 
     Args:
         parts: (N_i, nb * nbytes) uint8 block rows of format ``fmt``, each with contiguous rows, all as wide.
-        fmt: ``"q4_1"`` or ``"q8_0"``.
+        fmt: ``"q4_0"``, ``"q4_1"`` or ``"q8_0"``.
         order: (N,) int64, N = sum of N_i: row i of the result is row ``order[i]`` of the stacked parts;
             ``None`` keeps them in turn.
 
@@ -216,7 +217,7 @@ def interleave_parts(parts: Sequence[Tensor], fmt: str, order: Tensor | None = N
     n = sum(p.shape[0] for p in parts)
     if interleaved_format(fmt) is None or n % GROUP_ROWS:
         raise InputError(
-            f"interleave_parts needs q4_1 or q8_0 parts with a multiple of {GROUP_ROWS} rows in all; got {fmt} with "
+            f"interleave_parts needs {_BASES} parts with a multiple of {GROUP_ROWS} rows in all; got {fmt} with "
             f"{n} rows. Stack them in the file's layout instead"
         )
     if order is not None and (

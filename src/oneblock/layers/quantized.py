@@ -57,7 +57,8 @@ class BlockLinear(nn.Module):
         blocks: (N, K / 32 * nbytes) uint8, each row exactly the GGUF bytes of one weight row; kept as given
             (a view of a mapped file stays a view).
         fmt: ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``, ``"q8_0"`` (a key of ``oneblock.kernels.FORMATS``), or
-            ``"q4_1x16"``, ``"q8_0x16"`` for blocks already interleaved (``oneblock.kernels.INTERLEAVED``).
+            ``"q4_0x16"``, ``"q4_1x16"``, ``"q8_0x16"`` for blocks already interleaved
+            (``oneblock.kernels.INTERLEAVED``).
         bias: (N,) float, or ``None``.
 
     Shape: (..., K) -> (..., N), float32 (or ``x``'s dtype when it is another float type).
@@ -86,9 +87,9 @@ class BlockLinear(nn.Module):
         return kernels.get_format(self.fmt).base or self.fmt
 
     def interleave(self) -> bool:
-        """Reorder the blocks, in place and once, into the interleaved layout (``q4_1x16`` / ``q8_0x16``).
+        """Reorder the blocks, in place and once, into the interleaved layout (``q4_0x16`` / ``q4_1x16`` / ``q8_0x16``).
 
-        Applies to q4_1 and q8_0 matrices with a multiple of 16 rows, when the C++ kernels are loaded (the PyTorch
+        Applies to q4_0, q4_1 and q8_0 matrices with a multiple of 16 rows, when the C++ kernels are loaded (the PyTorch
         fallback reads rows whole); the outputs stay those of the file's layout within float32 summation order.
 
         Returns:

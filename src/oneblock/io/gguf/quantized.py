@@ -8,7 +8,7 @@ is decoded to float. Where it saves a pass over the activations, matrices that r
 format. The token table becomes a :class:`~oneblock.layers.quantized.BlockEmbedding`; tied to the head (SmolLM2's Q8_0
 table), one buffer serves both the lookup and the head's product.
 
-Every q4_1 / q8_0 matrix (stacked or not) with a multiple of 16 rows is written once, straight from the mapped
+Every q4_0 / q4_1 / q8_0 matrix (stacked or not) with a multiple of 16 rows is written once, straight from the mapped
 file, into the interleaved layout (the rows 16 at a time, the layout the vector kernels read fastest;
 :func:`oneblock.kernels.interleave_parts` stacks the parts and puts the query/key rows in ``rotate_half`` order,
 see :func:`oneblock.io.gguf.load.unpermute_rows`, in the same pass), and its file pages released: one copy of

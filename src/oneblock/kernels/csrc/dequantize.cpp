@@ -105,6 +105,15 @@ void decode_interleaved_row(const uint8_t* group, int lane, int64_t fmt, int64_t
       for (int j = 0; j < QK; ++j) {
         out[j] = d * static_cast<float>(static_cast<int8_t>(blk[L::kCodes + (j / 4) * kChunkBytes + lane * 4 + j % 4]));
       }
+    } else if (file_format(fmt) == kQ4_0) {
+      using L = Interleaved<kQ4_0>;
+      const uint8_t* blk = group + b * L::kBytes;
+      const float d = g_half[load_u16(blk + L::kScales + 2 * lane)];
+      for (int j = 0; j < QK / 2; ++j) {
+        const uint8_t v = blk[L::kCodes + (j / 4) * kChunkBytes + lane * 4 + j % 4];
+        out[j] = d * static_cast<float>((v & 0x0F) - 8);
+        out[j + QK / 2] = d * static_cast<float>((v >> 4) - 8);
+      }
     } else {
       using L = Interleaved<kQ4_1>;
       const uint8_t* blk = group + b * L::kBytes;

@@ -53,6 +53,38 @@ OB_AVX2 void q4_1_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
 }
 
+// Q4_0's codes less 8, in [-8, 7], signed as Q8_0's below: |w| <= 8 meets the activation with w's sign moved
+// onto it; a pair is at most 2 * 8 * 128 = 2048, so the 8 pairs of a lane fit int16.
+template <int R>
+OB_AVX2 void q4_0_half(const uint8_t* group, int h, const ActRow* a, int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kQ4_0>;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m256 dw = scales8(blk + L::kScales + 16 * h);
+    __m256i w[8], mag[8];  // w[i]: codes 4i..4i+3 of the 8 rows, less 8; mag[i]: |w[i]|
+    for (int c = 0; c < L::kChunks; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + L::kCodes + c * kChunkBytes + 32 * h));
+      w[c] = _mm256_sub_epi8(_mm256_and_si256(raw, low), eight);
+      w[c + 4] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), eight);
+    }
+    for (int i = 0; i < 8; ++i) mag[i] = _mm256_sign_epi8(w[i], w[i]);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a[r].q + b * QK;
+      __m256i pairs = _mm256_maddubs_epi16(mag[0], _mm256_sign_epi8(broadcast4(q), w[0]));
+      for (int i = 1; i < 8; ++i) {
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(mag[i], _mm256_sign_epi8(broadcast4(q + 4 * i), w[i])));
+      }
+      const __m256 sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a[r].d[b])), sumi, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
+}
+
 // Q8_0's signed codes: |w| meets the activation with w's sign moved onto it (`vpsignb`); a pair is at most
 // 2 * 128 * 127 = 32512, so each pair sum is widened to int32 at once.
 template <int R>
@@ -105,6 +137,12 @@ OB_AVX2 void groups(const uint8_t* w, int64_t row_bytes, int cols, const ActRow*
 }
 
 template <int R>
+struct Q4_0Half {
+  OB_AVX2 static void run(const uint8_t* g, int h, const ActRow* a, int64_t nb, float* o, int64_t s) {
+    q4_0_half<R>(g, h, a, nb, o, s);
+  }
+};
+template <int R>
 struct Q4_1Half {
   OB_AVX2 static void run(const uint8_t* g, int h, const ActRow* a, int64_t nb, float* o, int64_t s) {
     q4_1_half<R>(g, h, a, nb, o, s);
@@ -119,6 +157,10 @@ struct Q8_0Half {
 
 }  // namespace
 
+void dot_q4_0x16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                      float* out, int64_t stride) {
+  groups<Q4_0Half>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
 void dot_q4_1x16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                       float* out, int64_t stride) {
   groups<Q4_1Half>(w, row_bytes, cols, a, rows, nb, out, stride);

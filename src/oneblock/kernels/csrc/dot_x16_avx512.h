@@ -76,6 +76,33 @@ OB_TARGET void q4_1_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, _mm512_add_ps(acc[r], mins[r]));
 }
 
+// Q4_0's codes q - 8: the unsigned nibbles q meet the activations, and 8 times the activation block's code sum
+// (`sums`, as code_sums gives it) is taken off the exact int32 sum.
+template <int R>
+OB_TARGET void q4_0_group(const uint8_t* group, const ActRow* a, const int32_t* const* sums, int64_t nb, float* out,
+                          int64_t stride) {
+  using L = Interleaved<kQ4_0>;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m512 dw = scales16(blk + L::kScales);
+    __m512i w[8];  // w[i]: codes 4i..4i+3 of the 16 rows, as stored (0..15)
+    for (int c = 0; c < L::kChunks; ++c) {
+      const __m512i raw = _mm512_loadu_si512(blk + L::kCodes + c * kChunkBytes);
+      w[c] = _mm512_and_si512(raw, low);
+      w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i offset = _mm512_set1_epi32(8 * sums[r][b]);
+      const __m512 sumi = _mm512_cvtepi32_ps(_mm512_sub_epi32(block_sums(w, a[r].q + b * QK), offset));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])), sumi, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
+}
+
 // Q8_0's codes are signed. With VNNI they are taken as unsigned w + 128 (one xor) and 128 times the activation
 // block's code sum is taken off the int32 sum; without, |w| meets the activation with w's sign moved onto it.
 template <int R>
@@ -120,7 +147,7 @@ OB_TARGET void q8_0_group(const uint8_t* group, const ActRow* a, const int32_t* 
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
 }
 
-// The code sums of each activation block (for Q8_0 with VNNI): 32 codes + 128 each as unsigned bytes, summed
+// The code sums of each activation block (for Q4_0, and Q8_0 with VNNI): 32 codes + 128 each as unsigned bytes, summed
 // by `vpsadbw`, less 32 * 128.
 OB_TARGET inline void code_sums(const ActRow& a, int64_t nb, int32_t* out) {
   const __m256i flip = _mm256_set1_epi8(-128);
@@ -147,6 +174,33 @@ OB_TARGET void OB_CAT(dot_q4_1x16_, OB_SUFFIX)(const uint8_t* w, int64_t row_byt
         case 2: k::q4_1_group<2>(group, a + r, nb, o, stride); break;
         case 3: k::q4_1_group<3>(group, a + r, nb, o, stride); break;
         default: k::q4_1_group<4>(group, a + r, nb, o, stride); break;
+      }
+    }
+  }
+}
+
+OB_TARGET void OB_CAT(dot_q4_0x16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
+                                     int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  constexpr int64_t kStackSums = 512;
+  int32_t local[kStackSums];
+  std::vector<int32_t> storage;
+  int32_t* sums = local;
+  if (rows * nb > kStackSums) {
+    storage.resize(static_cast<size_t>(rows * nb));
+    sums = storage.data();
+  }
+  for (int r = 0; r < rows; ++r) k::code_sums(a[r], nb, sums + r * nb);
+  for (int c = 0; c < cols; c += kGroupRows) {
+    const uint8_t* group = w + c * row_bytes;
+    for (int r = 0; r < rows; r += 4) {
+      const int32_t* s[4] = {sums + r * nb, sums + (r + 1) * nb, sums + (r + 2) * nb, sums + (r + 3) * nb};
+      float* o = out + r * stride + c;
+      switch (rows - r) {
+        case 1: k::q4_0_group<1>(group, a + r, s, nb, o, stride); break;
+        case 2: k::q4_0_group<2>(group, a + r, s, nb, o, stride); break;
+        case 3: k::q4_0_group<3>(group, a + r, s, nb, o, stride); break;
+        default: k::q4_0_group<4>(group, a + r, s, nb, o, stride); break;
       }
     }
   }

@@ -13,6 +13,13 @@ inline int q4_1_code(const uint8_t* blk, int lane, int j) {
   return j < 16 ? (v & 0x0F) : (v >> 4);
 }
 
+// Q4_0's code j of row `lane`, less 8: in [-8, 7], as dot_scalar.cpp takes it.
+inline int q4_0_code(const uint8_t* blk, int lane, int j) {
+  const int byte = j & 15;
+  const uint8_t v = blk[Interleaved<kQ4_0>::kCodes + (byte / 4) * kChunkBytes + lane * 4 + byte % 4];
+  return (j < 16 ? (v & 0x0F) : (v >> 4)) - 8;
+}
+
 inline int q8_0_code(const uint8_t* blk, int lane, int j) {
   return static_cast<int8_t>(blk[Interleaved<kQ8_0>::kCodes + (j / 4) * kChunkBytes + lane * 4 + j % 4]);
 }
@@ -27,6 +34,18 @@ float q4_1_one(const uint8_t* group, int lane, const ActRow& a, int64_t nb) {
     const float dw = g_half[load_u16(blk + Interleaved<kQ4_1>::kScales + 2 * lane)];
     const float mw = g_half[load_u16(blk + Interleaved<kQ4_1>::kMins + 2 * lane)];
     acc += static_cast<float>(sumi) * (dw * a.d[b]) + mw * a.s[b];
+  }
+  return acc;
+}
+
+float q4_0_one(const uint8_t* group, int lane, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * Interleaved<kQ4_0>::kBytes;
+    const int8_t* qa = a.q + b * QK;
+    int sumi = 0;
+    for (int j = 0; j < QK; ++j) sumi += q4_0_code(blk, lane, j) * qa[j];
+    acc += static_cast<float>(sumi) * (g_half[load_u16(blk + Interleaved<kQ4_0>::kScales + 2 * lane)] * a.d[b]);
   }
   return acc;
 }
@@ -56,6 +75,10 @@ void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int ro
 
 }  // namespace
 
+void dot_q4_0x16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                        float* out, int64_t stride) {
+  each<q4_0_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
 void dot_q4_1x16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                         float* out, int64_t stride) {
   each<q4_1_one>(w, row_bytes, cols, a, rows, nb, out, stride);
