@@ -32,7 +32,6 @@ SOURCES = (
     "dot_avx512.cpp",
     "dot_kq_scalar.cpp",  # Q5_K, IQ4_NL, IQ4_XS
     "dot_kq_avx2.cpp",
-    "dot_kq_avx512.cpp",  # Q4_K, Q5_K, Q6_K
     "dot_x16_scalar.cpp",
     "dot_x16_avx2.cpp",
     "dot_x16_avx512.cpp",
@@ -44,16 +43,7 @@ SOURCES = (
     "step_math.cpp",
     "interleave.cpp",
 )
-HEADERS = (
-    "blocks.h",
-    "interleaved.h",
-    "dot.h",
-    "dot_avx512.h",
-    "dot_kq_avx512.h",
-    "dot_x16_avx512.h",
-    "decode_step.h",
-    "step_math.h",
-)
+HEADERS = ("blocks.h", "interleaved.h", "dot.h", "dot_avx512.h", "dot_x16_avx512.h", "decode_step.h", "step_math.h")
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as
 # the NumPy reference (the vector paths call FMA explicitly). -fopenmp: ATen's parallel_for, inlined from its
 # headers, runs on torch's thread team only when the including code is compiled with OpenMP (without it every

@@ -82,12 +82,6 @@ void dot_q6_k_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, 
 void dot_q4_k_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q6_k_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q4_k_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
-void dot_q6_k_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
-void dot_q4_k_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
-void dot_q6_k_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
-void dot_q4_k_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
-void dot_q5_k_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
-void dot_q5_k_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q5_k_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q5_k_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_iq4_xs_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);

@@ -165,29 +165,6 @@ OB_AVX2 inline int hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// The sums of the int32 lanes of v and of m, exact.
-OB_AVX2 inline void hsum_two(__m256i v, __m256i m, int& sv, int& sm) {
-  __m256i x = _mm256_hadd_epi32(v, m);  // [v01 v23 m01 m23 | v45 v67 m45 m67]
-  x = _mm256_hadd_epi32(x, x);          // [v0-3 m0-3 . . | v4-7 m4-7 . .]
-  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-  sv = _mm_cvtsi128_si32(s);
-  sm = _mm_extract_epi32(s, 1);
-}
-
-// Q4_K's 12 bytes of scales and minimums -> 16 bytes: the 8 scales, then the 8 minimums (ggml's unpacking; the
-// values of q4_k_scale_min).
-inline void q4_k_scales_mins(const uint8_t* q, uint8_t out[16]) {
-  uint32_t u[4];
-  std::memcpy(u, q, 12);
-  const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-  const uint32_t mins_low = u[1] & k1;
-  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-  u[2] = mins_low;
-  u[0] &= k1;
-  std::memcpy(out, u, 16);
-}
-
 // 32 Q6_K codes minus 32 from 32 bytes of ql (nibble `high`) and 32 of qh (bit pair `pair`).
 OB_AVX2 inline __m256i q6_k_codes(const uint8_t* ql, bool high, const uint8_t* qh, int pair) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -198,105 +175,67 @@ OB_AVX2 inline __m256i q6_k_codes(const uint8_t* ql, bool high, const uint8_t* q
   return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
 }
 
-// Q6_K, 1 to 4 weight (or activation) rows per call: each 32 activation codes loaded once for all weight rows.
-template <int R, int C>
-struct Q6_KTile {
-  OB_AVX2 static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
-                          int64_t stride) {
-    float acc[R][C] = {};
-    for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ6_K* w[C];
-      __m256i sums[R][C];
-      for (int c = 0; c < C; ++c) {
-        w[c] = reinterpret_cast<const BlockQ6_K*>(wp + c * row_bytes) + b;
-        for (int r = 0; r < R; ++r) sums[r][c] = _mm256_setzero_si256();
-      }
-      for (int g = 0; g < QK_K / 32; ++g) {  // 32 codes: sub-blocks 2g and 2g + 1
-        const int half = g / 4, quarter = g % 4;
-        __m256i qa[R];
-        for (int r = 0; r < R; ++r) qa[r] = load_codes(a[r].q + b * QK_K + 32 * g);
-        for (int c = 0; c < C; ++c) {
-          const __m256i qw =
-              q6_k_codes(w[c]->ql + 64 * half + (quarter & 1) * 32, quarter >= 2, w[c]->qh + 32 * half, quarter);
-          const __m256i scales =
-              _mm256_set_m128i(_mm_set1_epi16(w[c]->scales[2 * g + 1]), _mm_set1_epi16(w[c]->scales[2 * g]));
-          const __m256i wabs = _mm256_sign_epi8(qw, qw);
-          // |w| <= 32 and |a| <= 127: a pair of products fits int16; the scale (int8) multiplies it in vpmaddwd
-          for (int r = 0; r < R; ++r) {
-            const __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(qa[r], qw));
-            sums[r][c] = _mm256_add_epi32(sums[r][c], _mm256_madd_epi16(pairs, scales));
-          }
-        }
-      }
-      for (int c = 0; c < C; ++c) {
-        const float d = g_half[load_u16(&w[c]->d)];
-        for (int r = 0; r < R; ++r) acc[r][c] += static_cast<float>(hsum_epi32(sums[r][c])) * (d * a[r].d[b]);
-      }
+OB_AVX2 float q6_k_one_avx2(const BlockQ6_K* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ6_K& w = blocks[b];
+    __m256i sums = _mm256_setzero_si256();
+    for (int g = 0; g < QK_K / 32; ++g) {  // 32 codes: sub-blocks 2g and 2g + 1
+      const int half = g / 4, quarter = g % 4;
+      const __m256i qw = q6_k_codes(w.ql + 64 * half + (quarter & 1) * 32, quarter >= 2, w.qh + 32 * half, quarter);
+      const __m256i qa = load_codes(a.q + b * QK_K + 32 * g);
+      // |w| <= 32 and |a| <= 127: a pair of products fits int16; the scale (int8) multiplies it in vpmaddwd
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
+      const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(w.scales[2 * g + 1]), _mm_set1_epi16(w.scales[2 * g]));
+      sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, scales));
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) out[r * stride + c] = acc[r][c];
+    acc += static_cast<float>(hsum_epi32(sums)) * (g_half[load_u16(&w.d)] * a.d[b]);
   }
-};
+  return acc;
+}
 
-// Q4_K, 1 to 4 weight (or activation) rows per call; the scales and minimums of a super-block unpacked once.
-template <int R, int C>
-struct Q4_KTile {
-  OB_AVX2 static void run(const uint8_t* wp, int64_t row_bytes, const ActRow* a, int64_t nb, float* out,
-                          int64_t stride) {
-    const __m256i low_mask = _mm256_set1_epi8(0x0F);
-    float acc[R][C] = {};
-    for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ4_K* w[C];
-      alignas(16) uint8_t sm[C][16];  // per weight row: the 8 scales, then the 8 minimums
-      __m256i sums[R][C];
-      for (int c = 0; c < C; ++c) {
-        w[c] = reinterpret_cast<const BlockQ4_K*>(wp + c * row_bytes) + b;
-        q4_k_scales_mins(w[c]->scales, sm[c]);
-        for (int r = 0; r < R; ++r) sums[r][c] = _mm256_setzero_si256();
-      }
-      for (int g = 0; g < QK_K / 64; ++g) {  // 32 bytes of nibbles: sub-blocks 2g (low) and 2g + 1 (high)
-        __m256i raw[C];
-        for (int c = 0; c < C; ++c) raw[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[c]->qs + 32 * g));
-        for (int h = 0; h < 2; ++h) {
-          const int s = 2 * g + h;
-          __m256i qa[R];
-          for (int r = 0; r < R; ++r) qa[r] = load_codes(a[r].q + b * QK_K + 32 * s);
-          for (int c = 0; c < C; ++c) {
-            const __m256i qw = _mm256_and_si256(h ? _mm256_srli_epi16(raw[c], 4) : raw[c], low_mask);
-            const __m256i scale = _mm256_set1_epi16(sm[c][s]);
-            for (int r = 0; r < R; ++r)
-              sums[r][c] = _mm256_add_epi32(sums[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qa[r]), scale));
-          }
-        }
-      }
-      for (int c = 0; c < C; ++c) {
-        // each minimum twice, as int16: vpmaddwd with the bsums gives m[s] * (bs[2s] + bs[2s + 1])
-        const __m128i mins8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm[c] + 8));
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
-        const float d = g_half[load_u16(&w[c]->d)], dmin = g_half[load_u16(&w[c]->dmin)];
-        for (int r = 0; r < R; ++r) {
-          const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r].bsums + b * (QK_K / 16)));
-          int isum, msum;
-          hsum_two(sums[r][c], _mm256_madd_epi16(bsums, mins), isum, msum);
-          acc[r][c] += static_cast<float>(isum) * (d * a[r].d[b]);
-          acc[r][c] -= static_cast<float>(msum) * (dmin * a[r].d[b]);
-        }
+OB_AVX2 float q4_k_one_avx2(const BlockQ4_K* blocks, const ActRow& a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K& w = blocks[b];
+    const int16_t* bs = a.bsums + b * (QK_K / 16);
+    __m256i sums = _mm256_setzero_si256();
+    int msum = 0;
+    for (int c = 0; c < QK_K / 64; ++c) {  // 32 bytes of nibbles: sub-blocks 2c (low) and 2c + 1 (high)
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs + 32 * c));
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * c + h;
+        int sc, m;
+        q4_k_scale_min(w.scales, s, sc, m);
+        const __m256i qw = _mm256_and_si256(h ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+        const __m256i qa = load_codes(a.q + b * QK_K + 32 * s);
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qa), _mm256_set1_epi16(sc)));
+        msum += m * (bs[2 * s] + bs[2 * s + 1]);
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) out[r * stride + c] = acc[r][c];
+    acc += static_cast<float>(hsum_epi32(sums)) * (g_half[load_u16(&w.d)] * a.d[b]);
+    acc -= static_cast<float>(msum) * (g_half[load_u16(&w.dmin)] * a.d[b]);
   }
-};
+  return acc;
+}
+
+template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
+void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
+          int64_t stride) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) out[r * stride + c] = One(reinterpret_cast<const Block*>(w + c * row_bytes), a[r], nb);
+  }
+}
 
 }  // namespace
 
 void dot_q6_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
-  tile_dispatch<Q6_KTile>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each<BlockQ6_K, q6_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_q4_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
-  tile_dispatch<Q4_KTile>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each<BlockQ4_K, q4_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_q8_0_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
