@@ -36,6 +36,16 @@ void tile_dispatch(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* 
   }
 }
 
+// A kernel that computes one weight row against one activation row (`One`), called for every (row, column) pair
+// of the shapes above: the K-quants' kernels, whose super-blocks are multiplied one row at a time.
+template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
+void each_row(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
+              int64_t stride) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) out[r * stride + c] = One(reinterpret_cast<const Block*>(w + c * row_bytes), a[r], nb);
+  }
+}
+
 enum Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kIsaCount = 4 };
 
 // Float value of every half, indexed by its bits (256 KB): one load per scale in every path.

@@ -219,23 +219,15 @@ OB_AVX2 float q4_k_one_avx2(const BlockQ4_K* blocks, const ActRow& a, int64_t nb
   return acc;
 }
 
-template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
-void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
-          int64_t stride) {
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) out[r * stride + c] = One(reinterpret_cast<const Block*>(w + c * row_bytes), a[r], nb);
-  }
-}
-
 }  // namespace
 
 void dot_q6_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
-  each<BlockQ6_K, q6_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each_row<BlockQ6_K, q6_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_q4_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
-  each<BlockQ4_K, q4_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each_row<BlockQ4_K, q4_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_q8_0_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {

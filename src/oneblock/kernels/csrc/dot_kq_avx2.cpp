@@ -72,23 +72,15 @@ OB_AVX2 float iq4_xs_one_avx2(const BlockIQ4_XS* blocks, const ActRow& a, int64_
   return acc;
 }
 
-template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
-void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
-          int64_t stride) {
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) out[r * stride + c] = One(reinterpret_cast<const Block*>(w + c * row_bytes), a[r], nb);
-  }
-}
-
 }  // namespace
 
 void dot_q5_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
-  each<BlockQ5_K, q5_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each_row<BlockQ5_K, q5_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_iq4_xs_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                      float* out, int64_t stride) {
-  each<BlockIQ4_XS, iq4_xs_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each_row<BlockIQ4_XS, iq4_xs_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 
 }  // namespace oneblock

@@ -58,27 +58,19 @@ float iq4_nl_one(const BlockIQ4_NL* blocks, const ActRow& a, int64_t nb) {
   return acc;
 }
 
-template <typename Block, float (*One)(const Block*, const ActRow&, int64_t)>
-void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
-          int64_t stride) {
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) out[r * stride + c] = One(reinterpret_cast<const Block*>(w + c * row_bytes), a[r], nb);
-  }
-}
-
 }  // namespace
 
 void dot_q5_k_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                      float* out, int64_t stride) {
-  each<BlockQ5_K, q5_k_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each_row<BlockQ5_K, q5_k_one>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_iq4_xs_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                        float* out, int64_t stride) {
-  each<BlockIQ4_XS, iq4_xs_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each_row<BlockIQ4_XS, iq4_xs_one>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_iq4_nl_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                        float* out, int64_t stride) {
-  each<BlockIQ4_NL, iq4_nl_one>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each_row<BlockIQ4_NL, iq4_nl_one>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 
 }  // namespace oneblock
