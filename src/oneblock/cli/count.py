@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from oneblock.cli import options
+from oneblock.cli import lora_options, options
 
 BREAKDOWN_LABELS = {
     "token_embedding": "token embedding",
@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "adds or removes (count of the config less the count with that option switched back)",
     )
     lora = parser.add_argument_group("LoRA adapters (the flags of oneblock finetune)")
-    options.add_lora_options(lora, rank=None, counting=True)
+    lora_options.add_lora_options(lora, rank=None, counting=True)
     options.add_json_option(parser)
     return parser
 
@@ -78,7 +78,7 @@ def figures(args: argparse.Namespace) -> dict[str, Any]:
         from oneblock.analysis.block_diff import block_differences
 
         data["block_diff"] = [row.as_dict() for row in block_differences(cfg)]
-    lora = options.lora_config(args) if args.lora_rank is not None else None
+    lora = lora_options.lora_config(args) if args.lora_rank is not None else None
     if lora is not None:
         from oneblock.adapters.counting import lora_parameters
 

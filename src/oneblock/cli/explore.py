@@ -8,7 +8,7 @@ import contextlib
 import sys
 from typing import Any
 
-from oneblock.cli import options
+from oneblock.cli import lora_options, options
 from oneblock.cli.spelling import Spelled, add_alias, flag
 
 DEFAULT_PORT = 8000
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("oneblock: error: serving needs the explore extra: pip install 'oneblock[explore]'", file=sys.stderr)
             return 2
-    options.check_adapter_options(args)
+    lora_options.check_adapter_options(args)
     source = _source(args)
     options.set_threads(args.threads)
     if sys.stderr.isatty():  # SmolLM2 takes seconds to read; say so to a person, keep logs and errors clean

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oneblock.cli import options, precision, spelling
+from oneblock.cli import lora_options, options, precision, spelling
 from oneblock.cli.render import report
 
 # flag destination -> TrainConfig field, for the flags that default to "keep the finetune default".
@@ -83,7 +83,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     method.add_argument(
         "--beta", type=options.finite_float, default=0.1, metavar="B", help="DPO's beta (0.1): the pull to the base"
     )
-    options.add_lora_options(method, rank=8)
+    lora_options.add_lora_options(method, rank=8)
     opt = parser.add_argument_group("optimization")
     opt.add_argument("--steps", type=int, metavar="N", help="optimizer steps (100)")
     opt.add_argument("--batch-size", type=int, metavar="B", help="examples per micro-batch and process (4)")
@@ -141,7 +141,7 @@ def configs(args: argparse.Namespace):  # -> tuple[FinetuneConfig, TrainConfig]
         model=args.model,
         data=args.data,
         method=args.method,
-        lora=options.lora_config(args),
+        lora=lora_options.lora_config(args),
         dtype=dtype,
         pack=args.pack,
         truncate=args.truncate,

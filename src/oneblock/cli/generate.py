@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from oneblock.cli import options, precision
+from oneblock.cli import lora_options, options, precision
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_NEW_TOKENS = 50
@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="the decoder to run (required): a oneblock .safetensors checkpoint, a Hugging Face model directory, "
         "a .gguf file or a preset name (random weights)",
     )
-    options.add_adapter_options(parser)
+    lora_options.add_adapter_options(parser)
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue (quote it)")
     parser.add_argument(
         "--max-new-tokens",
@@ -228,7 +228,7 @@ def _load(args: argparse.Namespace) -> Any:
     from oneblock.models.inputs import config_of
 
     options.source_kind(args.model, spelling.flag(args, "model"))  # a missing file named as the user typed it
-    options.check_adapter_options(args)
+    lora_options.check_adapter_options(args)
     name = precision.weights_dtype(args)
     dtype = getattr(torch, name) if name is not None else None
     loaded = load_model(args.model, dtype=dtype, tokenizer=args.tokenizer, adapter=args.adapter, merge=args.merge)

@@ -247,7 +247,8 @@ def test_smollm2_tokenizer_equals_one_built_entry_by_entry():
     from tokenizers.models import BPE
 
     from oneblock.io.gguf.layout import read_layout
-    from oneblock.io.gguf.tokenizer import PRE_TOKENIZERS, byte_alphabet
+    from oneblock.io.gguf.pretokenizers import PRE_TOKENIZERS
+    from oneblock.io.gguf.tokenizer import byte_alphabet
 
     meta = read_layout(smollm2_gguf_path()).metadata
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"].tolist()

@@ -22,12 +22,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders
 from tokenizers.models import BPE
 
 from oneblock.errors import ConversionError, InputError
 from oneblock.io.gguf.file import check_merges, field_value, is_reader
 from oneblock.io.gguf.layout import GGUFLayout, read_layout
+from oneblock.io.gguf.pretokenizers import PRE_TOKENIZERS
 from oneblock.io.gguf.spm import SPACE, piece_byte, spm_from_metadata
 from oneblock.text.checks import check_text
 from oneblock.text.tokenizer import EndOfTurn
@@ -37,57 +38,6 @@ if TYPE_CHECKING:
 
 _CONTROL = 3
 _USER_DEFINED = 4
-
-# Word-splitting regex of Llama 3 and its descendants (llama.cpp's "llama-bpe"): digits in groups of up to 3,
-# case-insensitive English contractions.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# Qwen2 and Qwen3 (llama.cpp's "qwen2"): Llama 3's regex with every digit on its own.
-_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
-
-
-def _gpt2_split() -> pre_tokenizers.PreTokenizer:
-    # GPT-2's own regex ('s|'t|...| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+) followed by the byte map.
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-def _smollm_split() -> pre_tokenizers.PreTokenizer:
-    # SmolLM's tokenizer isolates every digit first, then applies GPT-2's split (llama.cpp: "smollm").
-    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_split()])
-
-
-def _regex_split(regex: str) -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-
-
-def _llama3_split() -> pre_tokenizers.PreTokenizer:
-    return _regex_split(_LLAMA3_SPLIT)
-
-
-def _qwen2_split() -> pre_tokenizers.PreTokenizer:
-    return _regex_split(_QWEN2_SPLIT)
-
-
-# tokenizer.ggml.pre -> how text is cut into words before BPE. A missing key means "default" (GPT-2's regex).
-PRE_TOKENIZERS = {
-    "default": _gpt2_split,
-    "gpt2": _gpt2_split,
-    "gpt-2": _gpt2_split,  # llama.cpp's name for GPT-2's regex
-    "smollm": _smollm_split,
-    "llama-bpe": _llama3_split,
-    "llama3": _llama3_split,
-    "llama-v3": _llama3_split,
-    "qwen2": _qwen2_split,
-    "smaug-bpe": _llama3_split,
-}
 
 
 @lru_cache(maxsize=1)

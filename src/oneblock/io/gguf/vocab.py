@@ -16,7 +16,7 @@ from typing import Any
 from oneblock import jsontext
 from oneblock.errors import ConversionError
 from oneblock.io.files import read_bytes
-from oneblock.io.gguf.tokenizer import _LLAMA3_SPLIT, _QWEN2_SPLIT
+from oneblock.io.gguf.pretokenizers import LLAMA3_SPLIT, QWEN2_SPLIT
 from oneblock.io.gguf.writer import Entry
 
 _U32, _I32, _BOOL, _STR, _ARRAY = 4, 5, 7, 8, 9
@@ -34,9 +34,9 @@ def _pre_name(pre: dict[str, Any] | None) -> str:
     if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
         return "smollm"
     split = steps[0].get("pattern", {}).get("Regex") if kinds == ["Split", "ByteLevel"] else None
-    if split == _LLAMA3_SPLIT:
+    if split == LLAMA3_SPLIT:
         return "llama-bpe"
-    if split == _QWEN2_SPLIT:
+    if split == QWEN2_SPLIT:
         return "qwen2"
     raise ConversionError(
         f"tokenizer.json splits words with {kinds}, which matches none of the rules oneblock writes for llama.cpp "
