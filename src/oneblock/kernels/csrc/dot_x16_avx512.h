@@ -159,80 +159,78 @@ OB_TARGET inline void code_sums(const ActRow& a, int64_t nb, int32_t* out) {
   }
 }
 
-}  // namespace OB_CAT(x16_, OB_SUFFIX)
+// The formats' group kernels under one name, for `each_group`.
+struct Q4_1Group {
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
+                            int64_t stride) {
+    q4_1_group<R>(group, a, nb, out, stride);
+  }
+};
+struct Q4_0Group {
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const* sums, int64_t nb, float* out,
+                            int64_t stride) {
+    q4_0_group<R>(group, a, sums, nb, out, stride);
+  }
+};
+struct Q8_0Group {
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const* sums, int64_t nb, float* out,
+                            int64_t stride) {
+    q8_0_group<R>(group, a, sums, nb, out, stride);
+  }
+};
 
-// Every group of 16 rows in turn, each against all the activation rows (4 at a time, while the group is in L1).
-OB_TARGET void OB_CAT(dot_q4_1x16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
-                                     int64_t nb, float* out, int64_t stride) {
-  namespace k = OB_CAT(x16_, OB_SUFFIX);
+// Every group of 16 rows in turn, each against all the activation rows (4 at a time, while the group is in L1),
+// with each activation block's code sums first where the format reads them (`with_sums`).
+template <typename Group>
+OB_TARGET void each_group(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                          float* out, int64_t stride, bool with_sums) {
+  constexpr int64_t kStackSums = 512;  // 8 rows of K = 2048 need no allocation
+  int32_t local[kStackSums];
+  std::vector<int32_t> storage;
+  int32_t* sums = local;
+  if (with_sums) {
+    if (rows * nb > kStackSums) {
+      storage.resize(static_cast<size_t>(rows * nb));
+      sums = storage.data();
+    }
+    for (int r = 0; r < rows; ++r) code_sums(a[r], nb, sums + r * nb);
+  }
   for (int c = 0; c < cols; c += kGroupRows) {
     const uint8_t* group = w + c * row_bytes;
     for (int r = 0; r < rows; r += 4) {
+      const int32_t* s[4] = {sums + r * nb, sums + (r + 1) * nb, sums + (r + 2) * nb, sums + (r + 3) * nb};
       float* o = out + r * stride + c;
       switch (rows - r) {
-        case 1: k::q4_1_group<1>(group, a + r, nb, o, stride); break;
-        case 2: k::q4_1_group<2>(group, a + r, nb, o, stride); break;
-        case 3: k::q4_1_group<3>(group, a + r, nb, o, stride); break;
-        default: k::q4_1_group<4>(group, a + r, nb, o, stride); break;
+        case 1: Group::template run<1>(group, a + r, s, nb, o, stride); break;
+        case 2: Group::template run<2>(group, a + r, s, nb, o, stride); break;
+        case 3: Group::template run<3>(group, a + r, s, nb, o, stride); break;
+        default: Group::template run<4>(group, a + r, s, nb, o, stride); break;
       }
     }
   }
+}
+
+}  // namespace OB_CAT(x16_, OB_SUFFIX)
+
+OB_TARGET void OB_CAT(dot_q4_1x16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
+                                     int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  k::each_group<k::Q4_1Group>(w, row_bytes, cols, a, rows, nb, out, stride, false);
 }
 
 OB_TARGET void OB_CAT(dot_q4_0x16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
                                      int64_t nb, float* out, int64_t stride) {
   namespace k = OB_CAT(x16_, OB_SUFFIX);
-  constexpr int64_t kStackSums = 512;
-  int32_t local[kStackSums];
-  std::vector<int32_t> storage;
-  int32_t* sums = local;
-  if (rows * nb > kStackSums) {
-    storage.resize(static_cast<size_t>(rows * nb));
-    sums = storage.data();
-  }
-  for (int r = 0; r < rows; ++r) k::code_sums(a[r], nb, sums + r * nb);
-  for (int c = 0; c < cols; c += kGroupRows) {
-    const uint8_t* group = w + c * row_bytes;
-    for (int r = 0; r < rows; r += 4) {
-      const int32_t* s[4] = {sums + r * nb, sums + (r + 1) * nb, sums + (r + 2) * nb, sums + (r + 3) * nb};
-      float* o = out + r * stride + c;
-      switch (rows - r) {
-        case 1: k::q4_0_group<1>(group, a + r, s, nb, o, stride); break;
-        case 2: k::q4_0_group<2>(group, a + r, s, nb, o, stride); break;
-        case 3: k::q4_0_group<3>(group, a + r, s, nb, o, stride); break;
-        default: k::q4_0_group<4>(group, a + r, s, nb, o, stride); break;
-      }
-    }
-  }
+  k::each_group<k::Q4_0Group>(w, row_bytes, cols, a, rows, nb, out, stride, true);
 }
 
 OB_TARGET void OB_CAT(dot_q8_0x16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
                                      int64_t nb, float* out, int64_t stride) {
   namespace k = OB_CAT(x16_, OB_SUFFIX);
-  constexpr int64_t kStackSums = 512;  // 8 rows of K = 2048 need no allocation
-  int32_t local[kStackSums];
-  std::vector<int32_t> storage;
-  int32_t* sums = local;
-#if OB_VNNI
-  if (rows * nb > kStackSums) {
-    storage.resize(static_cast<size_t>(rows * nb));
-    sums = storage.data();
-  }
-  for (int r = 0; r < rows; ++r) k::code_sums(a[r], nb, sums + r * nb);
-#endif
-  for (int c = 0; c < cols; c += kGroupRows) {
-    const uint8_t* group = w + c * row_bytes;
-    for (int r = 0; r < rows; r += 4) {
-      const int32_t* s[4] = {sums + r * nb, sums + (r + 1) * nb, sums + (r + 2) * nb, sums + (r + 3) * nb};
-      float* o = out + r * stride + c;
-      switch (rows - r) {
-        case 1: k::q8_0_group<1>(group, a + r, s, nb, o, stride); break;
-        case 2: k::q8_0_group<2>(group, a + r, s, nb, o, stride); break;
-        case 3: k::q8_0_group<3>(group, a + r, s, nb, o, stride); break;
-        default: k::q8_0_group<4>(group, a + r, s, nb, o, stride); break;
-      }
-    }
-  }
+  k::each_group<k::Q8_0Group>(w, row_bytes, cols, a, rows, nb, out, stride, OB_VNNI != 0);  // sums: VNNI only
 }
 
 }  // namespace oneblock
