@@ -83,6 +83,11 @@ class Prefill:
     def done(self) -> bool:
         return self.chunks == []
 
+    @property
+    def started(self) -> bool:
+        """Whether ``advance`` has run (the cached blocks copied, the chunks cut)."""
+        return self.chunks is not None
+
     def _copy_cached(self) -> None:
         """Copy the cached blocks that begin the prompt (all but its last position) into its cache."""
         usable = self.names[: max(len(self.ids) // CHUNK - 1, 0)]  # blocks before the last chunk's start
@@ -117,7 +122,7 @@ class Prefill:
     def advance(self) -> Tensor | None:
         """Read the next chunk (the first call copies the cached blocks first); after the last one, return the
         logits (V,) float32 of the first new token."""
-        if self.chunks is None:
+        if not self.started:
             self._copy_cached()
         if not self.chunks:
             raise InputError(f"the prompt's {len(self.ids)} positions are read already; start a new read")

@@ -184,7 +184,7 @@ class Engine(Admission):
     def _advance(self, job: Job) -> None:
         reading = job.reading
         assert reading is not None and job.slot is not None  # set by _start
-        if reading.score is not None and reading.chunks is None and _shared(job) is not None:
+        if reading.score is not None and not reading.started and _shared(job) is not None:
             reading.score = None  # another choice of the prompt has scored it meanwhile
             job.emit(Echoed(_shared(job) or ()))
         self._use([job])  # each chunk is read with the request's adapter
