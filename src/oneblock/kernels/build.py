@@ -31,7 +31,7 @@ SOURCES = (
     "dot_avx2.cpp",
     "dot_avx512.cpp",
     "dot_kq_scalar.cpp",  # Q5_K, IQ4_NL, IQ4_XS
-    "dot_kq_avx2.cpp",
+    "dot_kq_avx2.cpp",  # Q4_K, Q5_K, Q6_K, IQ4_XS
     "dot_x16_scalar.cpp",
     "dot_x16_avx2.cpp",
     "dot_x16_avx512.cpp",

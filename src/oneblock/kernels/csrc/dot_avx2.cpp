@@ -155,80 +155,8 @@ struct WithMin {
   };
 };
 
-// K-quants. Every sub-block's integer dot is scaled by its integer scale in int32 lanes (`vpmaddwd` with the scales
-// in place of ones) and the super-block's lanes summed as integers: the exact `isum` of the scalar kernel, then the
-// same float operations, so these equal it bit for bit.
-OB_AVX2 inline int hsum_epi32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
-// 32 Q6_K codes minus 32 from 32 bytes of ql (nibble `high`) and 32 of qh (bit pair `pair`).
-OB_AVX2 inline __m256i q6_k_codes(const uint8_t* ql, bool high, const uint8_t* qh, int pair) {
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-  low = _mm256_and_si256(high ? _mm256_srli_epi16(low, 4) : low, mask);
-  __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
-  top = _mm256_and_si256(_mm256_srli_epi16(top, 2 * pair), _mm256_set1_epi8(3));
-  return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
-}
-
-OB_AVX2 float q6_k_one_avx2(const BlockQ6_K* blocks, const ActRow& a, int64_t nb) {
-  float acc = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const BlockQ6_K& w = blocks[b];
-    __m256i sums = _mm256_setzero_si256();
-    for (int g = 0; g < QK_K / 32; ++g) {  // 32 codes: sub-blocks 2g and 2g + 1
-      const int half = g / 4, quarter = g % 4;
-      const __m256i qw = q6_k_codes(w.ql + 64 * half + (quarter & 1) * 32, quarter >= 2, w.qh + 32 * half, quarter);
-      const __m256i qa = load_codes(a.q + b * QK_K + 32 * g);
-      // |w| <= 32 and |a| <= 127: a pair of products fits int16; the scale (int8) multiplies it in vpmaddwd
-      const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
-      const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(w.scales[2 * g + 1]), _mm_set1_epi16(w.scales[2 * g]));
-      sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, scales));
-    }
-    acc += static_cast<float>(hsum_epi32(sums)) * (g_half[load_u16(&w.d)] * a.d[b]);
-  }
-  return acc;
-}
-
-OB_AVX2 float q4_k_one_avx2(const BlockQ4_K* blocks, const ActRow& a, int64_t nb) {
-  float acc = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const BlockQ4_K& w = blocks[b];
-    const int16_t* bs = a.bsums + b * (QK_K / 16);
-    __m256i sums = _mm256_setzero_si256();
-    int msum = 0;
-    for (int c = 0; c < QK_K / 64; ++c) {  // 32 bytes of nibbles: sub-blocks 2c (low) and 2c + 1 (high)
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs + 32 * c));
-      for (int h = 0; h < 2; ++h) {
-        const int s = 2 * c + h;
-        int sc, m;
-        q4_k_scale_min(w.scales, s, sc, m);
-        const __m256i qw = _mm256_and_si256(h ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
-        const __m256i qa = load_codes(a.q + b * QK_K + 32 * s);
-        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qa), _mm256_set1_epi16(sc)));
-        msum += m * (bs[2 * s] + bs[2 * s + 1]);
-      }
-    }
-    acc += static_cast<float>(hsum_epi32(sums)) * (g_half[load_u16(&w.d)] * a.d[b]);
-    acc -= static_cast<float>(msum) * (g_half[load_u16(&w.dmin)] * a.d[b]);
-  }
-  return acc;
-}
-
 }  // namespace
 
-void dot_q6_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
-                   float* out, int64_t stride) {
-  each_row<BlockQ6_K, q6_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
-}
-void dot_q4_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
-                   float* out, int64_t stride) {
-  each_row<BlockQ4_K, q4_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
-}
 void dot_q8_0_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
   tile_dispatch<Signed<Q8_0Codes>::Tile>(w, row_bytes, cols, a, rows, nb, out, stride);
