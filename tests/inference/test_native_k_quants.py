@@ -1,6 +1,7 @@
 """The native decode step multiplies the K-quants (Q4_K, Q6_K: super-blocks of 256 values, read with llama.cpp's
 Q8_K activation blocks) as a Q4_K_M GGUF file mixes them: Q4_K for most matrices, Q6_K for v, down and the tied
-token table, and 32-value formats (Q8_0 interleaved, Q5_0) beside a K-quant in one product (gate and up); and as
+token table, Q4_K in the file's layout and interleaved (q4_kx16), and 32-value formats (Q8_0 interleaved, Q5_0)
+beside a K-quant in one product (gate and up); and as
 Q5_K_M and IQ4 files mix Q5_K, IQ4_XS (256 values, Q8_K activations) and IQ4_NL (32 values, Q8_0 activations).
 
 The native step rounds each input row to the blocks of every kind its product reads, with the same quantizers and
@@ -73,6 +74,8 @@ def k_quant_model(n_kv_heads: int, seed: int = 0, mix: str = "q4_k_m") -> torch.
         attn, ffn = model.block(i).attn, model.block(i).ffn
         attn.q_proj, attn.k_proj, attn.o_proj = (blocks(m, main) for m in (attn.q_proj, attn.k_proj, attn.o_proj))
         attn.v_proj = blocks(attn.v_proj, side)
+        if i == 0 and mix == "q4_k_m":
+            assert attn.q_proj.interleave()  # q4_kx16 in layer 0, the file's layout in layer 1
         ffn.w1, ffn.w2 = blocks(ffn.w1, main), blocks(ffn.w2, side)
         if i == 1 and mix == "q5_k_iq4":
             ffn.w3 = blocks(ffn.w3, "iq4_nl")  # blocks of 32 beside q5_k's 256
@@ -96,7 +99,8 @@ def test_a_k_quant_model_takes_the_native_step(model):
     formats = plan.fields.formats
     assert formats["tok"] == formats["head_w"] == Q6_K  # the tied token table and head
     used = {f for layer in plan.fields.layer_formats or [] for f in layer.values()}
-    assert {Q4_K, Q6_K, FORMATS["q5_0"].ggml_type, kernels.INTERLEAVED["q8_0x16"].ggml_type} <= used
+    interleaved = {kernels.INTERLEAVED[name].ggml_type for name in ("q8_0x16", "q4_kx16")}
+    assert {Q4_K, Q6_K, FORMATS["q5_0"].ggml_type, *interleaved} <= used
 
 
 @pytest.mark.parametrize("prompts", [[[5, 17, 3, 299, 42]], [[5, 17, 3, 299, 42], [7, 8], [60, 61, 62]]])

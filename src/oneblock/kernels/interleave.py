@@ -9,6 +9,7 @@ holds::
     q4_0x16: d (16 x f16) | 4 chunks of 64 bytes: chunk L = bytes 4L..4L+3 of each row's codes
     q4_1x16: d (16 x f16) | m (16 x f16) | 4 chunks of 64 bytes: chunk L = bytes 4L..4L+3 of each row's codes
     q8_0x16: d (16 x f16) | 8 chunks of 64 bytes: chunk L = codes 4L..4L+3 of each row
+    q4_kx16: d | dmin (16 x f16 each) | 35 chunks of 64 bytes: the packed scales (3), then the nibbles (32)
 
 The bytes are the file's, moved; nothing is decoded, the size is the same, and :func:`deinterleave` gives the
 file's bytes back exactly. A matrix is interleaved once, at load (:func:`oneblock.kernels.ops.interleave`: the C++
@@ -29,7 +30,7 @@ from oneblock.kernels.formats import FORMATS, INTERLEAVED, BlockFormat, get_form
 GROUP_ROWS = 16
 """Rows read together by the interleaved kernels."""
 
-_HALF_FIELDS = {"q4_0": 1, "q4_1": 2, "q8_0": 1}  # float16 fields at the head of a block (d, and q4_1's m)
+_HALF_FIELDS = {"q4_0": 1, "q4_1": 2, "q8_0": 1, "q4_k": 2}  # float16 fields at the head of a block (d, and q4_1's m)
 
 
 def interleaved_format(fmt: str) -> BlockFormat | None:

@@ -117,6 +117,61 @@ OB_AVX2 void q8_0_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
 }
 
+// Rows 8h..8h+7 of a 64-byte chunk.
+OB_AVX2 inline __m256i load_half(const uint8_t* chunk, int h) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h));
+}
+
+// Half h (rows 8h..8h+7) of one Q4_Kx16 group against R activation rows (Q8_K): per lane the exact isum and msum of
+// a super-block, then the scalar kernel's float operations in its order, so each output equals dot_scalar.cpp's.
+template <int R>
+OB_AVX2 void q4_k_half(const uint8_t* group, int h, const ActRow* a, int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kQ4_K>;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), byte = _mm256_set1_epi32(0xFF);
+  const __m256i six = _mm256_set1_epi8(0x3F), four = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m256 dw = scales8(blk + L::kScales + 16 * h), mw = scales8(blk + L::kMins + 16 * h);
+    // ggml's unpacking of the 12 bytes of 6-bit scales and minimums, as 32-bit words, for 8 rows at once
+    const __m256i u0 = load_half(blk + L::kPacked, h), u1 = load_half(blk + L::kPacked + kChunkBytes, h),
+                  u2 = load_half(blk + L::kPacked + 2 * kChunkBytes, h);
+    const __m256i words[4] = {_mm256_and_si256(u0, six), _mm256_or_si256(_mm256_and_si256(u2, four), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), two), 4)),
+                              _mm256_and_si256(u1, six),
+                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), four), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), two), 4))};
+    __m256i sc[8], mins[8];  // sub-block s: byte s % 4 of the scales' (minimums') word s / 4
+    for (int s = 0; s < 8; ++s) {
+      sc[s] = _mm256_and_si256(_mm256_srli_epi32(words[s / 4], 8 * (s % 4)), byte);
+      mins[s] = _mm256_and_si256(_mm256_srli_epi32(words[2 + s / 4], 8 * (s % 4)), byte);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a[r].q + b * QK_K;
+      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
+      __m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {  // chunks 8c .. 8c + 7: sub-blocks 2c (low nibbles) and 2c + 1 (high)
+        // a pair of products is at most 2 * 15 * 127 = 3810: a lane's 8 pairs fit int16
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        for (int i = 0; i < 8; ++i) {
+          const __m256i raw = load_half(blk + L::kCodes + (8 * c + i) * kChunkBytes, h);
+          lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(raw, low), broadcast4(q + 64 * c + 4 * i)));
+          hi = _mm256_add_epi16(
+              hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), broadcast4(q + 64 * c + 32 + 4 * i)));
+        }
+        isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_madd_epi16(lo, ones), sc[2 * c]));
+        isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_madd_epi16(hi, ones), sc[2 * c + 1]));
+      }
+      for (int s = 0; s < 8; ++s) {
+        msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(mins[s], _mm256_set1_epi32(bs[2 * s] + bs[2 * s + 1])));
+      }
+      const __m256 da = _mm256_set1_ps(a[r].d[b]);
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da)));
+      acc[r] = _mm256_sub_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mw, da)));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
+}
+
 template <template <int> class Half>
 OB_AVX2 void groups(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
                     int64_t stride) {
@@ -155,8 +210,19 @@ struct Q8_0Half {
   }
 };
 
+template <int R>
+struct Q4_KHalf {
+  OB_AVX2 static void run(const uint8_t* g, int h, const ActRow* a, int64_t nb, float* o, int64_t s) {
+    q4_k_half<R>(g, h, a, nb, o, s);
+  }
+};
+
 }  // namespace
 
+void dot_q4_kx16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                      float* out, int64_t stride) {
+  groups<Q4_KHalf>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
 void dot_q4_0x16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                       float* out, int64_t stride) {
   groups<Q4_0Half>(w, row_bytes, cols, a, rows, nb, out, stride);

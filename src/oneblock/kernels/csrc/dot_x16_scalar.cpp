@@ -1,5 +1,7 @@
 // The portable path over the interleaved layouts (interleaved.h): per output, the blocks in order and the same
 // float32 operations as dot_scalar.cpp, so it equals the NumPy reference bit for bit, as the file layout's does.
+#include <vector>
+
 #include "dot.h"
 #include "interleaved.h"
 
@@ -74,6 +76,17 @@ void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int ro
 }
 
 }  // namespace
+
+// Q4_Kx16: each row's blocks put back in the file's layout, then the file layout's scalar kernel.
+void dot_q4_kx16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                        float* out, int64_t stride) {
+  std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
+  for (int c = 0; c < cols; ++c) {
+    const uint8_t* group = w + (c / kGroupRows) * kGroupRows * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) gather_block(group, c % kGroupRows, kQ4_K, b, row.data() + b * sizeof(BlockQ4_K));
+    for (int r = 0; r < rows; ++r) dot_q4_k_scalar(row.data(), row_bytes, 1, a + r, 1, nb, out + r * stride + c, stride);
+  }
+}
 
 void dot_q4_0x16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                         float* out, int64_t stride) {

@@ -1,4 +1,4 @@
-// oneblock::interleave_rows(Tensor blocks, int fmt) -> Tensor: a Q4_0, Q4_1 or Q8_0 matrix's rows in the interleaved
+// oneblock::interleave_rows(Tensor blocks, int fmt) -> Tensor: a Q4_0, Q4_1, Q8_0 or Q4_K matrix's rows in the interleaved
 // layout of interleaved.h, moved with plain loops, one group of 16 rows per task (kernels/interleave.py renders the
 // same layout with tensor permutes, which move one byte at a time and cost seconds on a whole model at load).
 //
@@ -25,7 +25,7 @@ constexpr int64_t kLeastTaskBytes = 1 << 20;
 // Writes the interleaved layout of the n rows at rows[0..n) (each row_bytes long) to dst.
 void interleave_into(const std::vector<const uint8_t*>& rows, int64_t row_bytes, int64_t fmt, uint8_t* dst) {
   const int64_t n = static_cast<int64_t>(rows.size()), nbytes = block_bytes(fmt);
-  const int64_t nb = row_bytes / nbytes, halves = fmt == kQ4_1 ? 2 : 1, chunks = (nbytes - 2 * halves) / 4;
+  const int64_t nb = row_bytes / nbytes, halves = half_fields(fmt), chunks = (nbytes - 2 * halves) / 4;
   // A team's fork and join costs more than moving a small matrix: a task moves at least kLeastTaskBytes.
   const int64_t grain = std::max<int64_t>(1, kLeastTaskBytes / (kGroupRows * row_bytes));
   at::parallel_for(0, n / kGroupRows, grain, [&](int64_t begin, int64_t end) {
@@ -45,8 +45,8 @@ void interleave_into(const std::vector<const uint8_t*>& rows, int64_t row_bytes,
 }
 
 void check_format(int64_t fmt, const char* op) {
-  TORCH_CHECK(fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ8_0, "oneblock::", op, ": only q4_0 (2), q4_1 (3) and q8_0 (8); got ",
-              fmt);
+  TORCH_CHECK(fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ8_0 || fmt == kQ4_K, "oneblock::", op,
+              ": only q4_0 (2), q4_1 (3), q8_0 (8) and q4_k (12); got ", fmt);
 }
 
 at::Tensor interleave_rows(const at::Tensor& blocks_in, int64_t fmt) {
@@ -101,6 +101,14 @@ at::Tensor interleave_parts(at::TensorList parts, const std::optional<at::Tensor
 }
 
 }  // namespace
+
+void gather_block(const uint8_t* group, int lane, int64_t fmt, int64_t b, uint8_t* out) {
+  const int64_t nbytes = block_bytes(fmt), halves = half_fields(fmt), chunks = (nbytes - 2 * halves) / 4;
+  const uint8_t* blk = group + b * kGroupRows * nbytes;
+  for (int64_t f = 0; f < halves; ++f) std::memcpy(out + 2 * f, blk + f * 32 + 2 * lane, 2);
+  for (int64_t c = 0; c < chunks; ++c) std::memcpy(out + 2 * halves + 4 * c, blk + 32 * halves + c * kChunkBytes + 4 * lane, 4);
+}
+
 }  // namespace oneblock
 
 TORCH_LIBRARY_FRAGMENT(oneblock, m) {

@@ -10,11 +10,16 @@
 //            holding bytes 4L..4L+3 of each row's 16 code bytes, row after row   = 320 bytes = 16 x 20
 //   Q8_0x16: d[r] (16 x f16, 32 bytes), then 8 chunks L = 0..7 of 64 bytes, chunk L holding codes 4L..4L+3 of
 //            each row, row after row                                              = 544 bytes = 16 x 34
+//   Q4_Kx16: (per super-block of 256 values) d[r], dmin[r] (2 x 32 bytes), then 3 chunks of the 12 bytes of packed
+//            scales and minimums (chunk L: bytes 4L..4L+3 of each row's), then 32 chunks of the 128 bytes of
+//            nibbles (chunk L: bytes 4L..4L+3 of each row's)                    = 2304 bytes = 16 x 144
 //
 // So one 64-byte load is 16 int32 lanes, lane r holding 4 consecutive codes of row r, and one broadcast of 4
 // activation codes multiplies all 16 rows at once (`vpdpbusd`); the 16 scales convert in one `vcvtph2ps`. In a
 // Q4_0 or Q4_1 chunk the low nibbles are values 4L..4L+3 and the high nibbles values 16+4L..16+4L+3, as in the file's
-// blocks. Group g starts at byte g * 16 * row_bytes: a row range starting at a multiple of 16 is a valid matrix.
+// blocks; in a Q4_Kx16 chunk 8c + i the low nibbles are values 4i..4i+3 of sub-block 2c, the high ones of 2c + 1,
+// and a packed chunk is one of the 32-bit words ggml unpacks the 6-bit scales from, for 16 rows at once. Every
+// layout is the file's blocks cut into their float16 fields and 4-byte chunks. Group g starts at byte g * 16 * row_bytes: a row range starting at a multiple of 16 is a valid matrix.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +36,11 @@ constexpr int64_t kInterleaved = 0x100;
 constexpr int64_t kQ4_0x16 = kInterleaved | kQ4_0;
 constexpr int64_t kQ4_1x16 = kInterleaved | kQ4_1;
 constexpr int64_t kQ8_0x16 = kInterleaved | kQ8_0;
+constexpr int64_t kQ4_Kx16 = kInterleaved | kQ4_K;
 
-inline bool is_interleaved(int64_t fmt) { return fmt == kQ4_0x16 || fmt == kQ4_1x16 || fmt == kQ8_0x16; }
+inline bool is_interleaved(int64_t fmt) {
+  return fmt == kQ4_0x16 || fmt == kQ4_1x16 || fmt == kQ8_0x16 || fmt == kQ4_Kx16;
+}
 inline int64_t file_format(int64_t fmt) { return fmt & ~kInterleaved; }
 
 // Byte offsets inside one interleaved block of a group.
@@ -50,11 +58,22 @@ template <>
 struct Interleaved<kQ8_0> {
   static constexpr int kScales = 0, kCodes = 32, kChunks = 8, kBytes = 544;
 };
+template <>
+struct Interleaved<kQ4_K> {
+  static constexpr int kScales = 0, kMins = 32, kPacked = 64, kCodes = 256, kChunks = 32, kBytes = 2304;
+};
 static_assert(Interleaved<kQ4_0>::kBytes == kGroupRows * sizeof(BlockQ4_0), "Q4_0x16 holds 16 Q4_0 blocks");
 static_assert(Interleaved<kQ4_1>::kBytes == kGroupRows * sizeof(BlockQ4_1), "Q4_1x16 holds 16 Q4_1 blocks");
 static_assert(Interleaved<kQ8_0>::kBytes == kGroupRows * sizeof(BlockQ8_0), "Q8_0x16 holds 16 Q8_0 blocks");
+static_assert(Interleaved<kQ4_K>::kBytes == kGroupRows * sizeof(BlockQ4_K), "Q4_Kx16 holds 16 Q4_K blocks");
 
-// The float32 values of row `lane` (0..15) of the group at `group`, as decode_row computes them: d * q (+ m), or d * (q - 8).
+// The float16 fields at the head of a block of `fmt` (d, and a minimum's scale): the rest is 4-byte chunks.
+inline int64_t half_fields(int64_t fmt) { return fmt == kQ4_1 || fmt == kQ4_K ? 2 : 1; }
+
+// Row `lane`'s block `b` of an interleaved group, put back as the file stores it (block_bytes(fmt) bytes at out).
+void gather_block(const uint8_t* group, int lane, int64_t fmt, int64_t b, uint8_t* out);
+
+// The float32 values of row `lane` (0..15) of the group at `group`, as decode_row computes them.
 void decode_interleaved_row(const uint8_t* group, int lane, int64_t fmt, int64_t nb, float* out);
 
 }  // namespace oneblock
