@@ -64,6 +64,18 @@ def _spread(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / (want.max() - want.min()))
 
 
+def _same_top1_where_decided(reference: list[torch.Tensor], candidate: list[torch.Tensor]) -> bool:
+    """Whether the top-1 tokens agree wherever the reference's best two logits are more than 1e-4 of its range
+    apart: two float32 engines (and llama.cpp's threads, whose split follows the machine's load) may order a tie
+    either way."""
+    for ref, cand in zip(reference, candidate, strict=True):
+        top2 = ref.double().topk(2, dim=-1).values  # (W - 1, 2)
+        decided = top2[:, 0] - top2[:, 1] > 1e-4 * float(ref.max() - ref.min())
+        if not torch.equal(ref.argmax(-1)[decided], cand.argmax(-1)[decided]):
+            return False
+    return True
+
+
 def test_the_hugging_face_directory_computes_transformers_logits(family):
     _, directory, ids, want = family
     with torch.no_grad():
@@ -152,11 +164,9 @@ def test_the_f32_file_is_the_float32_model_in_llama_cpp(family):
     _, directory, ids, _ = family
     window = ids[0, : LLAMA_CPP_SPAN.get(family[0], 65)].tolist()
     exact = from_gguf(directory / "f32.gguf", dtype=torch.float32)
-    figures = fidelity(
-        [full_logits(exact, window)], llama_cpp_windows(directory / "f32.gguf", [window], stepwise=False)
-    )
-    assert figures.kld < 1e-6
-    assert figures.top1 == 1.0
+    ours, theirs = [full_logits(exact, window)], llama_cpp_windows(directory / "f32.gguf", [window], stepwise=False)
+    assert fidelity(ours, theirs).kld < 1e-6
+    assert _same_top1_where_decided(ours, theirs)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (_, _, vocab) in FAMILIES.items() if vocab != "spm"))
@@ -229,9 +239,9 @@ def test_llama_cpp_runs_a_written_file_as_its_own_conversion(family, written):
     name, directory, ids, _ = family
     window = ids[0, : LLAMA_CPP_SPAN.get(name, 65)].tolist()
     theirs = llama_cpp_windows(directory / "f32.gguf", [window], stepwise=False)
-    figures = fidelity(theirs, llama_cpp_windows(written[0], [window], stepwise=False))
-    assert figures.kld < 1e-6
-    assert figures.top1 == 1.0
+    written_logits = llama_cpp_windows(written[0], [window], stepwise=False)
+    assert fidelity(theirs, written_logits).kld < 1e-6
+    assert _same_top1_where_decided(theirs, written_logits)
 
 
 def _adapted(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -263,6 +273,6 @@ def test_llama_cpp_applies_a_written_adapter_as_oneblock_does(family, written, s
         ours = full_logits(model, window)
         plain = full_logits(from_hf(directory), window)
     assert _spread(ours, plain) > 1e-3  # the adapter changes the logits
-    figures = fidelity([ours], llama_cpp_windows(written[0], [window], stepwise=False, lora_path=adapter))
-    assert figures.kld < 1e-6
-    assert figures.top1 == 1.0
+    theirs = llama_cpp_windows(written[0], [window], stepwise=False, lora_path=adapter)
+    assert fidelity([ours], theirs).kld < 1e-6
+    assert _same_top1_where_decided([ours], theirs)
