@@ -178,3 +178,15 @@ def test_labels_name_the_wiring_and_the_details():
 def test_refuses_what_is_not_a_config():
     with pytest.raises(ob.ConfigError, match="block_differences expects a ModelConfig; got dict"):
         block_differences({"d_model": 64})  # type: ignore[arg-type]
+
+
+def test_longrope_rows_name_the_factors_by_their_number():
+    cfg = ob.ModelConfig(
+        norm="rmsnorm", ffn="swiglu", position="rope", d_model=64, n_heads=4, rope_dims=12,
+        rope_scaling={"type": "longrope", "factors": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], "attention_factor": 1.1055},
+    )  # fmt: skip
+    rows = {row.key: row for row in block_differences(cfg)}
+    assert rows["rope_scaling"].label == (
+        "rotary frequencies rescaled: longrope (6 per-frequency factors, attention_factor 1.1055)"
+    )
+    assert rows["rope_scaling"].parameters == 0

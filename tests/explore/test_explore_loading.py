@@ -115,3 +115,24 @@ def test_post_ln_encoder_decoder_has_the_cross_attention_sublayer():
 def test_encoder_has_no_head():
     diagram = block_diagram(ob.ModelConfig(arch="encoder"), 4)
     assert diagram["head"] is None and not diagram["stacks"][0]["causal"]
+
+
+def test_sandwich_output_and_scaled_blocks_are_drawn_as_the_block_runs_them():
+    rms = {"norm": "rmsnorm", "position": "rope", "bias": False, "d_model": 32, "n_heads": 2, "n_layers": 3}
+    gemma = ob.ModelConfig(**rms, norm_position="sandwich", ffn="gated", activation="gelu_tanh", attn_softcap=5.0,
+                           sliding_window=4, global_every=2)  # fmt: skip
+    (stack,) = block_diagram(gemma, 6)["stacks"]
+    assert all(steps(s) == ["norm", s["name"], "norm", "add"] for s in stack["sublayers"])  # x + norm'(f(norm(x)))
+    attention, ffn = (s["steps"][1]["label"] for s in stack["sublayers"])
+    assert attention == "masked self-attention (causal; scores soft-capped at 5; window 4 in 2 of 3 layers)"
+    assert ffn == "gated feed-forward: W2 (gelu_tanh(W1 x) * W3 x)"
+    olmo = ob.ModelConfig(**rms, norm_position="output", ffn="swiglu", qk_norm=True, qk_norm_span="width")
+    (stack,) = block_diagram(olmo, 6)["stacks"]
+    assert all(steps(s) == [s["name"], "norm", "add"] for s in stack["sublayers"])  # x + norm(f(x))
+    assert (
+        stack["sublayers"][0]["steps"][0]["label"]
+        == "masked self-attention (causal; RMSNorm on q and k over the whole width)"
+    )
+    granite = ob.ModelConfig(**rms, ffn="swiglu", residual_multiplier=0.22)
+    (stack,) = block_diagram(granite, 6)["stacks"]
+    assert [s["steps"][-1]["label"] for s in stack["sublayers"]] == ["+ residual (output x 0.22)"] * 2

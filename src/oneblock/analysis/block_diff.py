@@ -238,8 +238,13 @@ def _number(value: float) -> str:
 
 
 def _scaling(scaling: dict[str, Any]) -> str:
+    """``llama3 (factor 32, ...)``; a list of per-frequency factors (a GGUF file's, LongRoPE's) by its length."""
     kind = scaling["type"]
     if kind == "factors":
         return f"a GGUF file's {len(scaling['factors'])} per-frequency factors"
-    rest = ", ".join(f"{k} {_number(v)}" for k, v in scaling.items() if k != "type")
+    rest = ", ".join(
+        f"{len(v)} per-frequency {k}" if isinstance(v, list) else f"{k} {_number(v)}"
+        for k, v in scaling.items()
+        if k != "type"
+    )
     return f"{kind} ({rest})"

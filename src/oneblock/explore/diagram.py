@@ -16,15 +16,48 @@ NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 def _ffn_label(cfg: ModelConfig) -> str:
     if cfg.ffn == "swiglu":
         return "SwiGLU feed-forward: W2 (silu(W1 x) * W3 x)"
+    if cfg.ffn == "gated":  # GeGLU in Gemma, T5 v1.1
+        return f"gated feed-forward: W2 ({cfg.activation}(W1 x) * W3 x)"
     return f"MLP feed-forward: W2 {cfg.activation}(W1 x)"
 
 
-def _sublayer(cfg: ModelConfig, name: str, label: str, t: int, shapes: dict[str, list[int]]) -> dict[str, Any]:
-    """Norm, sublayer and residual add, in the order of the config's norm position."""
-    norm = {"op": "norm", "label": NORM_NAMES[cfg.norm], "shape": [1, t, cfg.d_model]}
+def _attention_label(cfg: ModelConfig, causal: bool) -> str:
+    """The self-attention box, with what the family does inside it (q/k norms, soft-cap, window)."""
+    inside = ["causal" if causal else "bidirectional"]
+    if cfg.qk_norm:
+        inside.append(
+            f"{NORM_NAMES[cfg.norm]} on q and k" + (" over the whole width" if cfg.qk_norm_span == "width" else "")
+        )
+    if cfg.attn_softcap is not None:
+        inside.append(f"scores soft-capped at {cfg.attn_softcap:g}")
+    if cfg.sliding_window is not None and causal:
+        local = sum(1 for i in range(cfg.n_layers) if cfg.is_local(i))
+        inside.append(f"window {cfg.sliding_window} in {local} of {cfg.n_layers} layers")
+    return f"{'masked ' if causal else ''}self-attention ({'; '.join(inside)})"
+
+
+def _sublayer(
+    cfg: ModelConfig, name: str, label: str, t: int, shapes: dict[str, list[int]], *, branch: bool = True
+) -> dict[str, Any]:
+    """Norm(s), sublayer and residual add, in the order ``Block`` runs them for the config's norm position.
+
+    ``branch``: the sublayer's output gets the self-attention and feed-forward treatment (the output norm of a
+    sandwich or OLMo 2 block, Granite's residual multiplier); cross-attention does not.
+    """
+    width = [1, t, cfg.d_model]
+    norm = {"op": "norm", "label": NORM_NAMES[cfg.norm], "shape": width}
+    out_norm = {"op": "norm", "label": f"{NORM_NAMES[cfg.norm]} of the sublayer's output", "shape": width}
     body = {"op": name, "label": label, "shapes": shapes}
-    add = {"op": "add", "label": "+ residual", "shape": [1, t, cfg.d_model]}
-    steps = [norm, body, add] if cfg.norm_position == "pre" else [body, add, norm]
+    scaled = branch and cfg.residual_multiplier != 1.0
+    add = {"op": "add", "label": f"+ residual (output x {cfg.residual_multiplier:g})" if scaled else "+ residual",
+           "shape": width}  # fmt: skip
+    position = cfg.norm_position if branch or cfg.norm_position == "post" else "pre"
+    steps = {
+        "pre": [norm, body, add],
+        "post": [body, add, norm],
+        "sandwich": [norm, body, out_norm, add],  # Gemma: x + norm'(f(norm(x)))
+        "output": [body, out_norm, add],  # OLMo 2: x + norm(f(x))
+    }[position]
     return {"name": name, "steps": steps}
 
 
@@ -39,11 +72,11 @@ def _attention_shapes(cfg: ModelConfig, t: int, s: int) -> dict[str, list[int]]:
 
 
 def _stack(cfg: ModelConfig, name: str, t: int, *, causal: bool, s: int | None, layers: int) -> dict[str, Any]:
-    attention = "masked self-attention (causal)" if causal else "self-attention (bidirectional)"
+    attention = _attention_label(cfg, causal)
     sublayers = [_sublayer(cfg, "self_attention", attention, t, _attention_shapes(cfg, t, t))]
     if s is not None:
         cross = "cross-attention (queries from the decoder, keys and values from the encoder)"
-        sublayers.append(_sublayer(cfg, "cross_attention", cross, t, _attention_shapes(cfg, t, s)))
+        sublayers.append(_sublayer(cfg, "cross_attention", cross, t, _attention_shapes(cfg, t, s), branch=False))
     ffn_shapes = {"x": [1, t, cfg.d_model], "inside": [1, t, cfg.d_ff], "out": [1, t, cfg.d_model]}
     sublayers.append(_sublayer(cfg, "feedforward", _ffn_label(cfg), t, ffn_shapes))
     return {"name": name, "layers": layers, "tokens": t, "causal": causal, "sublayers": sublayers}
