@@ -241,5 +241,11 @@ def _scaling(scaling: dict[str, Any]) -> str:
     kind = scaling["type"]
     if kind == "factors":
         return f"a GGUF file's {len(scaling['factors'])} per-frequency factors"
+    if kind == "longrope":
+        return (
+            f"LongRoPE ({len(scaling['short_factors'])} short and long per-frequency factors, original context "
+            f"{_number(scaling['original_max_position_embeddings'])}, attention_factor "
+            f"{_number(scaling['attention_factor'])})"
+        )
     rest = ", ".join(f"{k} {_number(v)}" for k, v in scaling.items() if k != "type")
     return f"{kind} ({rest})"
