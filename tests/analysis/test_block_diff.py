@@ -178,3 +178,16 @@ def test_labels_name_the_wiring_and_the_details():
 def test_refuses_what_is_not_a_config():
     with pytest.raises(ob.ConfigError, match="block_differences expects a ModelConfig; got dict"):
         block_differences({"d_model": 64})  # type: ignore[arg-type]
+
+
+def test_a_longrope_row_names_its_factors_and_original_context():
+    scaling = {
+        "type": "longrope", "short_factors": [1.0] * 6, "long_factors": [2.0] * 6,
+        "original_max_position_embeddings": 4096, "attention_factor": 1.19,
+    }  # fmt: skip
+    cfg = ob.ModelConfig(**_MODERN, d_model=48, n_heads=4, max_seq_len=8192, rope_scaling=scaling)
+    (row,) = [r for r in block_differences(cfg) if r.key == "rope_scaling"]
+    assert row.label == (
+        "rotary frequencies rescaled: LongRoPE (6 short and long per-frequency factors, original context 4,096, "
+        "attention_factor 1.19)"
+    )
