@@ -111,3 +111,35 @@ def test_t5_options_round_trip():
     cfg = ModelConfig(arch="encoder-decoder", position="relative", relative_buckets=11, relative_max_distance=13,
                       attn_scale=1.0, ffn="gated", scale_tied_logits=True, norm="rmsnorm")  # fmt: skip
     assert ModelConfig.from_json(cfg.to_json()) == cfg
+
+
+LONGROPE = {
+    "type": "longrope", "short_factors": [1.0, 1.5], "long_factors": [2.0, 3.0],
+    "original_max_position_embeddings": 8, "attention_factor": 1.2,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("scaling", "message"),
+    [
+        ({**LONGROPE, "long_factors": [2.0]}, r"rope_scaling 'long_factors' needs rope_dims / 2 = 2 values; got 1"),
+        ({**LONGROPE, "short_factors": [1.0, 0.0]}, "rope_scaling 'longrope' needs positive finite numbers"),
+        ({**LONGROPE, "attention_factor": -1.0}, "rope_scaling 'longrope' needs positive finite numbers"),
+        ({"type": "longrope", "factors": [1.0, 1.5], "attention_factor": 1.2}, "needs exactly the keys"),
+    ],
+)
+def test_longrope_scaling_is_validated(scaling, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(position="rope", d_model=16, n_heads=4, rope_scaling=scaling)
+
+
+def test_a_context_is_at_most_the_models_and_needs_no_learned_table():
+    cfg = ModelConfig(position="rope", d_model=16, n_heads=4, max_seq_len=64, rope_scaling=LONGROPE)
+    assert cfg.at_context(None) is cfg
+    assert cfg.at_context(8).max_seq_len == 8
+    with pytest.raises(ConfigError, match=r"context must be a positive integer up to .* \(64\); got 65"):
+        cfg.at_context(65)
+    with pytest.raises(ConfigError, match=r"context must be a positive integer .*; got 0"):
+        cfg.at_context(0)
+    with pytest.raises(ConfigError, match=r"context \(8\) cannot change a model with a learned position table"):
+        ModelConfig(max_seq_len=64).at_context(8)

@@ -103,8 +103,9 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm (Dh,) over each head of q and of k, before rotary (Qwen3)
     # Rotary frequencies rescaled: {} plain; {"type": "linear", "factor": f}; {"type": "llama3", "factor",
     # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}; {"type": "factors",
-    # "factors": [Dh/2 divisors]} (a GGUF file's rope_freqs); {"type": "longrope", "factors", "attention_factor"}
-    # (Phi-3: divisors, and cos and sin times the factor). See oneblock.layers.rotary.
+    # "factors": [Dh/2 divisors]} (a GGUF file's rope_freqs); {"type": "longrope", "short_factors", "long_factors",
+    # "original_max_position_embeddings", "attention_factor"} (Phi-3: divisors, the long ones when max_seq_len
+    # exceeds the original context as in llama.cpp, and cos and sin times the factor). See oneblock.layers.rotary.
     rope_scaling: dict[str, Any] = field(default_factory=dict)
     # Gemma 2 and 3. norm_position="sandwich" is pre-LN plus a norm of each sublayer's output before the add.
     attn_softcap: float | None = None  # attention scores capped as tanh(s / cap) * cap before the softmax (50)
@@ -303,6 +304,28 @@ class ModelConfig:
         data.update(changes)
         return ModelConfig.from_dict(data)
 
+    def at_context(self, context: int | None) -> ModelConfig:
+        """This model run for ``context`` positions (``None``: its own ``max_seq_len``), as llama.cpp's ``n_ctx``:
+        the rotary tables cover that many, and LongRoPE takes its long factors only beyond its original context.
+
+        Raises:
+            ConfigError: a context that is not a positive integer up to ``max_seq_len``, or a model whose learned
+                position table fixes its context.
+        """
+        if context is None:
+            return self
+        if isinstance(context, bool) or not isinstance(context, int) or not 0 < context <= self.max_seq_len:
+            raise ConfigError(
+                f"context must be a positive integer up to the model's max_seq_len ({self.max_seq_len}); "
+                f"got {context!r}"
+            )
+        if self.position == "learned":
+            raise ConfigError(
+                f"context ({context}) cannot change a model with a learned position table of {self.max_seq_len} "
+                "rows; leave context unset"
+            )
+        return self.replace(max_seq_len=context)
+
 
 _DERIVED: dict[str, Callable[[ModelConfig], int]] = {
     "d_ff": lambda cfg: 4 * cfg.d_model,
@@ -317,8 +340,9 @@ _ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "factors": ("factors",),
-    "longrope": ("factors", "attention_factor"),
+    "longrope": ("short_factors", "long_factors", "original_max_position_embeddings", "attention_factor"),
 }
+_FACTOR_LISTS = {"factors": ("factors",), "longrope": ("short_factors", "long_factors")}
 
 
 def _check_rope_scaling(scaling: dict[str, Any], d_head: int) -> None:
@@ -333,17 +357,16 @@ def _check_rope_scaling(scaling: dict[str, Any], d_head: int) -> None:
         raise ConfigError(
             f"rope_scaling of type {kind!r} needs exactly the keys {sorted(wanted)}; got {sorted(scaling)}"
         )
-    values = scaling["factors"] if kind in ("factors", "longrope") else [scaling[k] for k in _ROPE_SCALING_KEYS[kind]]
-    if not isinstance(values, list) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values
+    lists = [scaling[k] for k in _FACTOR_LISTS.get(kind, ())]
+    values = [scaling[k] for k in _ROPE_SCALING_KEYS[kind] if k not in _FACTOR_LISTS.get(kind, ())]
+    if not all(isinstance(v, list) for v in lists) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+        for v in [*values, *(f for fs in lists for f in fs)]
     ):
         raise ConfigError(f"rope_scaling {kind!r} needs positive finite numbers; got {scaling!r}")
-    if kind in ("factors", "longrope") and len(values) != d_head // 2:
-        raise ConfigError(f"rope_scaling 'factors' needs rope_dims / 2 = {d_head // 2} values; got {len(values)}")
-    if kind == "longrope" and not 0 < scaling["attention_factor"] < math.inf:
-        raise ConfigError(
-            f"rope_scaling longrope needs a positive attention_factor; got {scaling['attention_factor']!r}"
-        )
+    for key, factors in zip(_FACTOR_LISTS.get(kind, ()), lists, strict=True):
+        if len(factors) != d_head // 2:
+            raise ConfigError(f"rope_scaling {key!r} needs rope_dims / 2 = {d_head // 2} values; got {len(factors)}")
     if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         raise ConfigError(
             f"rope_scaling llama3 needs high_freq_factor ({scaling['high_freq_factor']}) above low_freq_factor "

@@ -180,13 +180,14 @@ def test_refuses_what_is_not_a_config():
         block_differences({"d_model": 64})  # type: ignore[arg-type]
 
 
-def test_longrope_rows_name_the_factors_by_their_number():
-    cfg = ob.ModelConfig(
-        norm="rmsnorm", ffn="swiglu", position="rope", d_model=64, n_heads=4, rope_dims=12,
-        rope_scaling={"type": "longrope", "factors": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], "attention_factor": 1.1055},
-    )  # fmt: skip
-    rows = {row.key: row for row in block_differences(cfg)}
-    assert rows["rope_scaling"].label == (
-        "rotary frequencies rescaled: longrope (6 per-frequency factors, attention_factor 1.1055)"
+def test_a_longrope_row_names_its_factors_and_original_context():
+    scaling = {
+        "type": "longrope", "short_factors": [1.0] * 6, "long_factors": [2.0] * 6,
+        "original_max_position_embeddings": 4096, "attention_factor": 1.19,
+    }  # fmt: skip
+    cfg = ob.ModelConfig(**_MODERN, d_model=48, n_heads=4, max_seq_len=8192, rope_scaling=scaling)
+    (row,) = [r for r in block_differences(cfg) if r.key == "rope_scaling"]
+    assert row.label == (
+        "rotary frequencies rescaled: LongRoPE (6 short and long per-frequency factors, original context 4,096, "
+        "attention_factor 1.19)"
     )
-    assert rows["rope_scaling"].parameters == 0

@@ -58,3 +58,17 @@ def test_rotary_equals_transformers_llama():
     expected, _ = ml.apply_rotary_pos_emb(x, x, cos, sin)
     c, s = ours(positions, torch.float32)
     torch.testing.assert_close(apply_rotary(x, c, s), expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(("context", "factors"), [(8, [1.0, 1.5]), (9, [2.0, 3.0])])
+def test_longrope_takes_its_long_factors_beyond_the_original_context(context, factors):
+    """llama.cpp's rule: tables for more positions than the original context divide by the long factors."""
+    scaling = {
+        "type": "longrope", "short_factors": [1.0, 1.5], "long_factors": [2.0, 3.0],
+        "original_max_position_embeddings": 8, "attention_factor": 1.25,
+    }  # fmt: skip
+    rope = RotaryEmbedding(4, context, theta=100.0, scaling=scaling)
+    inv_freq = 1.0 / (torch.tensor(factors) * 100.0 ** torch.tensor([0.0, 0.5]))
+    angles = torch.arange(context).float()[:, None] * inv_freq  # (L, 2)
+    assert torch.allclose(rope.cos, 1.25 * torch.cat([angles, angles], -1).cos(), atol=1e-6)
+    assert torch.allclose(rope.sin, 1.25 * torch.cat([angles, angles], -1).sin(), atol=1e-6)

@@ -238,10 +238,15 @@ def _number(value: float) -> str:
 
 
 def _scaling(scaling: dict[str, Any]) -> str:
-    """``llama3 (factor 32, ...)``; a list of per-frequency factors (a GGUF file's, LongRoPE's) by its length."""
     kind = scaling["type"]
     if kind == "factors":
         return f"a GGUF file's {len(scaling['factors'])} per-frequency factors"
+    if kind == "longrope":
+        return (
+            f"LongRoPE ({len(scaling['short_factors'])} short and long per-frequency factors, original context "
+            f"{_number(scaling['original_max_position_embeddings'])}, attention_factor "
+            f"{_number(scaling['attention_factor'])})"
+        )
     rest = ", ".join(
         f"{len(v)} per-frequency {k}" if isinstance(v, list) else f"{k} {_number(v)}"
         for k, v in scaling.items()

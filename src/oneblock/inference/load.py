@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from oneblock.errors import CheckpointError, InputError
+from oneblock.errors import CheckpointError, ConfigError, InputError
 from oneblock.inference.process import collector_paused
 from oneblock.models.inputs import config_of
 from oneblock.text.tokenizer import Tokenizer, load_tokenizer
@@ -63,6 +63,7 @@ def load_model(
     seed: int = 0,
     adapter: str | os.PathLike[str] | None = None,
     merge: bool = False,
+    context: int | None = None,
 ) -> Loaded:
     """Turn a GGUF file, a Hugging Face directory, a oneblock checkpoint or a preset name into a model and its
     tokenizer.
@@ -77,6 +78,9 @@ def load_model(
         adapter: a peft LoRA adapter directory (``oneblock.adapters.peft.load_adapter``) to put on the model, unmerged.
         merge: fold the adapter into the weights (``merge_lora(..., unload=True)``): a plain model, as fast as the
             base; needs float weights (load a GGUF file with ``dtype=torch.float32`` to merge).
+        context: for a GGUF file or Hugging Face directory, the positions to run the model for (llama.cpp's
+            ``n_ctx``; at most and by default the model's context): its rotary tables cover that many, and Phi-3's
+            LongRoPE runs its long factors beyond its original context, its short ones within it.
 
     Returns:
         ``Loaded(model, tokenizer, source, kind, seconds)``.
@@ -85,7 +89,8 @@ def load_model(
         CheckpointError: a path that does not exist and is no preset name, or a file that cannot be read.
         ConversionError: a file whose model oneblock cannot represent.
         InputError: a tokenizer with more ids than the model has, or a ``dtype`` that is not floating point.
-        ConfigError: ``merge`` without ``adapter``, or merging into 4-bit weights.
+        ConfigError: ``merge`` without ``adapter``, merging into 4-bit weights, or a ``context`` beyond the
+            model's or for a checkpoint or preset (which run at their config's ``max_seq_len``).
     """
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise InputError(
@@ -93,12 +98,10 @@ def load_model(
             f"torch.float64) or None; got {dtype!r} (for 8-bit weights, load then call oneblock.quantize_int8)"
         )
     if merge and adapter is None:
-        from oneblock.errors import ConfigError
-
         raise ConfigError("merge=True folds an adapter into the weights; give adapter=DIR too")
     start = time.perf_counter()
     with collector_paused():  # loading makes many objects and no garbage (oneblock.inference.process)
-        model, tok, kind = _load(source, dtype, device, tokenizer, seed)
+        model, tok, kind = _load(source, dtype, device, tokenizer, seed, context)
         if adapter is not None:
             _adapt(model, adapter, merge)
     return Loaded(model.eval(), tok, str(source), kind, time.perf_counter() - start)
@@ -110,15 +113,21 @@ def _load(
     device: torch.device | str | None,
     tokenizer: str | os.PathLike[str] | None,
     seed: int,
+    context: int | None,
 ) -> tuple[nn.Module, Tokenizer, str]:
     path = Path(source)
     if path.is_file() and path.suffix.lower() == ".gguf":
-        model, tok, kind = *_gguf(path, dtype, device, tokenizer), "gguf"
+        model, tok, kind = *_gguf(path, dtype, device, tokenizer, context), "gguf"
     elif path.is_dir():
         from oneblock.io.hf.convert import from_hf
 
-        model, kind = _cast(from_hf(path), dtype, device), "hf"
+        model, kind = _cast(from_hf(path, context=context), dtype, device), "hf"
         tok = _with_generation_stops(load_tokenizer(path, tokenizer=tokenizer, vocab_size=_vocab(model)), path, model)
+    elif context is not None:
+        raise ConfigError(
+            f"context ({context}) applies to a GGUF file or a Hugging Face directory; {str(source)!r} is neither "
+            "(a checkpoint or preset runs at its config's max_seq_len)"
+        )
     elif path.is_file():
         from oneblock.io.checkpoint import load
 
@@ -153,14 +162,18 @@ def _adapt(model: nn.Module, adapter: str | os.PathLike[str], merge: bool) -> No
 
 
 def _gguf(
-    path: Path, dtype: torch.dtype | None, device: torch.device | str | None, tokenizer: str | os.PathLike[str] | None
+    path: Path,
+    dtype: torch.dtype | None,
+    device: torch.device | str | None,
+    tokenizer: str | os.PathLike[str] | None,
+    context: int | None,
 ) -> tuple[nn.Module, Tokenizer]:
     from oneblock.io.gguf.layout import read_layout
     from oneblock.io.gguf.load import from_gguf
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
     layout = read_layout(path)  # parsed once, for the weights and the vocabulary both
-    model = from_gguf(layout, dtype=dtype, device=device)
+    model = from_gguf(layout, dtype=dtype, device=device, context=context)
     if tokenizer is not None:
         return model, load_tokenizer(path, tokenizer=tokenizer, vocab_size=model.config.vocab_size)
     return model, GGUFTokenizer.from_gguf(layout)

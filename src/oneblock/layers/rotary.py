@@ -9,7 +9,9 @@ Models trained for long contexts rescale the frequencies (``ModelConfig.rope_sca
 every frequency by one factor; Llama 3 divides the low frequencies (wavelengths beyond ``original / low_freq_factor``)
 by ``factor``, keeps the high ones (below ``original / high_freq_factor``) and blends between; a GGUF file stores
 the same as one divisor per frequency (``rope_freqs.weight``). Phi-3's LongRoPE divides each frequency by a
-factor of its own and scales the tables by an attention factor.
+factor of its own and scales the tables by an attention factor; it holds two lists of factors and, as llama.cpp
+does, takes the long ones when the context the tables are built for (``max_seq_len``) exceeds the original
+context, the short ones otherwise (transformers decides the same per forward pass, from the sequence's length).
 """
 
 from __future__ import annotations
@@ -65,8 +67,11 @@ class RotaryEmbedding(nn.Module):
             self.register_buffer("cos", torch.empty(max_seq_len, d_head), persistent=False)
             self.register_buffer("sin", torch.empty(max_seq_len, d_head), persistent=False)
             return
-        inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
-        inv_freq = inv_freq / frequency_divisors(inv_freq, self.scaling)
+        powers = theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head)  # (Dh/2,)
+        divisors = frequency_divisors(1.0 / powers, self.scaling, max_seq_len)
+        # LongRoPE in transformers' order of operations: the rounding shows over hundreds of positions
+        longrope = self.scaling.get("type") == "longrope"
+        inv_freq = 1.0 / (divisors * powers) if longrope else 1.0 / powers / divisors
         t = torch.arange(max_seq_len, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)  # (L, Dh/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (L, Dh)
@@ -91,17 +96,19 @@ class RotaryEmbedding(nn.Module):
         return cos[:, None], sin[:, None]  # (B, 1, T, Dh)
 
 
-def frequency_divisors(inv_freq: Tensor, scaling: Mapping[str, Any]) -> Tensor:
-    """What each rotary frequency (Dh/2,) is divided by under ``scaling`` (``ModelConfig.rope_scaling``): ones when
-    it is empty. The Llama 3 blend is transformers' ``_compute_llama3_parameters`` written as a divisor, as
-    llama.cpp's converter stores it."""
+def frequency_divisors(inv_freq: Tensor, scaling: Mapping[str, Any], context: int) -> Tensor:
+    """What each rotary frequency (Dh/2,) is divided by under ``scaling`` (``ModelConfig.rope_scaling``) for tables
+    of ``context`` positions: ones when it is empty. The Llama 3 blend is transformers' ``_compute_llama3_parameters``
+    written as a divisor, as llama.cpp's converter stores it."""
     kind = scaling.get("type")
     if not kind:
         return torch.ones_like(inv_freq)
     if kind == "linear":
         return torch.full_like(inv_freq, float(scaling["factor"]))
-    if kind in ("factors", "longrope"):
+    if kind == "factors":
         return torch.tensor(scaling["factors"], dtype=inv_freq.dtype)
+    if kind == "longrope":
+        return torch.tensor(longrope_factors(scaling, context), dtype=inv_freq.dtype)
     factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
     original = float(scaling["original_max_position_embeddings"])
     wavelength = 2 * math.pi / inv_freq  # (Dh/2,)
@@ -109,3 +116,10 @@ def frequency_divisors(inv_freq: Tensor, scaling: Mapping[str, Any]) -> Tensor:
     blended = 1.0 / ((1 - smooth) / factor + smooth)
     divisors = torch.where(wavelength > original / low, torch.full_like(inv_freq, factor), blended)
     return torch.where(wavelength < original / high, torch.ones_like(inv_freq), divisors)
+
+
+def longrope_factors(scaling: Mapping[str, Any], context: int) -> list[float]:
+    """LongRoPE's divisors for a context of ``context`` positions: the long factors beyond the original context,
+    the short ones within it (llama.cpp's rule on ``n_ctx``)."""
+    long = context > scaling["original_max_position_embeddings"]
+    return list(scaling["long_factors" if long else "short_factors"])

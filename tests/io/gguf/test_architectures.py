@@ -33,6 +33,7 @@ from oneblock.adapters.lora import LoraConfig
 from oneblock.errors import ConversionError
 from oneblock.inference.fidelity import fidelity, full_logits, stepwise_logits
 from oneblock.inference.generation import generate
+from oneblock.inference.load import load_model
 from oneblock.io.gguf.archs import ARCHITECTURES, architecture_of
 from oneblock.io.gguf.layout import read_layout
 from oneblock.io.gguf.load import from_gguf
@@ -215,8 +216,6 @@ FAMILY_EXCEPT = {
     # Llama files as oneblock wrote them before the other architectures: no quantization version in an F32 file,
     # and the head width only where it is not C / H (the converter copies transformers' head_dim)
     "llama3": {"general.quantization_version", "llama.attention.key_length", "llama.attention.value_length"},
-    # oneblock opens a LongRoPE model at its original context (512, the short factors); the converter states 2048
-    "phi3": {"phi3.context_length"},
 }
 
 
@@ -276,3 +275,23 @@ def test_llama_cpp_applies_a_written_adapter_as_oneblock_does(family, written, s
     theirs = llama_cpp_windows(written[0], [window], stepwise=False, lora_path=adapter)
     assert fidelity([ours], theirs).kld < 1e-6
     assert _same_top1_where_decided([ours], theirs)
+
+
+def test_a_longrope_file_beyond_its_original_context_computes_llama_cpps_logits(tmp_path):
+    """Phi-3's file keeps LongRoPE's two tables (and so does the file oneblock writes); at a context beyond the
+    original (4), oneblock runs the long ones, as llama.cpp does for an ``n_ctx`` beyond it."""
+    llama_cpp_module()
+    directory = made("phi3")
+    model = load_model(directory / "f32.gguf", dtype=torch.float32, context=24).model
+    scaling = model.config.rope_scaling
+    assert (model.config.max_seq_len, scaling["original_max_position_embeddings"]) == (24, 4)
+    for path in (directory / "f32.gguf", save_gguf(model, tmp_path / "written.gguf")):
+        tables = read_layout(path).tensors
+        for key, name in (("short_factors", "rope_factors_short.weight"), ("long_factors", "rope_factors_long.weight")):
+            assert tables[name].checked_data().view(torch.float32).tolist() == pytest.approx(scaling[key])
+    assert scaling["short_factors"] != pytest.approx(scaling["long_factors"])
+    window = torch.randint(0, model.config.vocab_size, (24,), generator=torch.Generator().manual_seed(5)).tolist()
+    (theirs,) = llama_cpp_windows(directory / "f32.gguf", [window], stepwise=False)
+    assert _spread(full_logits(model, window), theirs) < 1e-4
+    short = from_gguf(directory / "f32.gguf", dtype=torch.float32, context=4)  # the short factors
+    assert _spread(full_logits(short, window[:4]), theirs[:3]) > 1e-3

@@ -138,10 +138,10 @@ def open_layout(source: Source) -> GGUFLayout:
     return read_layout(source)
 
 
-def _checked(source: Source) -> tuple[ModelConfig, GGUFLayout, Architecture]:
+def _checked(source: Source, context: int | None = None) -> tuple[ModelConfig, GGUFLayout, Architecture]:
     layout = open_layout(source)
     arch = architecture_of(layout.metadata)
-    cfg = decoder_config(arch, layout)
+    cfg = decoder_config(arch, layout).at_context(context)
     if arch.split is not None:  # stacked matrices cut into the usual records, views of the same bytes
         layout = arch.split(layout, cfg)
     check_model_size(cfg, what="the GGUF metadata", error=ConversionError)  # before any allocation
@@ -195,6 +195,7 @@ def from_gguf(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
     cache: bool = True,
+    context: int | None = None,
 ) -> Decoder:
     """Build a oneblock ``Decoder`` holding the weights of a Llama-family GGUF file.
 
@@ -215,6 +216,9 @@ def from_gguf(
         cache: on the default path, map the block matrices from a verified cache entry written by an earlier load
             of the same file, or write one (:mod:`oneblock.io.gguf.block_cache`; ``ONEBLOCK_GGUF_CACHE=0`` turns
             it off everywhere); ``False``: repack them from the file, and write nothing.
+        context: the positions to run the model for (``ModelConfig.at_context``, llama.cpp's ``n_ctx``), at most and
+            by default the file's ``context_length``; Phi-3's LongRoPE runs its short factors up to its original
+            context.
 
     Returns:
         The model, in eval mode; ``model.config`` is the config read from the file.
@@ -223,8 +227,9 @@ def from_gguf(
         CheckpointError: if the file is missing, not GGUF or corrupt.
         ConversionError: for an unsupported architecture, variant or quantization type, NaN or infinite weights,
             or tensors whose shapes disagree with the metadata.
+        ConfigError: a ``context`` beyond the file's.
     """
-    cfg, layout, arch = _checked(path)
+    cfg, layout, arch = _checked(path, context)
     on_cpu = device is None or torch.device(device).type == "cpu"
     model = _uninitialized(cfg)
     expected = model.state_dict()

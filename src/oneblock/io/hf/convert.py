@@ -34,7 +34,7 @@ from oneblock.io.hf.families import FAMILIES
 from oneblock.models.build import Model, build_model
 
 
-def from_hf(source: Any) -> Model:
+def from_hf(source: Any, *, context: int | None = None) -> Model:
     """Copy a Hugging Face model into the oneblock model that computes the same function.
 
     Accepted sources: a transformers model object, or a directory holding ``config.json`` and the weights
@@ -56,6 +56,8 @@ def from_hf(source: Any) -> Model:
 
     Args:
         source: the model object, or a path to a directory.
+        context: the positions to run the model for (``ModelConfig.at_context``), at most and by default its
+            ``max_position_embeddings``; Phi-3's LongRoPE runs its short factors up to its original context.
 
     Returns:
         The oneblock model, in eval mode, in the dtype and on the device of the source's weights.
@@ -64,6 +66,7 @@ def from_hf(source: Any) -> Model:
     Raises:
         ConversionError: unknown model type, unsupported config option, missing or unused tensor, wrong shape,
             or a directory without the expected files.
+        ConfigError: a ``context`` beyond the model's, or for a model with a learned position table.
     """
     hf_config, tensors = _read_source(source)
     family = _family(hf_config)
@@ -76,6 +79,7 @@ def from_hf(source: Any) -> Model:
         raise
     except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as error:  # a string where a number goes
         raise ConversionError(f"from_hf: the {family.FAMILY} config cannot describe a model: {error}") from None
+    cfg = cfg.at_context(context)
     limits.check_model_size(cfg, what=f"the {family.FAMILY} config", dtype=_dtype_of(tensors), error=ConversionError)
     mapped = family.weights_from_hf(cfg, src)
     src.check_all_taken()

@@ -3,9 +3,11 @@
 The Llama block stored with q, k and v as one matrix (``qkv_proj``) and gate and up as one (``gate_up_proj``,
 gate first), split on reading and stacked on writing. Phi-4-mini rotates three quarters of each head
 (``rope_dims``). LongRoPE divides each frequency by a factor of its own and scales the tables by an attention factor;
-transformers picks the short factors while a sequence fits ``original_max_position_embeddings``, so oneblock opens a
-LongRoPE model at that context, with those factors (its computation then equals transformers' exactly). Phi-3-mini's
-``sliding_window`` applies to every layer.
+a model opens at its full context (``max_position_embeddings``), where it runs the long factors, and with
+``context`` at most ``original_max_position_embeddings`` it runs the short ones (llama.cpp's rule on ``n_ctx``;
+transformers picks the long factors for a sequence longer than the original context, so the two agree on such a
+sequence at the full context and on a shorter one at the original context). Phi-3-mini's ``sliding_window``
+applies to every layer.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ IGNORE = llama.IGNORE
 
 
 def _rope(hf: Mapping[str, Any], rope_dims: int) -> tuple[float, dict[str, Any], int]:
-    """``(rope_theta, rope_scaling, context)``: LongRoPE's short factors at the original context."""
+    """``(rope_theta, rope_scaling, context)``: LongRoPE's two lists of factors, its original context and attention
+    factor, at the full context (``max_position_embeddings``)."""
     params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     context = int(hf.get("max_position_embeddings", 4096))
@@ -44,10 +47,16 @@ def _rope(hf: Mapping[str, Any], rope_dims: int) -> tuple[float, dict[str, Any],
     attention = params.get("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    short = [float(f) for f in params["short_factor"]]
-    if len(short) != rope_dims // 2:
-        refuse(FAMILY, "short_factor", f"{len(short)} values", f"LongRoPE needs rope_dims / 2 = {rope_dims // 2}")
-    return theta, {"type": "longrope", "factors": short, "attention_factor": float(attention)}, min(context, original)
+    lists = {}
+    for key in ("short_factor", "long_factor"):
+        lists[key] = [float(f) for f in params[key]]
+        if len(lists[key]) != rope_dims // 2:
+            refuse(FAMILY, key, f"{len(lists[key])} values", f"LongRoPE needs rope_dims / 2 = {rope_dims // 2}")
+    scaling = {
+        "type": "longrope", "short_factors": lists["short_factor"], "long_factors": lists["long_factor"],
+        "original_max_position_embeddings": original, "attention_factor": float(attention),
+    }  # fmt: skip
+    return theta, scaling, context
 
 
 def config_from_hf(hf: Mapping[str, Any], keys: set[str]) -> ModelConfig:
@@ -121,19 +130,21 @@ def mismatches(cfg: ModelConfig) -> list[str]:
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """A ``Phi3Config`` dict for ``cfg``; the model class is ``Phi3ForCausalLM``."""
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    original = cfg.max_seq_len
     if cfg.rope_scaling:
-        factors = cfg.rope_scaling["factors"]
+        p = cfg.rope_scaling
+        original = p["original_max_position_embeddings"]
         rope = {
-            "rope_type": "longrope", "rope_theta": cfg.rope_theta, "short_factor": factors, "long_factor": factors,
-            "attention_factor": cfg.rope_scaling["attention_factor"],
-            "original_max_position_embeddings": cfg.max_seq_len,
+            "rope_type": "longrope", "rope_theta": cfg.rope_theta, "short_factor": p["short_factors"],
+            "long_factor": p["long_factors"], "attention_factor": p["attention_factor"],
+            "original_max_position_embeddings": original,
         }  # fmt: skip
     rope["partial_rotary_factor"] = cfg.rope_dims / cfg.d_head
     # rope_theta at the top level would make transformers rebuild rope_parameters from it, without the factors
     out = {k: v for k, v in llama.config_to_hf(cfg).items() if k not in ("attention_bias", "mlp_bias", "rope_theta")}
     return {
         **out, "model_type": MODEL_TYPE, "architectures": ["Phi3ForCausalLM"], "rope_parameters": rope,
-        "original_max_position_embeddings": cfg.max_seq_len, "sliding_window": cfg.sliding_window,
+        "original_max_position_embeddings": original, "sliding_window": cfg.sliding_window,
         "partial_rotary_factor": cfg.rope_dims / cfg.d_head,
     }  # fmt: skip
 

@@ -5,9 +5,10 @@ with ``rope.scaling.attn_factor``.
 
 The stacked matrices are cut by rows into the usual ``attn_q`` / ``attn_k`` / ``attn_v`` and ``ffn_gate`` /
 ``ffn_up`` records, views of the same bytes (a row of blocks is whole), so the loader treats them as any other
-file's. As from Hugging Face, a LongRoPE model opens at its original context with the short factors (llama.cpp
-picks those too for a context that fits); the sliding window of Phi-3-mini applies to every layer as in
-transformers (llama.cpp turns it off).
+file's. As from Hugging Face, a LongRoPE model opens at its full context (``phi3.context_length``) with the long
+factors, and at a ``context`` up to ``phi3.rope.scaling.original_context_length`` with the short ones, as llama.cpp
+picks them from ``n_ctx``; the sliding window of Phi-3-mini applies to every layer as in transformers (llama.cpp
+turns it off).
 """
 
 from __future__ import annotations
@@ -38,13 +39,17 @@ def _options(layout: GGUFLayout) -> dict[str, Any]:
     layers = int(need(metadata, "phi3.block_count"))
     if window:
         options.update(sliding_window=window, global_every=layers + 1)
-    if SHORT in layout.tensors:
-        factors = dequantize(layout.tensors[SHORT]).reshape(-1)
+    found = {name: [float(f) for f in dequantize(layout.tensors[name]).reshape(-1)]
+             for name in (SHORT, LONG) if name in layout.tensors}  # fmt: skip
+    if found:  # a file with one of the two lists runs it at every context
         context = int(need(metadata, "phi3.context_length"))
         original = int(metadata.get("phi3.rope.scaling.original_context_length") or context)
-        gain = float(metadata.get("phi3.rope.scaling.attn_factor", 1.0))
-        options["rope_scaling"] = {"type": "longrope", "factors": [float(f) for f in factors], "attention_factor": gain}
-        options["max_seq_len"] = min(context, original)
+        options["rope_scaling"] = {
+            "type": "longrope", "short_factors": found.get(SHORT, found.get(LONG)),
+            "long_factors": found.get(LONG, found.get(SHORT)),
+            "original_max_position_embeddings": original,
+            "attention_factor": float(metadata.get("phi3.rope.scaling.attn_factor", 1.0)),
+        }  # fmt: skip
     return options
 
 
@@ -76,17 +81,18 @@ def _split(layout: GGUFLayout, cfg: ModelConfig) -> GGUFLayout:
 
 
 def _write(cfg: ModelConfig) -> Written:
-    """The file llama.cpp's converter writes, at the context oneblock opened: LongRoPE's short factors stand for the
-    long ones too (llama.cpp picks the short ones within the original context, which is all a model holds here)."""
+    """The file llama.cpp's converter writes, at the context oneblock opened (``phi3.context_length``): LongRoPE's
+    two lists of factors and its original context."""
     keys = sizes("phi3", cfg, vocab=False, rope_dims=True, head_width=False)
     tensors: dict[str, Tensor] = {}
     problems = default_scale("phi3", cfg)
     kind = cfg.rope_scaling.get("type")
     if kind == "longrope":
-        factors = torch.tensor(cfg.rope_scaling["factors"], dtype=torch.float32)
-        tensors = {LONG: factors, SHORT: factors.clone()}
-        keys += [f32("phi3.rope.scaling.attn_factor", cfg.rope_scaling.get("attention_factor", 1.0)),
-                 u32("phi3.rope.scaling.original_context_length", cfg.max_seq_len)]  # fmt: skip
+        p = cfg.rope_scaling
+        tensors = {LONG: torch.tensor(p["long_factors"], dtype=torch.float32),
+                   SHORT: torch.tensor(p["short_factors"], dtype=torch.float32)}  # fmt: skip
+        keys += [f32("phi3.rope.scaling.attn_factor", p["attention_factor"]),
+                 u32("phi3.rope.scaling.original_context_length", p["original_max_position_embeddings"])]  # fmt: skip
     elif kind is not None:
         problems.append(f"rope_scaling of type {kind!r} (phi3 files state LongRoPE or plain rotary)")
     if cfg.sliding_window is not None:
