@@ -191,3 +191,10 @@ def test_a_longrope_row_names_its_factors_and_original_context():
         "rotary frequencies rescaled: LongRoPE (6 short and long per-frequency factors, original context 4,096, "
         "attention_factor 1.19)"
     )
+
+
+def test_a_row_of_per_frequency_divisors_names_their_number():
+    scaling = {"type": "factors", "factors": [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]}  # a GGUF file's rope_freqs
+    cfg = ob.ModelConfig(**_MODERN, d_model=48, n_heads=4, rope_scaling=scaling)
+    (row,) = [r for r in block_differences(cfg) if r.key == "rope_scaling"]
+    assert row.label == "rotary frequencies rescaled: a GGUF file's 6 per-frequency factors"
