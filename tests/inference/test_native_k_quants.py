@@ -56,12 +56,13 @@ def k_blocks(fmt: str, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     return blocks.reshape(n, -1)
 
 
-def k_quant_model(n_kv_heads: int, seed: int = 0, mix: str = "q4_k_m") -> torch.nn.Module:
+def k_quant_model(n_kv_heads: int, seed: int = 0, mix: str = "q4_k_m", vocab: int | None = None) -> torch.nn.Module:
     """A Llama-shaped decoder made of K-quant matrices (and one 32-value matrix in each gate/up product): ``mix``
     names the formats of most matrices, of v and down, and of the tied token table (:data:`MIXES`)."""
     main, side, table_format = MIXES[mix]
     torch.manual_seed(seed)
-    model = ob.build_model(ob.ModelConfig(**SIZES, **LLAMA, n_kv_heads=n_kv_heads))
+    sizes = {**SIZES, "vocab_size": vocab or SIZES["vocab_size"]}
+    model = ob.build_model(ob.ModelConfig(**sizes, **LLAMA, n_kv_heads=n_kv_heads))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -83,7 +84,7 @@ def k_quant_model(n_kv_heads: int, seed: int = 0, mix: str = "q4_k_m") -> torch.
         up = BlockLinear.from_float(0.2 * ffn.w3.weight, "q8_0" if i == 0 else "q5_0")
         assert up.interleave() == (i == 0)  # q8_0x16 beside the K-quant in layer 0, q5_0 in layer 1
         ffn.w3 = up
-    table = k_blocks(table_format, SIZES["vocab_size"], SIZES["d_model"], gen)
+    table = k_blocks(table_format, sizes["vocab_size"], SIZES["d_model"], gen)
     model.embed.tok, model.lm_head = BlockEmbedding(table, table_format), BlockLinear(table, table_format)  # tied
     return model.eval()
 
@@ -185,3 +186,21 @@ def test_q5_k_and_iq4_matrices_decode_natively_equal_to_the_python_step(q5_k_mod
 def test_q5_k_and_iq4_threads_and_instruction_sets_agree(q5_k_model):
     scalar, python = decode_across_threads_and_isas(q5_k_model, [[5, 17, 3], [7, 8, 9, 10]])
     assert relative(scalar, python) <= 1e-5
+
+
+def test_an_interleaved_token_table_and_head_decode_as_the_files():
+    """The tied Q6_K table in the interleaved layout (q6_kx16, as the GGUF loader leaves it): the native step reads
+    its embedding rows and multiplies its head exactly as in the file's layout, token by token and as a prompt."""
+    model = k_quant_model(1, vocab=304)
+    ids = torch.tensor([5, 17, 3, 299, 42, 7, 8, 60, 61, 62, 11])
+    runs = []
+    for layout in ("q6_k", "q6_kx16"):
+        table = model.lm_head.blocks if layout == "q6_k" else kernels.interleave(model.lm_head.blocks, "q6_k")
+        model.embed.tok, model.lm_head = BlockEmbedding(table, layout), BlockLinear(table, layout)
+        plan = NativeStep.of(model)
+        assert plan is not None and plan.fields.formats["tok"] == kernels.get_format(layout).ggml_type
+        with torch.inference_mode():
+            prompt = plan.prompt(ids, 0, model.new_cache(1, max_len=20, chunk=20))
+        runs.append((prompt, decode_both(model, [ids.tolist()], steps=4)[0]))
+    (prompt_file, steps_file), (prompt_x16, steps_x16) = runs
+    assert torch.equal(prompt_file, prompt_x16) and torch.equal(steps_file, steps_x16)

@@ -10,6 +10,7 @@ holds::
     q4_1x16: d (16 x f16) | m (16 x f16) | 4 chunks of 64 bytes: chunk L = bytes 4L..4L+3 of each row's codes
     q8_0x16: d (16 x f16) | 8 chunks of 64 bytes: chunk L = codes 4L..4L+3 of each row
     q4_kx16: d | dmin (16 x f16 each) | 35 chunks of 64 bytes: the packed scales (3), then the nibbles (32)
+    q6_kx16: d (16 x f16; the file's last field) | 52 chunks of 64 bytes: ql (32), qh (16), the scales (4)
 
 The bytes are the file's, moved; nothing is decoded, the size is the same, and :func:`deinterleave` gives the
 file's bytes back exactly. A matrix is interleaved once, at load (:func:`oneblock.kernels.ops.interleave`: the C++
@@ -30,7 +31,8 @@ from oneblock.kernels.formats import FORMATS, INTERLEAVED, BlockFormat, get_form
 GROUP_ROWS = 16
 """Rows read together by the interleaved kernels."""
 
-_HALF_FIELDS = {"q4_0": 1, "q4_1": 2, "q8_0": 1, "q4_k": 2}  # float16 fields at the head of a block (d, and q4_1's m)
+# a block's float16 fields (d, and a minimum's scale): at its head, or (q6_k) at d_offset
+_HALF_FIELDS = {"q4_0": 1, "q4_1": 2, "q8_0": 1, "q4_k": 2, "q6_k": 1}
 
 
 def interleaved_format(fmt: str) -> BlockFormat | None:
@@ -43,18 +45,19 @@ def can_interleave(blocks: Tensor, fmt: str) -> bool:
     return interleaved_format(fmt) is not None and blocks.dim() == 2 and blocks.shape[0] % GROUP_ROWS == 0
 
 
-def _split(blocks: Tensor, fmt: str) -> tuple[int, int, int, int]:
+def _split(blocks: Tensor, fmt: str) -> tuple[int, int, int, int, int]:
     spec = FORMATS[fmt]
     n, row_bytes = blocks.shape
-    return n // GROUP_ROWS, row_bytes // spec.nbytes, spec.nbytes, _HALF_FIELDS[fmt]
+    return n // GROUP_ROWS, row_bytes // spec.nbytes, spec.nbytes, _HALF_FIELDS[fmt], spec.d_offset
 
 
 def interleave_reference(blocks: Tensor, fmt: str) -> Tensor:
     """:func:`interleave` in tensor operations (the C++ op moves the same bytes with loops, far faster)."""
-    g, nb, nbytes, halves = _split(blocks, fmt)
+    g, nb, nbytes, halves, at = _split(blocks, fmt)
     x = blocks.reshape(g, GROUP_ROWS, nb, nbytes).permute(0, 2, 1, 3)  # (G, nb, 16, nbytes)
-    heads = [x[..., 2 * f : 2 * f + 2].reshape(g, nb, 2 * GROUP_ROWS) for f in range(halves)]  # (G, nb, 32) each
-    codes = x[..., 2 * halves :].reshape(g, nb, GROUP_ROWS, -1, 4)  # (G, nb, 16, chunks, 4)
+    heads = [x[..., at + 2 * f : at + 2 * f + 2].reshape(g, nb, 2 * GROUP_ROWS) for f in range(halves)]  # (G, nb, 32)
+    rest = torch.cat([x[..., :at], x[..., at + 2 * halves :]], dim=-1)  # the block less its float16 fields
+    codes = rest.reshape(g, nb, GROUP_ROWS, -1, 4)  # (G, nb, 16, chunks, 4)
     chunks = codes.permute(0, 1, 3, 2, 4).reshape(g, nb, -1)  # (G, nb, chunks * 16 * 4)
     return torch.cat([*heads, chunks], dim=-1).reshape(blocks.shape)
 
@@ -71,10 +74,10 @@ def deinterleave(blocks: Tensor, fmt: str) -> Tensor:
         raise InputError(
             f"deinterleave needs a {' / '.join(INTERLEAVED)} matrix; got {fmt} with shape {tuple(blocks.shape)}"
         )
-    g, nb, nbytes, halves = _split(blocks, base)
+    g, nb, nbytes, halves, at = _split(blocks, base)
     y = blocks.reshape(g, nb, GROUP_ROWS * nbytes)
     heads = [y[..., 32 * f : 32 * f + 32].reshape(g, nb, GROUP_ROWS, 2) for f in range(halves)]  # (G, nb, 16, 2)
     chunks = y[..., 32 * halves :].reshape(g, nb, -1, GROUP_ROWS, 4)  # (G, nb, chunks, 16, 4)
     codes = chunks.permute(0, 1, 3, 2, 4).reshape(g, nb, GROUP_ROWS, -1)  # (G, nb, 16, code bytes)
-    rows = torch.cat([*heads, codes], dim=-1)  # (G, nb, 16, nbytes)
+    rows = torch.cat([codes[..., :at], *heads, codes[..., at:]], dim=-1)  # (G, nb, 16, nbytes)
     return rows.permute(0, 2, 1, 3).reshape(blocks.shape)  # (N, nb * nbytes)

@@ -189,7 +189,7 @@ void step(const Plan& p, const Call& c, Workspace& ws, float* logits, int64_t th
         if (is_interleaved(p.tok.fmt)) {
           const int64_t group = c.tokens[r] / kGroupRows * kGroupRows;
           decode_interleaved_row(p.tok.data + group * p.tok.row_bytes, static_cast<int>(c.tokens[r] - group),
-                                 p.tok.fmt, C / QK, row);
+                                 p.tok.fmt, C / block_values(file_format(p.tok.fmt)), row);
         } else {
           decode_row(p.tok.data + c.tokens[r] * p.tok.row_bytes, p.tok.fmt, C / block_values(p.tok.fmt), row);
         }

@@ -97,11 +97,11 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
 }
 
 void decode_interleaved_row(const uint8_t* group, int lane, int64_t fmt, int64_t nb, float* out) {
-  if (file_format(fmt) == kQ4_K) {  // the row's blocks put back, then decoded as the file's
-    BlockQ4_K blk;
+  if (is_k_quant(file_format(fmt))) {  // the row's blocks put back, then decoded as the file's
+    uint8_t blk[sizeof(BlockQ6_K)];
     for (int64_t b = 0; b < nb; ++b, out += QK_K) {
-      gather_block(group, lane, kQ4_K, b, reinterpret_cast<uint8_t*>(&blk));
-      decode_row(reinterpret_cast<const uint8_t*>(&blk), kQ4_K, 1, out);
+      gather_block(group, lane, file_format(fmt), b, blk);
+      decode_row(blk, file_format(fmt), 1, out);
     }
     return;
   }

@@ -172,6 +172,54 @@ OB_AVX2 void q4_k_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
 }
 
+// Half h (rows 8h..8h+7) of one Q6_Kx16 group against R activation rows, as dot_x16_avx512.h's q6_k_group: per lane
+// the scalar kernel's exact isum, then its float operations in its order.
+template <int R>
+OB_AVX2 void q6_k_half(const uint8_t* group, int h, const ActRow* a, int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kQ6_K>;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi8(0x03), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m256 dw = scales8(blk + L::kScales + 16 * h);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a[r].q + b * QK_K;
+      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
+      __m256i isum = _mm256_setzero_si256();
+      for (int part = 0; part < 2; ++part) {  // values 128 part ..
+        for (int half_sub = 0; half_sub < 2; ++half_sub) {
+          __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                             _mm256_setzero_si256()};
+          for (int i = 0; i < 4; ++i) {
+            const int at = 4 * half_sub + i;
+            const __m256i ql0 = load_half(blk + L::kQl + (16 * part + at) * kChunkBytes, h);
+            const __m256i ql1 = load_half(blk + L::kQl + (16 * part + 8 + at) * kChunkBytes, h);
+            const __m256i qh = load_half(blk + L::kQh + (8 * part + at) * kChunkBytes, h);
+            for (int quarter = 0; quarter < 4; ++quarter) {
+              const __m256i ql = quarter % 2 ? ql1 : ql0;
+              const __m256i nib = _mm256_and_si256(quarter >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low);
+              const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * quarter), pair);
+              const __m256i codes = _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));  // [0, 63]: a pair <= 16002
+              const __m256i act = broadcast4(q + 128 * part + 32 * quarter + 16 * half_sub + 4 * i);
+              sums[quarter] = _mm256_add_epi32(sums[quarter], _mm256_madd_epi16(_mm256_maddubs_epi16(codes, act), ones));
+            }
+          }
+          for (int quarter = 0; quarter < 4; ++quarter) {
+            const int s = 8 * part + 2 * quarter + half_sub;
+            const __m256i word = load_half(blk + L::kSubScales + (s / 4) * kChunkBytes, h);
+            const __m256i scale = _mm256_srai_epi32(_mm256_slli_epi32(word, 24 - 8 * (s % 4)), 24);
+            const __m256i centred = _mm256_sub_epi32(sums[quarter], _mm256_set1_epi32(32 * bs[s]));
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(centred, scale));
+          }
+        }
+      }
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(a[r].d[b]))));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
+}
+
 template <template <int> class Half>
 OB_AVX2 void groups(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
                     int64_t stride) {
@@ -217,8 +265,19 @@ struct Q4_KHalf {
   }
 };
 
+template <int R>
+struct Q6_KHalf {
+  OB_AVX2 static void run(const uint8_t* g, int h, const ActRow* a, int64_t nb, float* o, int64_t s) {
+    q6_k_half<R>(g, h, a, nb, o, s);
+  }
+};
+
 }  // namespace
 
+void dot_q6_kx16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                      float* out, int64_t stride) {
+  groups<Q6_KHalf>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
 void dot_q4_kx16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                       float* out, int64_t stride) {
   groups<Q4_KHalf>(w, row_bytes, cols, a, rows, nb, out, stride);

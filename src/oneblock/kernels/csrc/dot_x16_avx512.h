@@ -216,6 +216,62 @@ OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
 }
 
+// Q6_K's 4 codes of 16 rows for quarter `quarter` of a half: the nibble (quarter / 2) of ql chunk `ql`, topped by bit
+// pair `quarter` of qh chunk `qh`, in [0, 63].
+OB_TARGET inline __m512i q6_k_codes(__m512i ql, __m512i qh, int quarter) {
+  const __m512i low = _mm512_and_si512(quarter >= 2 ? _mm512_srli_epi16(ql, 4) : ql, _mm512_set1_epi8(0x0F));
+  const __m512i top = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * quarter), _mm512_set1_epi8(0x03));
+  return _mm512_or_si512(low, _mm512_slli_epi16(top, 4));
+}
+
+// One Q6_Kx16 group against R activation rows (Q8_K). Sub-block s (16 values) of half h = s / 8 takes ql bytes
+// 64h + 32 (quarter % 2) + 16 (s % 2) .. and qh bytes 32h + 16 (s % 2) .., quarter = (s % 8) / 2. Its codes meet
+// the activations unsigned; 32 times the activations' sum of 16 is taken off, then the sum times the sub-block's
+// int8 scale: per lane the scalar kernel's exact isum, then its float operations in its order (bit for bit).
+template <int R>
+OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kQ6_K>;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m512 dw = scales16(blk + L::kScales);
+    __m512i sc[16];  // sub-block s: int8 byte s % 4 of scale chunk s / 4, sign-extended
+    for (int s = 0; s < 16; ++s) {
+      const __m512i word = _mm512_loadu_si512(blk + L::kSubScales + (s / 4) * kChunkBytes);
+      sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a[r].q + b * QK_K;
+      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
+      __m512i isum = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        for (int half_sub = 0; half_sub < 2; ++half_sub) {  // the first or second 16 values of each quarter
+          __m512i sums[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                             _mm512_setzero_si512()};
+          for (int i = 0; i < 4; ++i) {
+            const int at = 4 * half_sub + i;  // chunk within a quarter's 32 bytes of ql, and a half's of qh
+            const __m512i ql0 = _mm512_loadu_si512(blk + L::kQl + (16 * h + at) * kChunkBytes);
+            const __m512i ql1 = _mm512_loadu_si512(blk + L::kQl + (16 * h + 8 + at) * kChunkBytes);
+            const __m512i qh = _mm512_loadu_si512(blk + L::kQh + (8 * h + at) * kChunkBytes);
+            for (int quarter = 0; quarter < 4; ++quarter) {
+              const __m512i codes = q6_k_codes(quarter % 2 ? ql1 : ql0, qh, quarter);
+              sums[quarter] = dot_add(sums[quarter], codes, broadcast4(q + 128 * h + 32 * quarter + 16 * half_sub + 4 * i));
+            }
+          }
+          for (int quarter = 0; quarter < 4; ++quarter) {
+            const int s = 8 * h + 2 * quarter + half_sub;
+            const __m512i centred = _mm512_sub_epi32(sums[quarter], _mm512_set1_epi32(32 * bs[s]));
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(centred, sc[s]));
+          }
+        }
+      }
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b]))));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
+}
+
 // The code sums of each activation block (for Q4_0, and Q8_0 with VNNI): 32 codes + 128 each as unsigned bytes, summed
 // by `vpsadbw`, less 32 * 128.
 OB_TARGET inline void code_sums(const ActRow& a, int64_t nb, int32_t* out) {
@@ -256,6 +312,14 @@ struct Q4_KGroup {
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
                             int64_t stride) {
     q4_k_group<R>(group, a, nb, out, stride);
+  }
+};
+
+struct Q6_KGroup {
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
+                            int64_t stride) {
+    q6_k_group<R>(group, a, nb, out, stride);
   }
 };
 
@@ -314,6 +378,12 @@ OB_TARGET void OB_CAT(dot_q4_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_byt
                                      int64_t nb, float* out, int64_t stride) {
   namespace k = OB_CAT(x16_, OB_SUFFIX);
   k::each_group<k::Q4_KGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
+}
+
+OB_TARGET void OB_CAT(dot_q6_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
+                                     int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  k::each_group<k::Q6_KGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
 }
 
 }  // namespace oneblock

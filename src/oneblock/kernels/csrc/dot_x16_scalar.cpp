@@ -77,15 +77,26 @@ void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int ro
 
 }  // namespace
 
-// Q4_Kx16: each row's blocks put back in the file's layout, then the file layout's scalar kernel.
-void dot_q4_kx16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
-                        float* out, int64_t stride) {
+// The K-quants' layouts: each row's blocks put back in the file's layout, then the file layout's scalar kernel.
+template <int64_t Fmt, DotFn File>
+void each_gathered(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
+                   int64_t stride) {
   std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
+  const int64_t nbytes = block_bytes(Fmt);
   for (int c = 0; c < cols; ++c) {
     const uint8_t* group = w + (c / kGroupRows) * kGroupRows * row_bytes;
-    for (int64_t b = 0; b < nb; ++b) gather_block(group, c % kGroupRows, kQ4_K, b, row.data() + b * sizeof(BlockQ4_K));
-    for (int r = 0; r < rows; ++r) dot_q4_k_scalar(row.data(), row_bytes, 1, a + r, 1, nb, out + r * stride + c, stride);
+    for (int64_t b = 0; b < nb; ++b) gather_block(group, c % kGroupRows, Fmt, b, row.data() + b * nbytes);
+    for (int r = 0; r < rows; ++r) File(row.data(), row_bytes, 1, a + r, 1, nb, out + r * stride + c, stride);
   }
+}
+
+void dot_q4_kx16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                        float* out, int64_t stride) {
+  each_gathered<kQ4_K, dot_q4_k_scalar>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q6_kx16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                        float* out, int64_t stride) {
+  each_gathered<kQ6_K, dot_q6_k_scalar>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 
 void dot_q4_0x16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,

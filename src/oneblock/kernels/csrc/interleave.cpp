@@ -1,4 +1,4 @@
-// oneblock::interleave_rows(Tensor blocks, int fmt) -> Tensor: a Q4_0, Q4_1, Q8_0 or Q4_K matrix's rows in the interleaved
+// oneblock::interleave_rows(Tensor blocks, int fmt) -> Tensor: a Q4_0, Q4_1, Q8_0, Q4_K or Q6_K matrix's rows in the interleaved
 // layout of interleaved.h, moved with plain loops, one group of 16 rows per task (kernels/interleave.py renders the
 // same layout with tensor permutes, which move one byte at a time and cost seconds on a whole model at load).
 //
@@ -34,9 +34,9 @@ void interleave_into(const std::vector<const uint8_t*>& rows, int64_t row_bytes,
         uint8_t* o = dst + (g * nb + b) * kGroupRows * nbytes;  // block b of group g: 16 blocks' bytes
         for (int r = 0; r < kGroupRows; ++r) {
           const uint8_t* in = rows[g * kGroupRows + r] + b * nbytes;
-          for (int64_t f = 0; f < halves; ++f) std::memcpy(o + f * 32 + 2 * r, in + 2 * f, 2);
+          for (int64_t f = 0; f < halves; ++f) std::memcpy(o + f * 32 + 2 * r, in + half_at(fmt) + 2 * f, 2);
           for (int64_t c = 0; c < chunks; ++c) {
-            std::memcpy(o + 32 * halves + c * kChunkBytes + 4 * r, in + 2 * halves + 4 * c, 4);
+            std::memcpy(o + 32 * halves + c * kChunkBytes + 4 * r, in + chunk_byte(fmt, 4 * c), 4);
           }
         }
       }
@@ -45,8 +45,8 @@ void interleave_into(const std::vector<const uint8_t*>& rows, int64_t row_bytes,
 }
 
 void check_format(int64_t fmt, const char* op) {
-  TORCH_CHECK(fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ8_0 || fmt == kQ4_K, "oneblock::", op,
-              ": only q4_0 (2), q4_1 (3), q8_0 (8) and q4_k (12); got ", fmt);
+  TORCH_CHECK(fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ8_0 || fmt == kQ4_K || fmt == kQ6_K, "oneblock::", op,
+              ": only q4_0 (2), q4_1 (3), q8_0 (8), q4_k (12) and q6_k (14); got ", fmt);
 }
 
 at::Tensor interleave_rows(const at::Tensor& blocks_in, int64_t fmt) {
@@ -105,8 +105,10 @@ at::Tensor interleave_parts(at::TensorList parts, const std::optional<at::Tensor
 void gather_block(const uint8_t* group, int lane, int64_t fmt, int64_t b, uint8_t* out) {
   const int64_t nbytes = block_bytes(fmt), halves = half_fields(fmt), chunks = (nbytes - 2 * halves) / 4;
   const uint8_t* blk = group + b * kGroupRows * nbytes;
-  for (int64_t f = 0; f < halves; ++f) std::memcpy(out + 2 * f, blk + f * 32 + 2 * lane, 2);
-  for (int64_t c = 0; c < chunks; ++c) std::memcpy(out + 2 * halves + 4 * c, blk + 32 * halves + c * kChunkBytes + 4 * lane, 4);
+  for (int64_t f = 0; f < halves; ++f) std::memcpy(out + half_at(fmt) + 2 * f, blk + f * 32 + 2 * lane, 2);
+  for (int64_t c = 0; c < chunks; ++c) {
+    std::memcpy(out + chunk_byte(fmt, 4 * c), blk + 32 * halves + c * kChunkBytes + 4 * lane, 4);
+  }
 }
 
 }  // namespace oneblock

@@ -13,6 +13,8 @@
 //   Q4_Kx16: (per super-block of 256 values) d[r], dmin[r] (2 x 32 bytes), then 3 chunks of the 12 bytes of packed
 //            scales and minimums (chunk L: bytes 4L..4L+3 of each row's), then 32 chunks of the 128 bytes of
 //            nibbles (chunk L: bytes 4L..4L+3 of each row's)                    = 2304 bytes = 16 x 144
+//   Q6_Kx16: (per super-block) d[r] (32 bytes; the file stores it last), then 52 chunks of the rest in the file's
+//            order: ql (chunks 0..31), qh (32..47), the 16 int8 scales (48..51)  = 3360 bytes = 16 x 210
 //
 // So one 64-byte load is 16 int32 lanes, lane r holding 4 consecutive codes of row r, and one broadcast of 4
 // activation codes multiplies all 16 rows at once (`vpdpbusd`); the 16 scales convert in one `vcvtph2ps`. In a
@@ -37,9 +39,10 @@ constexpr int64_t kQ4_0x16 = kInterleaved | kQ4_0;
 constexpr int64_t kQ4_1x16 = kInterleaved | kQ4_1;
 constexpr int64_t kQ8_0x16 = kInterleaved | kQ8_0;
 constexpr int64_t kQ4_Kx16 = kInterleaved | kQ4_K;
+constexpr int64_t kQ6_Kx16 = kInterleaved | kQ6_K;
 
 inline bool is_interleaved(int64_t fmt) {
-  return fmt == kQ4_0x16 || fmt == kQ4_1x16 || fmt == kQ8_0x16 || fmt == kQ4_Kx16;
+  return fmt == kQ4_0x16 || fmt == kQ4_1x16 || fmt == kQ8_0x16 || fmt == kQ4_Kx16 || fmt == kQ6_Kx16;
 }
 inline int64_t file_format(int64_t fmt) { return fmt & ~kInterleaved; }
 
@@ -62,13 +65,22 @@ template <>
 struct Interleaved<kQ4_K> {
   static constexpr int kScales = 0, kMins = 32, kPacked = 64, kCodes = 256, kChunks = 32, kBytes = 2304;
 };
+template <>
+struct Interleaved<kQ6_K> {
+  static constexpr int kScales = 0, kQl = 32, kQh = 32 + 32 * 64, kSubScales = 32 + 48 * 64, kBytes = 3360;
+};
 static_assert(Interleaved<kQ4_0>::kBytes == kGroupRows * sizeof(BlockQ4_0), "Q4_0x16 holds 16 Q4_0 blocks");
 static_assert(Interleaved<kQ4_1>::kBytes == kGroupRows * sizeof(BlockQ4_1), "Q4_1x16 holds 16 Q4_1 blocks");
 static_assert(Interleaved<kQ8_0>::kBytes == kGroupRows * sizeof(BlockQ8_0), "Q8_0x16 holds 16 Q8_0 blocks");
 static_assert(Interleaved<kQ4_K>::kBytes == kGroupRows * sizeof(BlockQ4_K), "Q4_Kx16 holds 16 Q4_K blocks");
+static_assert(Interleaved<kQ6_K>::kBytes == kGroupRows * sizeof(BlockQ6_K), "Q6_Kx16 holds 16 Q6_K blocks");
 
-// The float16 fields at the head of a block of `fmt` (d, and a minimum's scale): the rest is 4-byte chunks.
+// The float16 fields of a block of `fmt` (d, and a minimum's scale), at byte half_at(fmt) (Q6_K's d is last): the
+// rest of the block, in order, is 4-byte chunks.
 inline int64_t half_fields(int64_t fmt) { return fmt == kQ4_1 || fmt == kQ4_K ? 2 : 1; }
+inline int64_t half_at(int64_t fmt) { return fmt == kQ6_K ? 208 : 0; }
+// The byte of a block where byte `p` of its chunks (the block less its float16 fields) is.
+inline int64_t chunk_byte(int64_t fmt, int64_t p) { return p < half_at(fmt) ? p : p + 2 * half_fields(fmt); }
 
 // Row `lane`'s block `b` of an interleaved group, put back as the file stores it (block_bytes(fmt) bytes at out).
 void gather_block(const uint8_t* group, int lane, int64_t fmt, int64_t b, uint8_t* out);
