@@ -15,9 +15,12 @@ from native_testing import relative
 
 import oneblock as ob
 from oneblock import kernels
+from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.decode import LeanDecode
 from oneblock.inference.native_step import NativeStep
+from oneblock.inference.prefix_cache import PrefixCache
 from oneblock.inference.request import prepare
+from oneblock.inference.spans import CHUNK
 from oneblock.kernels import GEMM_ROWS
 from oneblock.layers.kv_cache import KVCache, RingKVCache
 
@@ -139,7 +142,8 @@ def test_the_native_prompt_read_wraps_a_ring(start):
     ring, full = ours.layers[0], theirs.layers[0]
     assert isinstance(ring, RingKVCache) and ring.length == 30
     held = min(30, ring.capacity)
-    keys, values = ring.ordered()  # positions 30 - held .. 29, in order
+    keys, values = ring.read(ring.first, 30)  # positions 30 - held .. 29, in order
+    assert ring.first == 30 - held
     assert relative(keys, full.k[:, :, 30 - held : 30]) <= 1e-5
     assert relative(values, full.v[:, :, 30 - held : 30]) <= 1e-5
 
@@ -157,3 +161,39 @@ def test_the_native_step_refuses_a_cache_too_small_for_its_rows():
     at = torch.tensor([6])
     with pytest.raises(RuntimeError, match="layer 2: column 6 outside a cache of 6 columns"):
         plan(torch.tensor([1]), at, at, torch.zeros(1, dtype=torch.long), keys, values)
+
+
+@pytest.mark.parametrize("native", STEPS)
+def test_batched_slots_with_rings_decode_as_recomputation(native):
+    """Staggered slots; the third prompt starts with the first's first block, copied from the prefix cache into its
+    rings; the second is short enough for one native read."""
+    model = build("gemma3", seed=2)
+    decoder = BatchDecoder(model, native=native, prefix=PrefixCache(2**24, CHUNK))
+    assert (decoder.native is not None) == (native is None)
+    first = prompt(70, seed=5)
+    prompts = [first, prompt(9, seed=6), first[:40] + prompt(37, seed=7)]
+    seen: list[list[int]] = []
+    slots, got = [], []  # got: (logits, ids so far) of every row at every step
+    with torch.inference_mode():
+        for r, ids in enumerate(prompts + [None] * 6):  # each joins after 15 steps; then the rest run out
+            if ids is not None:
+                slot, logits = decoder.prefill(ids, 110 - len(ids))
+                layers = slot.cache.layers
+                assert [type(layer) for layer in layers] == [RingKVCache, RingKVCache, KVCache]
+                assert layers[0].capacity == WINDOW + CHUNK and layers[2].capacity == 110 - 1
+                slots.append(slot)
+                seen.append(list(ids))
+                got.append((logits, list(ids)))
+                seen[r].append(int(logits.argmax()))
+            for _ in range(15):
+                active = [i for i, slot in enumerate(slots) if slot.length < slot.capacity]  # the full ones leave
+                if not active:
+                    break
+                out = decoder.step([slots[i] for i in active], [seen[i][-1] for i in active])
+                for i, logits in zip(active, out, strict=True):
+                    got.append((logits, list(seen[i])))
+                    seen[i].append(int(logits.argmax()))
+        assert [len(row) for row in seen] == [110] * 3
+        assert slots[2].cached == CHUNK  # copied into its rings, not computed
+        for logits, ids in got[::3]:
+            assert relative(logits, recomputed(model, ids)) <= 1e-5

@@ -63,6 +63,15 @@ class KVCache:
         """Forget every position (the buffers stay)."""
         self.length = 0
 
+    def read(self, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """The keys and values of stored positions ``[start, end)``: (B, Hkv, end - start, Dh) each."""
+        return self.k[:, :, start:end], self.v[:, :, start:end]
+
+    def holds(self, start: int, end: int) -> bool:
+        """Whether rows at positions ``[start, end)``, all written before any attends (the native step's prompt
+        read), each find every key they attend to: the buffers reach ``end``."""
+        return self.capacity >= end
+
     def _grow(self, end: int) -> None:
         capacity = min(self.max_len, -(-end // self.chunk) * self.chunk)  # whole chunks, at most max_len
         b, h, _, d = self.k.shape
@@ -156,6 +165,10 @@ class RingKVCache(KVCache):
     def reset(self) -> None:
         self.length = self._floor = 0
 
+    def holds(self, start: int, end: int) -> bool:
+        """As ``KVCache.holds``: the last row's writes spare the first row's window."""
+        return self.capacity >= self.window + (end - start) - 1
+
     def write(self, position: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store keys and values (B, Hkv, T, Dh) of positions ``position ..``; return those a query among them
         sees, (B, Hkv, kept + T, Dh) copies, ``kept = min(position, window - 1)``.
@@ -194,9 +207,13 @@ class RingKVCache(KVCache):
             )
         return self.write(self.length, k, v)
 
-    def ordered(self) -> tuple[Tensor, Tensor]:
-        """The positions the ring holds, ``first .. length - 1``: keys and values (B, Hkv, length - first, Dh)."""
-        columns = torch.arange(self.first, self.length, device=self.k.device) % self.capacity
+    def read(self, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """As ``KVCache.read`` (copies), of positions the ring still holds (``first <= start <= end <= length``)."""
+        if not self.first <= start <= end <= self.length:
+            raise InputError(
+                f"positions [{start}, {end}) are not in this ring, which holds [{self.first}, {self.length})"
+            )
+        columns = torch.arange(start, end, device=self.k.device) % self.capacity
         return self.k[:, :, columns], self.v[:, :, columns]
 
 
