@@ -7,7 +7,7 @@ import torch
 
 import oneblock as ob
 from oneblock.errors import InputError
-from oneblock.layers.kv_cache import DEFAULT_CHUNK, KVCache
+from oneblock.layers.kv_cache import DEFAULT_CHUNK, KVCache, RingKVCache
 
 
 def test_grown_cache_equals_preallocated():
@@ -45,3 +45,53 @@ def test_a_model_cache_starts_small_and_decodes_like_a_preallocated_one():
         plain = model(x)
     assert cache.layers[0].capacity == 2 * DEFAULT_CHUNK
     assert torch.allclose(grown, plain, atol=1e-5) and torch.allclose(whole, plain, atol=1e-5)
+
+
+def test_a_ring_returns_the_window_of_a_whole_cache():
+    gen = torch.Generator().manual_seed(1)
+    ring = RingKVCache(2, 3, 60, 5, window=4, spare=3)
+    whole = KVCache(2, 3, 60, 5, chunk=60)
+    assert ring.capacity == 7
+    for t in (3, 1, 1, 9, 1, 2, 1, 13, 1):  # single tokens, and chunks longer than the ring
+        k, v = torch.randn(2, 3, t, 5, generator=gen), torch.randn(2, 3, t, 5, generator=gen)
+        start = whole.length
+        keys, values = ring.append(k, v)
+        all_k, all_v = whole.append(k, v)
+        kept = min(start, 3)  # the window's 3 positions before the chunk, and the chunk
+        assert torch.equal(keys, all_k[:, :, start - kept :]) and torch.equal(values, all_v[:, :, start - kept :])
+        held = ring.read(ring.first, ring.length)
+        assert torch.equal(held[0], all_k[:, :, -min(whole.length, 7) :])
+    assert ring.length == whole.length == 32 and ring.capacity == 7
+
+
+def test_a_ring_refuses_a_rewrite_whose_window_it_no_longer_holds():
+    ring = RingKVCache(1, 1, 20, 2, window=4, spare=2)
+    ring.append(torch.zeros(1, 1, 12, 2), torch.zeros(1, 1, 12, 2))  # holds positions 6 .. 11
+    ring.write(9, torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2))  # sees 6, 7, 8: still held
+    assert (ring.first, ring.length) == (6, 10)  # 10 and 11 dropped; their columns held 4 and 5 before
+    with pytest.raises(InputError, match=r"cannot write positions \[8, 9\) into a ring of 6 columns"):
+        ring.write(8, torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2))  # would need 5, overwritten
+    with pytest.raises(InputError, match="window must be a positive int"):
+        RingKVCache(1, 1, 20, 2, window=0)
+    ring.reset()
+    ring.append(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))  # a new sequence from position 0
+    assert (ring.first, ring.length) == (0, 3)
+
+
+def test_a_model_reads_chunks_into_rings_as_into_whole_buffers():
+    """Padded rows, chunks across the ring's end: the same hidden states as a cache of every position."""
+    torch.manual_seed(0)
+    cfg = ob.ModelConfig(vocab_size=97, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, sliding_window=5,
+                         global_every=2)  # fmt: skip
+    model = ob.build_model(cfg).eval()
+    tokens = torch.randint(0, 97, (2, 40))
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, :3] = False  # row 1 left-padded
+    rings, whole = model.new_cache(2, max_len=40, spare=2), model.new_cache(2, max_len=40)
+    assert isinstance(rings.layers[0], RingKVCache) and rings.layers[0].capacity == 7
+    assert type(rings.layers[1]) is KVCache  # the global layer keeps everything
+    with torch.no_grad():
+        for start, end in ((0, 9), (9, 10), (10, 23), (23, 24), (24, 40)):
+            a = model.run(tokens[:, start:end], padding_mask=mask[:, :end], cache=rings)
+            b = model.run(tokens[:, start:end], padding_mask=mask[:, :end], cache=whole)
+            assert torch.allclose(a, b, atol=1e-5)

@@ -4,9 +4,10 @@ Shape notation: B active rows, T prompt length, L cached positions of one row, C
 Hkv key/value heads, Dh head width, V vocabulary.
 
 Each request owns a ``Slot``: its own key/value cache, allocated to the exact length it needs (prompt plus new
-tokens), and its own length. A new request is prefilled alone, in fixed chunks of 32 positions
-(:mod:`oneblock.inference.prefill`: ``BatchDecoder.prefill`` reads it whole, ``begin`` and ``Prefill.advance`` a
-chunk at a time, so a server can interleave a long prompt with the others' steps), after the blocks of it that the
+tokens; a sliding-window layer's a ring of its window and one chunk, ``RingKVCache``), and its own length. A new
+request is prefilled alone, in fixed chunks of 32 positions (:mod:`oneblock.inference.prefill`:
+``BatchDecoder.prefill`` reads it whole, ``begin`` and ``Prefill.advance`` a chunk at a time, so a server can
+interleave a long prompt with the others' steps), after the blocks of it that the
 prefix cache holds (:mod:`oneblock.inference.prefix_cache`); after that, ``BatchDecoder.step`` advances every
 active slot by one token in a single pass. Rows join and leave between steps, at any position.
 
@@ -41,6 +42,8 @@ from oneblock.inference.native_step import NativeStep
 from oneblock.inference.plan import DecodePlan, attend_cached, heads_of_one_token, lean_supported
 from oneblock.inference.prefill import Prefill
 from oneblock.inference.prefix_cache import PrefixCache
+from oneblock.inference.spans import CHUNK
+from oneblock.kernels import GEMM_ROWS
 from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.decoder import Decoder
@@ -51,7 +54,7 @@ class Slot:
     """One generation's state between steps.
 
     Attributes:
-        cache: its keys and values, (1, Hkv, capacity, Dh) per layer.
+        cache: its keys and values, (1, Hkv, capacity, Dh) per layer (a local layer's ring: its window and a chunk).
         length: positions filled (the prompt, then every token fed back).
         capacity: positions the cache holds; ``step`` refuses a slot that is full.
         reading: the read of its prompt, which filled the cache.
@@ -152,7 +155,8 @@ class BatchDecoder:
         if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab for i in ids):
             raise InputError(f"prompt ids must be ints in [0, {vocab}); got {list(ids)[:8]!r}...")
         capacity = t + max_new - 1
-        cache = self.model.new_cache(1, max_len=capacity, chunk=capacity)  # allocated whole, once, as the lean step
+        # Allocated whole, once, as the lean step's: a local layer's a ring of its window and one chunk.
+        cache = self.model.new_cache(1, max_len=capacity, chunk=capacity, spare=max(CHUNK, GEMM_ROWS))
         reading = Prefill(
             self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse, native=self.native,
             score=score,
@@ -214,5 +218,5 @@ class BatchDecoder:
     def _attend(self, block: Block, slot: Slot, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """One row's attention: store its key and value at its position, attend over its L + 1 keys (no mask:
         a single query may see every cached key). q (1, H, 1, Dh), k and v (1, Hkv, 1, Dh) -> (1, H, 1, Dh)."""
-        keys, values = slot.cache.layers[layer].write(slot.length, k, v)  # (1, Hkv, L + 1, Dh) views
+        keys, values = slot.cache.layers[layer].write(slot.length, k, v)  # (1, Hkv, L + 1 or window, Dh)
         return attend_cached(block.attn, q, keys, values, None)

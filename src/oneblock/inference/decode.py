@@ -13,13 +13,14 @@ Two implementations compute the same logits:
   prompt of one chunk and differs from it by float32 rounding for longer ones) and then each new token through
   ``step``: the same modules (norms, feed-forward, output projection) called directly, with everything that does
   not change between tokens made once, before the first: the key/value buffers of the exact length the
-  generation needs, the rotary tables and padding masks of every position, and one fused query/key/value matrix
-  per layer (the file's block matrix for a GGUF model). A step then validates nothing and
-  builds no mask: a single new query attends to every cached key, so causality needs no mask, and padding is a
-  view of the precomputed one. ``torch.compile`` can compile ``step`` (``compile=True``; off on the CPU, where it
-measured slower). Where the C++ library is built and the model qualifies, each token instead goes through the
-native step (:mod:`oneblock.inference.native_step`: one call per token); ``step`` stays the reference it mirrors,
-and the fallback (``ONEBLOCK_NATIVE_STEP=0``, no compiler, LoRA wrappers, a narrower cache, ``compile``).
+  generation needs (a sliding-window layer's a ring of its window: ``RingKVCache``), the rotary tables and padding
+  masks of every position, and one fused query/key/value matrix per layer (the file's block matrix for a GGUF
+  model). A step then validates nothing and builds no mask: a single new query attends to every cached key, so
+  causality needs no mask, and padding is a view of the precomputed one. ``torch.compile`` can compile ``step``
+  (``compile=True``; off on the CPU, where it measured slower). Where the C++ library is built and the model
+  qualifies, each token instead goes through the native step (:mod:`oneblock.inference.native_step`: one call per
+  token); ``step`` stays the reference it mirrors, and the fallback (``ONEBLOCK_NATIVE_STEP=0``, no compiler, LoRA
+  wrappers, a narrower cache, ``compile``).
 
 Tests prove the lean step's logits equal the full forward's within 1e-5 in float32, with identical greedy tokens.
 """
@@ -115,7 +116,8 @@ class LeanDecode:
         dtype = model.embed.dtype
         self.compute_dtype = dtype
         total = max(total, 1)
-        self.cache = model.new_cache(b, max_len=total, dtype=cache_dtype, chunk=total)  # whole, allocated once
+        # Whole, allocated once; a local layer's a ring of its window and the rows of a native prompt read.
+        self.cache = model.new_cache(b, max_len=total, dtype=cache_dtype, chunk=total, spare=GEMM_ROWS)
         self.arange = torch.arange(total, device=run.seen.device)  # positions of a batch without padding
         self.positions: Tensor | None = None  # (B, total)
         self.mask: Tensor | None = None  # (B, 1, 1, total) True = real key
@@ -198,8 +200,7 @@ class LeanDecode:
             )  # (B, T, C)
         if narrow:
             for wide, layer in zip(cache.layers, self.cache.layers, strict=True):
-                layer.k[:, :, :t], layer.v[:, :, :t] = wide.k[:, :, :t], wide.v[:, :, :t]
-                layer.length = t
+                layer.write(0, wide.k[:, :, :t], wide.v[:, :, :t])  # a ring keeps the last columns
         self.end = t
         logits = model.logits(hidden[:, -1])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))

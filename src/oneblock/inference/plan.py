@@ -69,11 +69,13 @@ def attend_cached(attn: MultiHeadAttention, q: Tensor, keys: Tensor, values: Ten
     """One new query per row over the keys (B, Hkv, S, Dh) cached up to it: (B, H, 1, Dh).
 
     A local layer keeps its last ``window`` keys; a soft-capped layer takes the explicit softmax (the fused kernel
-    cannot cap scores). ``mask``: (B, 1, 1, S) True = real key, or ``None``.
+    cannot cap scores). ``mask``: (B, 1, 1, S') True = real key, or ``None``; its last S columns apply (a ring
+    cache returns only the window's keys, S < S').
     """
     if attn.window is not None and keys.shape[2] > attn.window:
         keys, values = keys[:, :, -attn.window :], values[:, :, -attn.window :]  # (B, Hkv, window, Dh)
-        mask = mask[..., -attn.window :] if mask is not None else None
+    if mask is not None and mask.shape[-1] > keys.shape[2]:
+        mask = mask[..., -keys.shape[2] :]  # (B, 1, 1, S)
     if attn.softcap is not None:
         return attn.attend(q, keys, values, mask, None, False)
     gqa = attn.n_kv_heads != attn.n_heads

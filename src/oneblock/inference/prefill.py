@@ -105,9 +105,12 @@ class Prefill:
 
     def _native_fits(self, start: int, end: int) -> bool:
         """Whether the native step reads the last chunk: one below ``GEMM_ROWS`` rows (the integer kernels), a
-        float32 cache allocated to hold it."""
-        k = self.cache.layers[0].k
-        return self.native is not None and end - start < GEMM_ROWS and k.dtype == torch.float32 and k.shape[2] >= end
+        float32 cache allocated to hold it (a local layer's ring: its window and the chunk)."""
+        layers = self.cache.layers
+        return (
+            self.native is not None and end - start < GEMM_ROWS and layers[0].k.dtype == torch.float32
+            and all(layer.holds(start, end) for layer in layers)
+        )  # fmt: skip
 
     def _native_read(self, start: int, end: int) -> Tensor:
         """The last chunk in one call of the native step; the logits (V,) float32 of the first new token."""
@@ -140,8 +143,8 @@ class Prefill:
         self.position = end
         if self.prefix is not None and end - start == CHUNK:
             index = start // CHUNK
-            kv = torch.stack([torch.stack([layer.k[0, :, start:end], layer.v[0, :, start:end]])
-                              for layer in self.cache.layers])  # (L, 2, Hkv, N, Dh), a copy  # fmt: skip
+            kv = torch.stack([torch.stack(layer.read(start, end)) for layer in self.cache.layers])[:, :, 0]
+            # (L, 2, Hkv, N, Dh), a copy
             self.prefix.store(self.names[index], index, self.ids[start:end], kv, hidden[0].clone())
             self.prefix.touch(self.names[: index + 1])  # a block stays more recent than those extending it
         if self.chunks:

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from oneblock.errors import ConfigError, InputError
 from oneblock.layers.fusion import split_linear, stack_linears
-from oneblock.layers.kv_cache import KVCache
+from oneblock.layers.kv_cache import KVCache, RingKVCache
 from oneblock.layers.lowrank import project_all
 from oneblock.layers.masks import causal_mask, window_mask
 from oneblock.layers.norms import RMSNorm
@@ -129,7 +129,10 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x)  # (B, H, T, Dh), (B, Hkv, T, Dh) x 2
         q, k = self.position(q, k, state.rope_local if self.local_rope else state.rope)
         k, v = self.extend(k, v, state.cache)  # (B, Hkv, S, Dh), S = cached + T
-        mask, is_causal = self.self_mask(state.mask, q, k, is_causal, state.self_bias)
+        mask = state.mask
+        if mask is not None and isinstance(state.cache, RingKVCache):  # the window's keys: the mask's last columns
+            mask = mask[..., -k.shape[2] :]
+        mask, is_causal = self.self_mask(mask, q, k, is_causal, state.self_bias)
         recorder = state.recorder.self_weights if state.recorder is not None else None
         return self.merge(self.attend(q, k, v, mask, state.self_bias, is_causal, recorder))
 

@@ -2,11 +2,14 @@
 
 A decoder generating token ``t`` needs the keys and values of tokens ``0..t-1`` at every layer; recomputing them
 makes each step cost the whole prefix. ``KVCache`` keeps them in buffers that grow in chunks as the sequence does;
-``Cache`` holds one per layer, plus the cross-attention keys and values of an encoder-decoder model, which depend
-only on the source and are computed once.
+``RingKVCache`` keeps only the last columns a sliding-window layer can still attend to, position ``p`` at column
+``p % capacity`` (Mistral's rolling buffer cache); ``Cache`` holds one per layer, plus the cross-attention keys and
+values of an encoder-decoder model, which depend only on the source and are computed once.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -56,6 +59,19 @@ class KVCache:
         """Positions the buffers hold now (between ``length`` and ``max_len``)."""
         return self.k.shape[2]
 
+    def reset(self) -> None:
+        """Forget every position (the buffers stay)."""
+        self.length = 0
+
+    def read(self, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """The keys and values of stored positions ``[start, end)``: (B, Hkv, end - start, Dh) each."""
+        return self.k[:, :, start:end], self.v[:, :, start:end]
+
+    def holds(self, start: int, end: int) -> bool:
+        """Whether rows at positions ``[start, end)``, all written before any attends (the native step's prompt
+        read), each find every key they attend to: the buffers reach ``end``."""
+        return self.capacity >= end
+
     def _grow(self, end: int) -> None:
         capacity = min(self.max_len, -(-end // self.chunk) * self.chunk)  # whole chunks, at most max_len
         b, h, _, d = self.k.shape
@@ -104,6 +120,103 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
+class RingKVCache(KVCache):
+    """Keys and values of a local layer, which attends to its last ``window`` positions only: a ring of
+    ``window + spare`` columns (at most ``max_len``), allocated once, position ``p`` at column ``p % capacity``.
+
+    ``write`` and ``append`` return the keys a chunk of new queries attends to, in order: the ``window - 1``
+    positions before the chunk (fewer at the start) and the chunk's own, (B, Hkv, kept + T, Dh); a mask over every
+    position (``S = length + T``) applies to its last columns. ``spare`` columns let rows written together
+    before any attends (the native step's prompt read, up to ``spare + 1`` rows) keep their windows.
+    ``length`` counts every position written, as ``KVCache``'s.
+
+    Args:
+        batch_size, n_kv_heads, max_len, d_head, dtype, device: as ``KVCache``.
+        window: the layer's window (>= 1).
+        spare: columns beyond the window (>= 0).
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        n_kv_heads: int,
+        max_len: int,
+        d_head: int,
+        *,
+        window: int,
+        spare: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise InputError(f"window must be a positive int (positions a local layer attends to); got {window!r}")
+        if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
+            raise InputError(f"spare must be an int >= 0 (columns beyond the window); got {spare!r}")
+        capacity = min(max_len, window + spare)
+        super().__init__(batch_size, n_kv_heads, max_len, d_head, dtype=dtype, device=device, chunk=capacity)
+        self.window = window
+        self._floor = 0  # no position below it is held (a rewrite leaves later, dropped ones in some columns)
+
+    @property
+    def first(self) -> int:
+        """The first position the ring still holds (it holds ``first .. length - 1``)."""
+        return max(self._floor, self.length - self.capacity)
+
+    def reset(self) -> None:
+        self.length = self._floor = 0
+
+    def holds(self, start: int, end: int) -> bool:
+        """As ``KVCache.holds``: the last row's writes spare the first row's window."""
+        return self.capacity >= self.window + (end - start) - 1
+
+    def write(self, position: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store keys and values (B, Hkv, T, Dh) of positions ``position ..``; return those a query among them
+        sees, (B, Hkv, kept + T, Dh) copies, ``kept = min(position, window - 1)``.
+
+        Positions from ``position`` on are dropped first; a rewrite so far back that the ring no longer holds the
+        window before it is refused, as is a write past ``max_len``.
+        """
+        t = k.shape[2]
+        end, capacity = position + t, self.capacity
+        kept = min(position, self.window - 1)
+        if not 0 <= position <= self.length or end > self.max_len or position - kept < self.first:
+            raise InputError(
+                f"cannot write positions [{position}, {end}) into a ring of {capacity} columns holding positions "
+                f"[{self.first}, {self.length}) of {self.max_len}; positions must follow the stored ones, within "
+                f"max_len, with the {self.window - 1} before them still held"
+            )
+        old = torch.arange(position - kept, position, device=self.k.device) % capacity  # (kept,) columns in order
+        keys = torch.cat([self.k[:, :, old], k.to(self.k.dtype)], dim=2)  # (B, Hkv, kept + T, Dh)
+        values = torch.cat([self.v[:, :, old], v.to(self.v.dtype)], dim=2)
+        stored = min(t, capacity)  # a chunk longer than the ring leaves only its last columns
+        new = torch.arange(end - stored, end, device=self.k.device) % capacity
+        self.k[:, :, new] = k[:, :, t - stored :].to(self.k.dtype)
+        self.v[:, :, new] = v[:, :, t - stored :].to(self.v.dtype)
+        self._floor = max(self.first, end - capacity)
+        self.length = end
+        return keys, values
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store new keys and values (B, Hkv, T, Dh) after the stored ones; return what ``write`` returns."""
+        if k.shape[0] != self.k.shape[0]:
+            raise InputError(f"the cache was made for batch size {self.k.shape[0]}; got batch size {k.shape[0]}")
+        if self.length + k.shape[2] > self.max_len:
+            raise InputError(
+                f"the cache holds {self.max_len} positions; {self.length} are used and {k.shape[2]} more "
+                "were given. Start a new cache or crop the sequence"
+            )
+        return self.write(self.length, k, v)
+
+    def read(self, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """As ``KVCache.read`` (copies), of positions the ring still holds (``first <= start <= end <= length``)."""
+        if not self.first <= start <= end <= self.length:
+            raise InputError(
+                f"positions [{start}, {end}) are not in this ring, which holds [{self.first}, {self.length})"
+            )
+        columns = torch.arange(start, end, device=self.k.device) % self.capacity
+        return self.k[:, :, columns], self.v[:, :, columns]
+
+
 class Cache:
     """Per-layer caches of a model; pass it to the model's forward to decode one step at a time.
 
@@ -112,7 +225,9 @@ class Cache:
         cross: per decoder layer, the cross-attention ``(k, v)`` once computed, else ``None``.
 
     ``chunk`` is each layer's growth step (``KVCache``); ``chunk=max_len`` allocates every buffer whole, once, as
-    a generation of known length wants.
+    a generation of known length wants. ``windows`` (one per layer, ``None`` for a global layer) with ``spare``
+    gives each local layer a ``RingKVCache`` of its window plus ``spare`` columns instead; without ``spare``
+    every layer keeps every position.
     """
 
     def __init__(
@@ -127,11 +242,23 @@ class Cache:
         device: torch.device | str | None = None,
         cross_attention: bool = False,
         chunk: int | None = None,
+        windows: Sequence[int | None] | None = None,
+        spare: int | None = None,
     ) -> None:
-        self.layers = [
-            KVCache(batch_size, n_kv_heads, max_len, d_head, dtype=dtype, device=device, chunk=chunk)
-            for _ in range(n_layers)
-        ]
+        if windows is not None and len(windows) != n_layers:
+            raise InputError(f"windows must hold one entry per layer ({n_layers}); got {len(windows)}")
+        self.layers: list[KVCache] = []
+        for i in range(n_layers):
+            window = windows[i] if windows is not None else None
+            if spare is not None and window is not None and window + spare < max_len:
+                ring = RingKVCache(
+                    batch_size, n_kv_heads, max_len, d_head, window=window, spare=spare, dtype=dtype, device=device
+                )
+                self.layers.append(ring)
+            else:
+                self.layers.append(
+                    KVCache(batch_size, n_kv_heads, max_len, d_head, dtype=dtype, device=device, chunk=chunk)
+                )
         self.cross: list[tuple[Tensor, Tensor] | None] | None = [None] * n_layers if cross_attention else None
         self.batch_size = batch_size
         self.max_len = max_len
@@ -143,6 +270,6 @@ class Cache:
 
     def reset(self) -> None:
         for layer in self.layers:
-            layer.length = 0
+            layer.reset()
         if self.cross is not None:
             self.cross = [None] * len(self.cross)

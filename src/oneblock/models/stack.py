@@ -97,9 +97,12 @@ class Stack(nn.Module):
         *,
         dtype: torch.dtype | None = None,
         chunk: int | None = None,
+        spare: int | None = None,
     ) -> Cache:
         """An empty key/value cache for this stack, for up to ``max_len`` positions (default ``max_seq_len``),
-        growing by ``chunk`` (``chunk=max_len``: allocated whole, once)."""
+        growing by ``chunk`` (``chunk=max_len``: allocated whole, once). With ``spare``, each sliding-window layer
+        keeps a ring of its window plus ``spare`` columns instead (``RingKVCache``: the keys it can still attend
+        to, and room for ``spare + 1`` rows written together)."""
         cfg = self.config
         max_len = cfg.max_seq_len if max_len is None else max_len
         if not 0 < max_len <= cfg.max_seq_len:
@@ -114,6 +117,8 @@ class Stack(nn.Module):
             device=self.embed.device,
             cross_attention=self.cross_attention,
             chunk=chunk,
+            windows=[getattr(self.block(i).attn, "window", None) for i in range(len(self.blocks))],
+            spare=spare,
         )
 
     def run(

@@ -40,9 +40,10 @@ void normalize_qk_width(const Plan& p, const Call& c, int64_t l, float* qkv_row)
 // `scratch` holds a normalized key.
 void store(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch) {
   const Layer& layer = p.layers[static_cast<size_t>(l)];
-  const int64_t dh = p.d_head, col = c.columns[r], cap = c.capacity[static_cast<size_t>(r)];
-  float* keys = c.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  float* values = c.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
+  const size_t at = static_cast<size_t>(r * p.n_layers + l);
+  const int64_t dh = p.d_head, cap = c.capacity[at], col = c.columns[r] % cap;  // a ring's column wraps
+  float* keys = c.keys[at] + g * cap * dh;
+  float* values = c.values[at] + g * cap * dh;
   const float* k = qkv_row + (p.heads + g) * dh;
   const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
   if (layer.k_norm_w != nullptr) {
@@ -59,16 +60,18 @@ void store(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const 
 }
 
 // One (row, kv head): the query heads it serves attend over the row's keys (its own stored already), a local
-// layer's over its last `window` columns.
+// layer's over its last `window` columns, in order: a ring's window that wraps is its end, then its start.
 void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,
                   std::vector<float>& scratch) {
   const Layer& layer = p.layers[static_cast<size_t>(l)];
   const int64_t dh = p.d_head, rep = p.heads / p.kv_heads, col = c.columns[r];
   const int64_t start = layer.window > 0 ? std::max(c.starts[r], col - layer.window + 1) : c.starts[r];
-  const int64_t cap = c.capacity[static_cast<size_t>(r)];
-  const float* keys = c.keys[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const float* values = c.values[static_cast<size_t>(r * p.n_layers + l)] + g * cap * dh;
-  const int64_t n = col - start + 1;
+  const size_t at = static_cast<size_t>(r * p.n_layers + l);
+  const int64_t cap = c.capacity[at];
+  const float* keys = c.keys[at] + g * cap * dh;
+  const float* values = c.values[at] + g * cap * dh;
+  const int64_t n = col - start + 1, first = start % cap;
+  const int64_t n1 = std::min(n, cap - first), n2 = n - n1;  // n2 > 0: the window wraps past the ring's end
   float* scores = room(scratch, n + 2 * dh);
   float* q = scores + n;  // the rotated query
   float* normed = q + dh;  // the normalized one (qk_norm)
@@ -82,8 +85,8 @@ void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g,
       turn(p, c, layer, r, query, q);
       query = q;
     }
-    attend(c.math, query, keys + start * dh, values + start * dh, n, dh, p.scale, p.attn_softcap, scores,
-           att_row + h * dh);
+    attend(c.math, query, keys + first * dh, values + first * dh, n1, keys, values, n2, dh, p.scale, p.attn_softcap,
+           scores, att_row + h * dh);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <iterator>
 
@@ -288,7 +289,7 @@ Call read_call(const Plan& p, const at::Tensor& tokens, const at::Tensor& positi
               "expected ", L, " or ", rows * L, " key and value tensors; got ", keys.size(), " and ", values.size());
   c.keys.resize(static_cast<size_t>(rows * L));
   c.values.resize(c.keys.size());
-  c.capacity.assign(static_cast<size_t>(rows), -1);
+  c.capacity.assign(c.keys.size(), -1);
   for (size_t i = 0; i < keys.size(); ++i) {
     for (const at::Tensor* t : {&keys[i], &values[i]}) {
       TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 4 && t->is_contiguous() &&
@@ -304,24 +305,32 @@ Call read_call(const Plan& p, const at::Tensor& tokens, const at::Tensor& positi
       const int64_t offset = per_row ? 0 : r * keys[i].stride(0);
       c.keys[static_cast<size_t>(r * L + l)] = keys[i].data_ptr<float>() + offset;
       c.values[static_cast<size_t>(r * L + l)] = values[i].data_ptr<float>() + offset;
-      auto& known = c.capacity[static_cast<size_t>(r)];
-      TORCH_CHECK(known < 0 || known == cap, kOp, "row ", r, "'s caches differ in capacity");
-      known = cap;
+      c.capacity[static_cast<size_t>(r * L + l)] = cap;
     }
   }
+  std::vector<int64_t> last(c.columns, c.columns + rows);  // per row, the last column written to its cache
   for (int64_t r = 0; r < rows; ++r) {  // rows sharing a cache: the tokens of one sequence, at distinct columns
-    for (int64_t o = 0; o < r; ++o) {
-      if (c.keys[static_cast<size_t>(r * L)] != c.keys[static_cast<size_t>(o * L)]) continue;
+    for (int64_t o = 0; o < rows; ++o) {
+      if (o == r || c.keys[static_cast<size_t>(r * L)] != c.keys[static_cast<size_t>(o * L)]) continue;
       c.shared_cache = true;
-      TORCH_CHECK(c.columns[r] != c.columns[o], kOp, "rows ", o, " and ", r,
+      TORCH_CHECK(c.columns[r] != c.columns[o], kOp, "rows ", std::min(o, r), " and ", std::max(o, r),
                   " share a cache and write the same column ", c.columns[r]);
+      last[static_cast<size_t>(r)] = std::max(last[static_cast<size_t>(r)], c.columns[o]);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(c.columns[r] >= 0 && c.columns[r] < c.capacity[static_cast<size_t>(r)] && c.starts[r] >= 0 &&
-                    c.starts[r] <= c.columns[r],
-                kOp, "row ", r, ": column ", c.columns[r], " and start ", c.starts[r], " must satisfy 0 <= start <= ",
-                "column < capacity (", c.capacity[static_cast<size_t>(r)], ")");
+    TORCH_CHECK(c.columns[r] >= 0 && c.starts[r] >= 0 && c.starts[r] <= c.columns[r], kOp, "row ", r, ": column ",
+                c.columns[r], " and start ", c.starts[r], " must satisfy 0 <= start <= column");
+  }
+  for (int64_t r = 0; r < rows; ++r) {  // a column past a layer's capacity wraps: only a local layer's ring may
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t cap = c.capacity[static_cast<size_t>(r * L + l)], window = p.layers[static_cast<size_t>(l)].window;
+      const int64_t need = last[static_cast<size_t>(r)] - c.columns[r] + window;  // its window, and later rows'
+      TORCH_CHECK(last[static_cast<size_t>(r)] < cap || (window > 0 && cap >= need), kOp, "row ", r, ", layer ", l,
+                  ": column ", c.columns[r], " outside a cache of ", cap, " columns; only a local layer's ring of ",
+                  "its window and the columns later rows of its sequence write (", window > 0 ? need : 0,
+                  " here) may hold fewer than its columns");
+    }
   }
   c.math = float_math(dot_kernel(kQ8_0) == dot_q8_0_scalar);  // the float routines follow ONEBLOCK_KERNELS
   return c;

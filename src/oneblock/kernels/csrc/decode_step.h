@@ -52,7 +52,10 @@
 //   tokens, positions, columns, starts   (B,) int64 each: token id, position (rotary / learned), cache column
 //                                        written, first cache column attended
 //   keys, values   per layer one (B, Hkv, capacity, Dh) float32 buffer, or per row and layer one (1, Hkv,
-//                  capacity_r, Dh) buffer (keys[r * L + l]); rows sharing one are the tokens of one prompt
+//                  capacity_r, Dh) buffer (keys[r * L + l]); rows sharing one are the tokens of one prompt.
+//                  Column c lives at c % capacity: a layer's capacity exceeds every column (the whole context),
+//                  or, for a local layer, it is a ring (oneblock.layers.kv_cache.RingKVCache) of at least its
+//                  window plus the columns that later rows sharing it write before this row attends
 //   adapters       (B,) int64: each row's adapter, 0 for the base (read only when the plan holds LoRA updates)
 //   logits_from    the first row whose logits are computed (the op returns (B - logits_from, V)): a prompt read
 //                  in one call as rows of one sequence needs only its last row's.
@@ -194,7 +197,8 @@ struct Call {
   const int64_t* columns;
   const int64_t* starts;
   const int64_t* adapters = nullptr;  // per row: its adapter (0: the base), or null without LoRA updates
-  // The caches of row r, layer l: keys[r * n_layers + l] and values[...], each (Hkv, capacity[r], Dh) float32.
+  // The caches of row r, layer l: keys[r * n_layers + l] and values[...], each (Hkv, capacity[r * n_layers + l],
+  // Dh) float32, column c at c % capacity (a local layer's ring).
   std::vector<float*> keys, values;
   std::vector<int64_t> capacity;
   // Rows that share a cache (the tokens of one prompt, at their own columns): every row's key and value are
@@ -246,9 +250,10 @@ int64_t chunk_columns(int64_t n, int64_t threads, int64_t unit = QK);
 // The attention pass, one (row r, kv head g) of layer l at a time (decode_attention.cpp); `qkv_row` is row r's
 // [q | k | v], `scratch` a thread's own buffer:
 //   normalize_qk_width  (qk_norm 2, a pass per row before the others) q and k of the row normalized in place
-//   store         the head's key (normalized, rotated) and value written at the row's cache column
+//   store         the head's key (normalized, rotated) and value written at the row's cache column (modulo the
+//                 capacity: a ring)
 //   attend_group  the query heads of group g (normalized, rotated) over the row's keys, a local layer's last
-//                 `window`, into att_row's heads (the row's key stored already)
+//                 `window` (in order, across a ring's end), into att_row's heads (the row's key stored already)
 void normalize_qk_width(const Plan& p, const Call& c, int64_t l, float* qkv_row);
 void store(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch);
 void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const float* qkv_row, float* att_row,

@@ -126,21 +126,32 @@ void softcap(float* x, int64_t n, float cap) {
 
 void attend(const FloatMath& m, const float* q, const float* keys, const float* values, int64_t n, int64_t d_head,
             float scale, float cap, float* scores, float* out) {
+  attend(m, q, keys, values, n, nullptr, nullptr, 0, d_head, scale, cap, scores, out);
+}
+
+void attend(const FloatMath& m, const float* q, const float* keys, const float* values, int64_t n, const float* keys2,
+            const float* values2, int64_t n2, int64_t d_head, float scale, float cap, float* scores, float* out) {
   for (int64_t j = 0; j < n; j += 4) {
     const int cols = static_cast<int>(std::min<int64_t>(4, n - j));
     m.dot(keys + j * d_head, d_head, cols, q, scores + j);
   }
-  for (int64_t j = 0; j < n; ++j) scores[j] *= scale;
-  if (cap > 0.0f) softcap(scores, n, cap);
+  for (int64_t j = 0; j < n2; j += 4) {
+    const int cols = static_cast<int>(std::min<int64_t>(4, n2 - j));
+    m.dot(keys2 + j * d_head, d_head, cols, q, scores + n + j);
+  }
+  const int64_t all = n + n2;
+  for (int64_t j = 0; j < all; ++j) scores[j] *= scale;
+  if (cap > 0.0f) softcap(scores, all, cap);
   float top = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) top = std::max(top, scores[j]);
+  for (int64_t j = 0; j < all; ++j) top = std::max(top, scores[j]);
   float total = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = 0; j < all; ++j) {
     scores[j] = std::exp(scores[j] - top);  // the largest term is 1: no overflow, the sum is at least 1
     total += scores[j];
   }
   std::fill(out, out + d_head, 0.0f);
   for (int64_t j = 0; j < n; ++j) m.axpy(scores[j], values + j * d_head, out, d_head);
+  for (int64_t j = 0; j < n2; ++j) m.axpy(scores[n + j], values2 + j * d_head, out, d_head);
   const float inv = 1.0f / total;
   for (int64_t i = 0; i < d_head; ++i) out[i] *= inv;
 }

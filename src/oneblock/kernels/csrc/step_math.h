@@ -57,4 +57,9 @@ void softcap(float* x, int64_t n, float cap);
 void attend(const FloatMath& m, const float* q, const float* keys, const float* values, int64_t n, int64_t d_head,
             float scale, float cap, float* scores, float* out);
 
+// `attend` over n keys and values followed by n2 more at keys2 and values2 (a ring's window that wraps: its end,
+// then its start), in that order; `scores` is scratch for n + n2 floats.
+void attend(const FloatMath& m, const float* q, const float* keys, const float* values, int64_t n, const float* keys2,
+            const float* values2, int64_t n2, int64_t d_head, float scale, float cap, float* scores, float* out);
+
 }  // namespace oneblock
