@@ -12,7 +12,8 @@ tied), converts it with llama.cpp's own ``convert_hf_to_gguf.py`` to F16, and qu
 downloaded; ``make bench-llamacpp`` builds the tools.
 
 ``run`` decodes each file in interleaved rounds, nothing else running: ``oneblock generate --json`` (greedy, the
-prompt's tokens then ``--new`` tokens) against ``llama-bench -p P -n N`` on the same threads, and in the same
+prompt's tokens then ``--new`` tokens) against ``llama-bench -p P -n 0`` (prefill) and ``llama-bench -p 0 -n N -d P``
+(decode after as many positions as the prompt, where oneblock decodes) on the same threads, and in the same
 rounds the machine's read bandwidth (``machine.read_bandwidth``). It reports decode and prefill tokens/s of each,
 their ratios, oneblock's peak RSS beside the file's size, and the bandwidth bound: the bytes of weights a decoded
 token reads (every matrix and the head; the token table only where it is the head) times tokens/s, over the
@@ -141,12 +142,11 @@ def llamacpp_once(path: Path, prompt: int, new: int, threads: int) -> dict[str, 
     bench = tool("llama-bench")
     if bench is None:
         return {}
-    argv = [str(bench), "-m", str(path), "-t", str(threads), "-p", str(prompt), "-n", str(new), "-r", "1", "-o", "json"]
-    rows = json.loads(_run(argv))
-    result = {}
-    for row in rows:
-        result["prefill" if row["n_prompt"] else "decode"] = row["avg_ts"]
-    return result
+    common = [str(bench), "-m", str(path), "-t", str(threads), "-r", "1", "-o", "json"]
+    # the prompt's prefill, then the decode of `new` tokens after as many positions as oneblock's prompt (-d)
+    (prefill,) = json.loads(_run([*common, "-p", str(prompt), "-n", "0"]))
+    (decode,) = json.loads(_run([*common, "-p", "0", "-n", str(new), "-d", str(prompt)]))
+    return {"prefill": prefill["avg_ts"], "decode": decode["avg_ts"]}
 
 
 def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_tokens: int, threads: int) -> dict:

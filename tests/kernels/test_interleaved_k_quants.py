@@ -20,6 +20,18 @@ from oneblock.kernels.formats import FORMATS, INTERLEAVED
 SHAPES = [(1, 16, 256), (3, 48, 512), (5, 32, 768), (9, 64, 2048), (2, 1024, 256)]  # M, N, K
 FMTS = ["q4_k", "q6_k"]
 FIELDS = {"q4_k": (0, 2), "q6_k": (208,)}  # the float16 fields' offsets: d (and dmin); q6_k stores d last
+# q6_kx16's chunks (of ql: 0..31, qh: 32..47, scales: 48..51) in the order the kernels read them: the scales, then
+# for each 4 bytes of a quarter's ql, those bytes, the next quarter's and the qh bytes that top both
+ORDER = {
+    "q6_k": [48, 49, 50, 51]
+    + [
+        c
+        for h in (0, 1)
+        for half in (0, 1)
+        for i in range(4)
+        for c in (16 * h + 4 * half + i, 16 * h + 8 + 4 * half + i, 32 + 8 * h + 4 * half + i)
+    ]
+}
 
 
 def numpy_interleave(blocks: np.ndarray, fmt: str) -> np.ndarray:
@@ -35,7 +47,7 @@ def numpy_interleave(blocks: np.ndarray, fmt: str) -> np.ndarray:
                 for r in range(16):
                     out += bytes(rows[r][field : field + 2])
             rest = [np.delete(row, [i for f in fields for i in (f, f + 1)]) for row in rows]
-            for chunk in range(len(rest[0]) // 4):
+            for chunk in ORDER.get(fmt, range(len(rest[0]) // 4)):
                 for r in range(16):
                     out += bytes(rest[r][4 * chunk : 4 * chunk + 4])
     return np.frombuffer(bytes(out), dtype=np.uint8).reshape(n, row_bytes)

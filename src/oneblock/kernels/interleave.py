@@ -10,7 +10,7 @@ holds::
     q4_1x16: d (16 x f16) | m (16 x f16) | 4 chunks of 64 bytes: chunk L = bytes 4L..4L+3 of each row's codes
     q8_0x16: d (16 x f16) | 8 chunks of 64 bytes: chunk L = codes 4L..4L+3 of each row
     q4_kx16: d | dmin (16 x f16 each) | 35 chunks of 64 bytes: the packed scales (3), then the nibbles (32)
-    q6_kx16: d (16 x f16; the file's last field) | 52 chunks of 64 bytes: ql (32), qh (16), the scales (4)
+    q6_kx16: d (16 x f16; the file's last field) | 52 chunks of 64 bytes: the scales (4), then ql, ql, qh by turns
 
 The bytes are the file's, moved; nothing is decoded, the size is the same, and :func:`deinterleave` gives the
 file's bytes back exactly. A matrix is interleaved once, at load (:func:`oneblock.kernels.ops.interleave`: the C++
@@ -45,6 +45,18 @@ def can_interleave(blocks: Tensor, fmt: str) -> bool:
     return interleaved_format(fmt) is not None and blocks.dim() == 2 and blocks.shape[0] % GROUP_ROWS == 0
 
 
+def _q6_k_order() -> list[int]:
+    """The file's chunks (of a q6_k block less its d) in the order q6_kx16 stores them (``csrc/interleaved.h``)."""
+    order = [48, 49, 50, 51]  # the scales
+    for t in range(16):
+        h, at = t // 8, 4 * ((t // 4) % 2) + t % 4
+        order += [16 * h + at, 16 * h + 8 + at, 32 + 8 * h + at]  # ql, ql, qh
+    return order
+
+
+_CHUNK_ORDER = {"q6_k": _q6_k_order()}
+
+
 def _split(blocks: Tensor, fmt: str) -> tuple[int, int, int, int, int]:
     spec = FORMATS[fmt]
     n, row_bytes = blocks.shape
@@ -58,6 +70,8 @@ def interleave_reference(blocks: Tensor, fmt: str) -> Tensor:
     heads = [x[..., at + 2 * f : at + 2 * f + 2].reshape(g, nb, 2 * GROUP_ROWS) for f in range(halves)]  # (G, nb, 32)
     rest = torch.cat([x[..., :at], x[..., at + 2 * halves :]], dim=-1)  # the block less its float16 fields
     codes = rest.reshape(g, nb, GROUP_ROWS, -1, 4)  # (G, nb, 16, chunks, 4)
+    if fmt in _CHUNK_ORDER:
+        codes = codes[..., _CHUNK_ORDER[fmt], :]
     chunks = codes.permute(0, 1, 3, 2, 4).reshape(g, nb, -1)  # (G, nb, chunks * 16 * 4)
     return torch.cat([*heads, chunks], dim=-1).reshape(blocks.shape)
 
@@ -78,6 +92,8 @@ def deinterleave(blocks: Tensor, fmt: str) -> Tensor:
     y = blocks.reshape(g, nb, GROUP_ROWS * nbytes)
     heads = [y[..., 32 * f : 32 * f + 32].reshape(g, nb, GROUP_ROWS, 2) for f in range(halves)]  # (G, nb, 16, 2)
     chunks = y[..., 32 * halves :].reshape(g, nb, -1, GROUP_ROWS, 4)  # (G, nb, chunks, 16, 4)
+    if base in _CHUNK_ORDER:
+        chunks = chunks[:, :, torch.tensor(_CHUNK_ORDER[base]).argsort()]
     codes = chunks.permute(0, 1, 3, 2, 4).reshape(g, nb, GROUP_ROWS, -1)  # (G, nb, 16, code bytes)
     rows = torch.cat([codes[..., :at], *heads, codes[..., at:]], dim=-1)  # (G, nb, 16, nbytes)
     return rows.permute(0, 2, 1, 3).reshape(blocks.shape)  # (N, nb * nbytes)

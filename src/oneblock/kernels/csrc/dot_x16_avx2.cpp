@@ -192,10 +192,9 @@ OB_AVX2 void q6_k_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
           __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                              _mm256_setzero_si256()};
           for (int i = 0; i < 4; ++i) {
-            const int at = 4 * half_sub + i;
-            const __m256i ql0 = load_half(blk + L::kQl + (16 * part + at) * kChunkBytes, h);
-            const __m256i ql1 = load_half(blk + L::kQl + (16 * part + 8 + at) * kChunkBytes, h);
-            const __m256i qh = load_half(blk + L::kQh + (8 * part + at) * kChunkBytes, h);
+            const uint8_t* triple = blk + L::kCodes + 3 * (8 * part + 4 * half_sub + i) * kChunkBytes;
+            const __m256i ql0 = load_half(triple, h), ql1 = load_half(triple + kChunkBytes, h);
+            const __m256i qh = load_half(triple + 2 * kChunkBytes, h);
             for (int quarter = 0; quarter < 4; ++quarter) {
               const __m256i ql = quarter % 2 ? ql1 : ql0;
               const __m256i nib = _mm256_and_si256(quarter >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low);

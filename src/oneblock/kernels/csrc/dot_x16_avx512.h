@@ -225,9 +225,11 @@ OB_TARGET inline __m512i q6_k_codes(__m512i ql, __m512i qh, int quarter) {
 }
 
 // One Q6_Kx16 group against R activation rows (Q8_K). Sub-block s (16 values) of half h = s / 8 takes ql bytes
-// 64h + 32 (quarter % 2) + 16 (s % 2) .. and qh bytes 32h + 16 (s % 2) .., quarter = (s % 8) / 2. Its codes meet
-// the activations unsigned; 32 times the activations' sum of 16 is taken off, then the sum times the sub-block's
-// int8 scale: per lane the scalar kernel's exact isum, then its float operations in its order (bit for bit).
+// 64h + 32 (quarter % 2) + 16 (s % 2) .. and qh bytes 32h + 16 (s % 2) .., quarter = (s % 8) / 2: chunk triple
+// t = 8h + 4 (s % 2) + i (i = 0..3) of the layout holds those 4 bytes of ql, of ql 32 further and of qh, for all 4
+// quarters. The codes meet the activations unsigned; 32 times the activations' sum of 16 is taken off, then the sum
+// is multiplied by the sub-block's int8 scale: per lane the scalar kernel's exact isum, then its float operations in
+// its order (bit for bit).
 template <int R>
 OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, float* out, int64_t stride) {
   using L = Interleaved<kQ6_K>;
@@ -250,10 +252,9 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
           __m512i sums[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                              _mm512_setzero_si512()};
           for (int i = 0; i < 4; ++i) {
-            const int at = 4 * half_sub + i;  // chunk within a quarter's 32 bytes of ql, and a half's of qh
-            const __m512i ql0 = _mm512_loadu_si512(blk + L::kQl + (16 * h + at) * kChunkBytes);
-            const __m512i ql1 = _mm512_loadu_si512(blk + L::kQl + (16 * h + 8 + at) * kChunkBytes);
-            const __m512i qh = _mm512_loadu_si512(blk + L::kQh + (8 * h + at) * kChunkBytes);
+            const uint8_t* triple = blk + L::kCodes + 3 * (8 * h + 4 * half_sub + i) * kChunkBytes;
+            const __m512i ql0 = _mm512_loadu_si512(triple), ql1 = _mm512_loadu_si512(triple + kChunkBytes);
+            const __m512i qh = _mm512_loadu_si512(triple + 2 * kChunkBytes);
             for (int quarter = 0; quarter < 4; ++quarter) {
               const __m512i codes = q6_k_codes(quarter % 2 ? ql1 : ql0, qh, quarter);
               sums[quarter] = dot_add(sums[quarter], codes, broadcast4(q + 128 * h + 32 * quarter + 16 * half_sub + 4 * i));

@@ -36,7 +36,7 @@ void interleave_into(const std::vector<const uint8_t*>& rows, int64_t row_bytes,
           const uint8_t* in = rows[g * kGroupRows + r] + b * nbytes;
           for (int64_t f = 0; f < halves; ++f) std::memcpy(o + f * 32 + 2 * r, in + half_at(fmt) + 2 * f, 2);
           for (int64_t c = 0; c < chunks; ++c) {
-            std::memcpy(o + 32 * halves + c * kChunkBytes + 4 * r, in + chunk_byte(fmt, 4 * c), 4);
+            std::memcpy(o + 32 * halves + c * kChunkBytes + 4 * r, in + chunk_byte(fmt, 4 * source_chunk(fmt, c)), 4);
           }
         }
       }
@@ -107,7 +107,7 @@ void gather_block(const uint8_t* group, int lane, int64_t fmt, int64_t b, uint8_
   const uint8_t* blk = group + b * kGroupRows * nbytes;
   for (int64_t f = 0; f < halves; ++f) std::memcpy(out + half_at(fmt) + 2 * f, blk + f * 32 + 2 * lane, 2);
   for (int64_t c = 0; c < chunks; ++c) {
-    std::memcpy(out + chunk_byte(fmt, 4 * c), blk + 32 * halves + c * kChunkBytes + 4 * lane, 4);
+    std::memcpy(out + chunk_byte(fmt, 4 * source_chunk(fmt, c)), blk + 32 * halves + c * kChunkBytes + 4 * lane, 4);
   }
 }
 

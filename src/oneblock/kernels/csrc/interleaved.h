@@ -13,8 +13,11 @@
 //   Q4_Kx16: (per super-block of 256 values) d[r], dmin[r] (2 x 32 bytes), then 3 chunks of the 12 bytes of packed
 //            scales and minimums (chunk L: bytes 4L..4L+3 of each row's), then 32 chunks of the 128 bytes of
 //            nibbles (chunk L: bytes 4L..4L+3 of each row's)                    = 2304 bytes = 16 x 144
-//   Q6_Kx16: (per super-block) d[r] (32 bytes; the file stores it last), then 52 chunks of the rest in the file's
-//            order: ql (chunks 0..31), qh (32..47), the 16 int8 scales (48..51)  = 3360 bytes = 16 x 210
+//   Q6_Kx16: (per super-block) d[r] (32 bytes; the file stores it last), then 52 chunks of the rest (ql: chunks
+//            0..31 of the file's, qh: 32..47, the 16 int8 scales: 48..51) in the order the kernels read them: the
+//            scales' 4, then per t = 0..15 ql chunk 16(t/8) + 4((t/4)%2) + t%4, ql chunk 8 more, qh chunk
+//            32 + 8(t/8) + 4((t/4)%2) + t%4 (sequential reads, which the hardware prefetchers follow)
+//                                                                                 = 3360 bytes = 16 x 210
 //
 // So one 64-byte load is 16 int32 lanes, lane r holding 4 consecutive codes of row r, and one broadcast of 4
 // activation codes multiplies all 16 rows at once (`vpdpbusd`); the 16 scales convert in one `vcvtph2ps`. In a
@@ -67,7 +70,7 @@ struct Interleaved<kQ4_K> {
 };
 template <>
 struct Interleaved<kQ6_K> {
-  static constexpr int kScales = 0, kQl = 32, kQh = 32 + 32 * 64, kSubScales = 32 + 48 * 64, kBytes = 3360;
+  static constexpr int kScales = 0, kSubScales = 32, kCodes = 32 + 4 * 64, kBytes = 3360;  // kCodes: t = 0's chunks
 };
 static_assert(Interleaved<kQ4_0>::kBytes == kGroupRows * sizeof(BlockQ4_0), "Q4_0x16 holds 16 Q4_0 blocks");
 static_assert(Interleaved<kQ4_1>::kBytes == kGroupRows * sizeof(BlockQ4_1), "Q4_1x16 holds 16 Q4_1 blocks");
@@ -81,6 +84,13 @@ inline int64_t half_fields(int64_t fmt) { return fmt == kQ4_1 || fmt == kQ4_K ? 
 inline int64_t half_at(int64_t fmt) { return fmt == kQ6_K ? 208 : 0; }
 // The byte of a block where byte `p` of its chunks (the block less its float16 fields) is.
 inline int64_t chunk_byte(int64_t fmt, int64_t p) { return p < half_at(fmt) ? p : p + 2 * half_fields(fmt); }
+// The chunk of the file's block (the block less its float16 fields) that an interleaved block stores `c`-th.
+inline int64_t source_chunk(int64_t fmt, int64_t c) {
+  if (fmt != kQ6_K) return c;
+  if (c < 4) return 48 + c;  // the scales
+  const int64_t t = (c - 4) / 3, part = (c - 4) % 3, at = 4 * ((t / 4) % 2) + t % 4, h = t / 8;
+  return part == 0 ? 16 * h + at : part == 1 ? 16 * h + 8 + at : 32 + 8 * h + at;
+}
 
 // Row `lane`'s block `b` of an interleaved group, put back as the file stores it (block_bytes(fmt) bytes at out).
 void gather_block(const uint8_t* group, int lane, int64_t fmt, int64_t b, uint8_t* out);
