@@ -81,8 +81,10 @@ def k_quant_model(n_kv_heads: int, seed: int = 0, mix: str = "q4_k_m", vocab: in
         if i == 1 and mix == "q5_k_iq4":
             ffn.w3 = blocks(ffn.w3, "iq4_nl")  # blocks of 32 beside q5_k's 256
             continue
-        up = BlockLinear.from_float(0.2 * ffn.w3.weight, "q8_0" if i == 0 else "q5_0")
-        assert up.interleave() == (i == 0)  # q8_0x16 beside the K-quant in layer 0, q5_0 in layer 1
+        first = "q8_0" if mix == "q4_k_m" else "q5_0"
+        up = BlockLinear.from_float(0.2 * ffn.w3.weight, first if i == 0 else "q5_0")
+        if i == 0:  # q8_0x16 (q5_0x16) beside the K-quant in layer 0, q5_0 in the file's layout in layer 1
+            assert up.interleave()
         ffn.w3 = up
     table = k_blocks(table_format, sizes["vocab_size"], SIZES["d_model"], gen)
     model.embed.tok, model.lm_head = BlockEmbedding(table, table_format), BlockLinear(table, table_format)  # tied
@@ -175,7 +177,7 @@ def test_q5_k_and_iq4_matrices_decode_natively_equal_to_the_python_step(q5_k_mod
     fields = plan.fields
     assert fields.formats["tok"] == fields.formats["head_w"] == IQ4_NL  # the tied token table and head
     used = {f for formats in [fields.formats, *(fields.layer_formats or [])] for f in formats.values()}
-    assert {Q5_K, IQ4_XS, IQ4_NL, kernels.INTERLEAVED["q8_0x16"].ggml_type} <= used
+    assert {Q5_K, IQ4_XS, IQ4_NL, kernels.INTERLEAVED["q5_0x16"].ggml_type} <= used
     for prompts in ([[5, 17, 3, 299, 42]], [[5, 17, 3, 299, 42], [7, 8], [60, 61, 62]]):
         native, python = decode_both(q5_k_model, prompts, steps=6)
         assert python.abs().max() > 1.0  # logits far from uniform

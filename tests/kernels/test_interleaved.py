@@ -1,6 +1,6 @@
-"""The interleaved layouts (q4_0x16, q4_1x16, q8_0x16): the bytes as csrc/interleaved.h describes them, the scalar
-kernel equal to the NumPy reference bit for bit, every vector kernel equal to it within the summation-order bound, rows
-independent of M, NaN kept in its row, and every path of the ops agreeing with the file's layout."""
+"""The interleaved layouts (q4_0x16, q4_1x16, q8_0x16, q5_0x16): the bytes as csrc/interleaved.h describes them, the
+scalar kernel equal to the NumPy reference bit for bit, every vector kernel equal to it within the summation-order
+bound, rows independent of M, NaN kept in its row, and every path of the ops agreeing with the file's layout."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from oneblock.kernels import fallback, ops, reference
 from oneblock.kernels.formats import FORMATS
 
 kernel_ops = importlib.import_module("oneblock.kernels.ops")  # the module, not the names kernels re-exports
-FMTS = ["q4_0", "q4_1", "q8_0"]
+FMTS = ["q4_0", "q4_1", "q8_0", "q5_0"]
 SHAPES = [(1, 16, 32), (3, 48, 96), (5, 32, 160), (9, 64, 576)]  # M, N, K: nb 1, 3, 5, 18
 BIG = (2, 1024, 576)  # enough weight traffic for the threads to share it in chunks
 
@@ -81,9 +81,9 @@ def test_interleave_refuses_what_it_cannot_hold(case):
     _, blocks = case("q4_1", 1, 20, 64)
     with pytest.raises(InputError, match="multiple of 16 rows; got q4_1 with shape"):
         kernels.interleave(blocks, "q4_1")
-    _, q5_0 = case("q5_0", 1, 16, 64)
-    with pytest.raises(InputError, match="q4_k / q6_k matrix with a multiple of 16 rows; got q5_0"):
-        kernels.interleave(q5_0, "q5_0")
+    _, q5_1 = case("q5_1", 1, 16, 64)
+    with pytest.raises(InputError, match="q4_k / q6_k matrix with a multiple of 16 rows; got q5_1"):
+        kernels.interleave(q5_1, "q5_1")
     with pytest.raises(InputError, match="interleaved 16 rows at a time; got 20 rows"):
         kernels.block_mm(torch.randn(1, 64), blocks, "q4_1x16")
 
@@ -253,8 +253,8 @@ def test_interleave_parts_refuses_what_it_cannot_hold(case):
         kernels.interleave_parts([parts[0], parts[0][:, :20]], "q4_1")
     with pytest.raises(InputError, match="multiple of 16 rows in all; got q4_1 with 40 rows"):
         kernels.interleave_parts([parts[0], parts[2][:24]], "q4_1")
-    with pytest.raises(InputError, match="multiple of 16 rows in all; got q5_0"):
-        kernels.interleave_parts([case("q5_0", 1, 16, 64)[1]], "q5_0")
+    with pytest.raises(InputError, match="multiple of 16 rows in all; got q5_1"):
+        kernels.interleave_parts([case("q5_1", 1, 16, 64)[1]], "q5_1")
     with pytest.raises(InputError, match=r"order must be \(96,\) int64 indexes of the stacked rows \(0..95\)"):
         kernels.interleave_parts(parts, "q4_1", order[:50])
     with pytest.raises(InputError, match=r"order must be \(96,\) int64"):

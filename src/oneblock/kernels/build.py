@@ -43,7 +43,16 @@ SOURCES = (
     "step_math.cpp",
     "interleave.cpp",
 )
-HEADERS = ("blocks.h", "interleaved.h", "dot.h", "dot_avx512.h", "dot_x16_avx512.h", "decode_step.h", "step_math.h")
+HEADERS = (
+    "blocks.h",
+    "interleaved.h",
+    "dot.h",
+    "dot_avx512.h",
+    "dot_x16_avx512.h",
+    "dot_kx16_avx512.h",
+    "decode_step.h",
+    "step_math.h",
+)
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as
 # the NumPy reference (the vector paths call FMA explicitly). -fopenmp: ATen's parallel_for, inlined from its
 # headers, runs on torch's thread team only when the including code is compiled with OpenMP (without it every

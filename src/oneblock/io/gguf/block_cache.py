@@ -78,6 +78,7 @@ _CODE = (
     _KERNELS / "interleave.py",
     _KERNELS / "formats.py",
     _KERNELS / "csrc" / "interleave.cpp",
+    _KERNELS / "csrc" / "interleaved.h",  # the layouts' chunk order
 )
 
 Modules = dict[str, tuple[nn.Module, list[str]]]

@@ -97,11 +97,12 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
 }
 
 void decode_interleaved_row(const uint8_t* group, int lane, int64_t fmt, int64_t nb, float* out) {
-  if (is_k_quant(file_format(fmt))) {  // the row's blocks put back, then decoded as the file's
+  const int64_t base = file_format(fmt);
+  if (base != kQ8_0 && base != kQ4_0 && base != kQ4_1) {  // the row's blocks put back, then decoded as the file's
     uint8_t blk[sizeof(BlockQ6_K)];
-    for (int64_t b = 0; b < nb; ++b, out += QK_K) {
-      gather_block(group, lane, file_format(fmt), b, blk);
-      decode_row(blk, file_format(fmt), 1, out);
+    for (int64_t b = 0; b < nb; ++b, out += block_values(base)) {
+      gather_block(group, lane, base, b, blk);
+      decode_row(blk, base, 1, out);
     }
     return;
   }

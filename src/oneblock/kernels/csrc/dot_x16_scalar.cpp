@@ -77,7 +77,7 @@ void each(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int ro
 
 }  // namespace
 
-// The K-quants' layouts: each row's blocks put back in the file's layout, then the file layout's scalar kernel.
+// Q5_0's and the K-quants' layouts: each row's blocks put back in the file's layout, then the file layout's scalar kernel.
 template <int64_t Fmt, DotFn File>
 void each_gathered(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
                    int64_t stride) {
@@ -93,6 +93,10 @@ void each_gathered(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* 
 void dot_q4_kx16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                         float* out, int64_t stride) {
   each_gathered<kQ4_K, dot_q4_k_scalar>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q5_0x16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                        float* out, int64_t stride) {
+  each_gathered<kQ5_0, dot_q5_0_scalar>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_q6_kx16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                         float* out, int64_t stride) {

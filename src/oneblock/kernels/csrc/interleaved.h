@@ -10,6 +10,8 @@
 //            holding bytes 4L..4L+3 of each row's 16 code bytes, row after row   = 320 bytes = 16 x 20
 //   Q8_0x16: d[r] (16 x f16, 32 bytes), then 8 chunks L = 0..7 of 64 bytes, chunk L holding codes 4L..4L+3 of
 //            each row, row after row                                              = 544 bytes = 16 x 34
+//   Q5_0x16: d[r] (32 bytes), then qh (chunk 0: each row's 32 fifth bits), then 4 chunks L = 1..4 of 64 bytes,
+//            chunk L holding code bytes 4(L-1)..4(L-1)+3 of each row               = 352 bytes = 16 x 22
 //   Q4_Kx16: (per super-block of 256 values) d[r], dmin[r] (2 x 32 bytes), then 3 chunks of the 12 bytes of packed
 //            scales and minimums (chunk L: bytes 4L..4L+3 of each row's), then 32 chunks of the 128 bytes of
 //            nibbles (chunk L: bytes 4L..4L+3 of each row's)                    = 2304 bytes = 16 x 144
@@ -41,11 +43,13 @@ constexpr int64_t kInterleaved = 0x100;
 constexpr int64_t kQ4_0x16 = kInterleaved | kQ4_0;
 constexpr int64_t kQ4_1x16 = kInterleaved | kQ4_1;
 constexpr int64_t kQ8_0x16 = kInterleaved | kQ8_0;
+constexpr int64_t kQ5_0x16 = kInterleaved | kQ5_0;
 constexpr int64_t kQ4_Kx16 = kInterleaved | kQ4_K;
 constexpr int64_t kQ6_Kx16 = kInterleaved | kQ6_K;
 
 inline bool is_interleaved(int64_t fmt) {
-  return fmt == kQ4_0x16 || fmt == kQ4_1x16 || fmt == kQ8_0x16 || fmt == kQ4_Kx16 || fmt == kQ6_Kx16;
+  return fmt == kQ4_0x16 || fmt == kQ4_1x16 || fmt == kQ8_0x16 || fmt == kQ5_0x16 || fmt == kQ4_Kx16 ||
+         fmt == kQ6_Kx16;
 }
 inline int64_t file_format(int64_t fmt) { return fmt & ~kInterleaved; }
 
@@ -65,6 +69,10 @@ struct Interleaved<kQ8_0> {
   static constexpr int kScales = 0, kCodes = 32, kChunks = 8, kBytes = 544;
 };
 template <>
+struct Interleaved<kQ5_0> {
+  static constexpr int kScales = 0, kHigh = 32, kCodes = 96, kChunks = 4, kBytes = 352;
+};
+template <>
 struct Interleaved<kQ4_K> {
   static constexpr int kScales = 0, kMins = 32, kPacked = 64, kCodes = 256, kChunks = 32, kBytes = 2304;
 };
@@ -75,6 +83,7 @@ struct Interleaved<kQ6_K> {
 static_assert(Interleaved<kQ4_0>::kBytes == kGroupRows * sizeof(BlockQ4_0), "Q4_0x16 holds 16 Q4_0 blocks");
 static_assert(Interleaved<kQ4_1>::kBytes == kGroupRows * sizeof(BlockQ4_1), "Q4_1x16 holds 16 Q4_1 blocks");
 static_assert(Interleaved<kQ8_0>::kBytes == kGroupRows * sizeof(BlockQ8_0), "Q8_0x16 holds 16 Q8_0 blocks");
+static_assert(Interleaved<kQ5_0>::kBytes == kGroupRows * sizeof(BlockQ5_0), "Q5_0x16 holds 16 Q5_0 blocks");
 static_assert(Interleaved<kQ4_K>::kBytes == kGroupRows * sizeof(BlockQ4_K), "Q4_Kx16 holds 16 Q4_K blocks");
 static_assert(Interleaved<kQ6_K>::kBytes == kGroupRows * sizeof(BlockQ6_K), "Q6_Kx16 holds 16 Q6_K blocks");
 
