@@ -14,8 +14,18 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
     for (int64_t b = 0; b < nb; ++b, out += QK_K) {
       const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b];
       const float d = g_half[load_u16(&blk.d)];
-      for (int j = 0; j < QK_K; ++j) {
-        out[j] = (d * static_cast<float>(blk.scales[j / 16])) * static_cast<float>(q6_k_code(blk, j) - 32);
+      float ds[QK_K / 16];
+      for (int i = 0; i < QK_K / 16; ++i) ds[i] = d * static_cast<float>(blk.scales[i]);
+      for (int h = 0; h < 2; ++h) {  // q6_k_code's layout, byte by byte: 4 values per byte l of each half
+        const uint8_t *ql = blk.ql + 64 * h, *qh = blk.qh + 32 * h;
+        float* o = out + 128 * h;
+        const float* sc = ds + 8 * h;
+        for (int l = 0; l < 32; ++l) {
+          o[l] = sc[l / 16] * static_cast<float>(((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) - 32);
+          o[l + 32] = sc[2 + l / 16] * static_cast<float>(((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32);
+          o[l + 64] = sc[4 + l / 16] * static_cast<float>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+          o[l + 96] = sc[6 + l / 16] * static_cast<float>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
       }
     }
     return;
@@ -28,7 +38,8 @@ void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
         int sc, m;
         q4_k_scale_min(blk.scales, s, sc, m);
         const float ds = d * static_cast<float>(sc), ms = dmin * static_cast<float>(m);
-        for (int t = 32 * s; t < 32 * s + 32; ++t) out[t] = ds * static_cast<float>(q4_k_code(blk, t)) - ms;
+        const uint8_t* qs = blk.qs + 32 * (s / 2);  // sub-block s: the low (s even) or high nibbles of 32 bytes
+        for (int l = 0; l < 32; ++l) out[32 * s + l] = ds * static_cast<float>(s % 2 ? qs[l] >> 4 : qs[l] & 0x0F) - ms;
       }
     }
     return;
