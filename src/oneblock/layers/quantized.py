@@ -89,9 +89,9 @@ class BlockLinear(nn.Module):
     def interleave(self) -> bool:
         """Reorder the blocks, in place and once, into the interleaved layout (``q4_0x16`` ... ``q6_kx16``).
 
-        Applies to q4_0, q4_1, q5_0, q8_0, q4_k and q6_k matrices with a multiple of 16 rows, when the C++ kernels
+        Applies to q4_0, q4_1, q5_0, q8_0, q4_k, q5_k and q6_k matrices with a multiple of 16 rows, when the C++ kernels
         are loaded (the PyTorch fallback reads rows whole); the outputs stay those of the file's layout within float32
-        summation order (q4_kx16 and q6_kx16: exactly).
+        summation order (the K-quants' layouts: exactly).
 
         Returns:
             whether the layer is now interleaved.

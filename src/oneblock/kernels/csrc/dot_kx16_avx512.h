@@ -1,4 +1,4 @@
-// AVX-512 kernels over the K-quants' interleaved layouts (q4_kx16, q6_kx16; interleaved.h), part of
+// AVX-512 kernels over the K-quants' interleaved layouts (q4_kx16, q5_kx16, q6_kx16; interleaved.h), part of
 // dot_x16_avx512.h: included at its end, once per instruction set, in its namespaces (its broadcast4, scales16,
 // dot_add and each_group). Each lane sums a super-block's exact integers, then does the scalar kernel's float
 // operations in its order, so these equal dot_scalar.cpp bit for bit.
@@ -24,25 +24,26 @@ OB_TARGET inline __m512i byte_of(__m512i v, int j) {
   return _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), _mm512_set1_epi32(0xFF));
 }
 
-// The exact sums of one sub-block of 32 codes of the 16 rows (chunks w[0..7], nibble `high`) with 32 activation codes.
-OB_TARGET inline __m512i sub_block_sums(const __m512i* raw, bool high, const int8_t* q) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-  for (int i = 0; i < 8; i += 2) {
-    const __m512i w0 = _mm512_and_si512(high ? _mm512_srli_epi16(raw[i], 4) : raw[i], low);
-    const __m512i w1 = _mm512_and_si512(high ? _mm512_srli_epi16(raw[i + 1], 4) : raw[i + 1], low);
-    s0 = dot_add(s0, w0, broadcast4(q + 4 * i));
-    s1 = dot_add(s1, w1, broadcast4(q + 4 * i + 4));
+// The exact sums of sub-block s (32 codes of the 16 rows: chunks raw[0..7], nibble s % 2, and for Q5_K bit s of the
+// qh chunks high[0..7] as bit 4) with 32 activation codes.
+OB_TARGET inline __m512i sub_block_sums(const __m512i* raw, const __m512i* high, int s, const int8_t* q) {
+  const __m512i low = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+  __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (int i = 0; i < 8; ++i) {
+    __m512i w = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(raw[i], 4) : raw[i], low);
+    if (high != nullptr) w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high[i], s), one), 4));
+    sums[i % 2] = dot_add(sums[i % 2], w, broadcast4(q + 4 * i));
   }
-  return _mm512_add_epi32(s0, s1);
+  return _mm512_add_epi32(sums[0], sums[1]);
 }
 
-// One Q4_Kx16 group against R activation rows (Q8_K). Per lane, the super-block's exact isum (the sub-blocks' sums
+// One Q4_Kx16 (Q5_Kx16: Fmt kQ5_K, a fifth bit per code from its qh chunks) group against R activation rows (Q8_K).
+// Per lane, the super-block's exact isum (the sub-blocks' sums
 // times their scales) and msum (the minimums times the activations' sums of 32), then the scalar kernel's float
 // operations in its order (a multiply, then an add or a subtract): each output equals dot_scalar.cpp's bit for bit.
-template <int R>
+template <int R, int64_t Fmt>
 OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, float* out, int64_t stride) {
-  using L = Interleaved<kQ4_K>;
+  using L = Interleaved<Fmt>;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -54,6 +55,11 @@ OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
       sc[s] = byte_of(s < 4 ? k.sc_lo : k.sc_hi, s % 4);
       mins[s] = byte_of(s < 4 ? k.m_lo : k.m_hi, s % 4);
     }
+    __m512i high[8];  // Q5_K: chunk i holds bytes 4i..4i+3 of each row's qh (bit s: sub-block s's fifth bits)
+    if constexpr (Fmt == kQ5_K) {
+      for (int i = 0; i < 8; ++i) high[i] = _mm512_loadu_si512(blk + L::kHigh + i * kChunkBytes);
+    }
+    const __m512i* fifth = Fmt == kQ5_K ? high : nullptr;
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a[r].q + b * QK_K;
       const int16_t* bs = a[r].bsums + b * (QK_K / 16);
@@ -61,8 +67,9 @@ OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
       for (int c = 0; c < 4; ++c) {  // chunks 8c .. 8c + 7: sub-blocks 2c (low nibbles) and 2c + 1 (high)
         __m512i raw[8];
         for (int i = 0; i < 8; ++i) raw[i] = _mm512_loadu_si512(blk + L::kCodes + (8 * c + i) * kChunkBytes);
-        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sub_block_sums(raw, false, q + 64 * c), sc[2 * c]));
-        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sub_block_sums(raw, true, q + 64 * c + 32), sc[2 * c + 1]));
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sub_block_sums(raw, fifth, 2 * c, q + 64 * c), sc[2 * c]));
+        isum = _mm512_add_epi32(isum,
+                                _mm512_mullo_epi32(sub_block_sums(raw, fifth, 2 * c + 1, q + 64 * c + 32), sc[2 * c + 1]));
       }
       for (int s = 0; s < 8; ++s) {
         msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(mins[s], _mm512_set1_epi32(bs[2 * s] + bs[2 * s + 1])));
@@ -136,7 +143,15 @@ struct Q4_KGroup {
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
                             int64_t stride) {
-    q4_k_group<R>(group, a, nb, out, stride);
+    q4_k_group<R, kQ4_K>(group, a, nb, out, stride);
+  }
+};
+
+struct Q5_KGroup {
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
+                            int64_t stride) {
+    q4_k_group<R, kQ5_K>(group, a, nb, out, stride);
   }
 };
 
@@ -154,6 +169,12 @@ OB_TARGET void OB_CAT(dot_q4_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_byt
                                      int64_t nb, float* out, int64_t stride) {
   namespace k = OB_CAT(x16_, OB_SUFFIX);
   k::each_group<k::Q4_KGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
+}
+
+OB_TARGET void OB_CAT(dot_q5_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
+                                     int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  k::each_group<k::Q5_KGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
 }
 
 OB_TARGET void OB_CAT(dot_q6_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,

@@ -124,9 +124,9 @@ OB_AVX2 inline __m256i load_half(const uint8_t* chunk, int h) {
 
 // Half h (rows 8h..8h+7) of one Q4_Kx16 group against R activation rows (Q8_K): per lane the exact isum and msum of
 // a super-block, then the scalar kernel's float operations in its order, so each output equals dot_scalar.cpp's.
-template <int R>
+template <int R, int64_t Fmt>
 OB_AVX2 void q4_k_half(const uint8_t* group, int h, const ActRow* a, int64_t nb, float* out, int64_t stride) {
-  using L = Interleaved<kQ4_K>;
+  using L = Interleaved<Fmt>;  // kQ4_K, or kQ5_K: a fifth bit per code, bit s of the qh chunks for sub-block s
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), byte = _mm256_set1_epi32(0xFF);
@@ -151,12 +151,23 @@ OB_AVX2 void q4_k_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
       __m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {  // chunks 8c .. 8c + 7: sub-blocks 2c (low nibbles) and 2c + 1 (high)
         // a pair of products is at most 2 * 15 * 127 = 3810: a lane's 8 pairs fit int16
+        // codes <= 31: a pair of products is at most 2 * 31 * 127 = 7874, 4 pairs fit int16 before each vpmaddwd
         __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
         for (int i = 0; i < 8; ++i) {
           const __m256i raw = load_half(blk + L::kCodes + (8 * c + i) * kChunkBytes, h);
-          lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(raw, low), broadcast4(q + 64 * c + 4 * i)));
-          hi = _mm256_add_epi16(
-              hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), broadcast4(q + 64 * c + 32 + 4 * i)));
+          __m256i wl = _mm256_and_si256(raw, low), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+          if constexpr (Fmt == kQ5_K) {
+            const __m256i qh = load_half(blk + L::kHigh + i * kChunkBytes, h), one = _mm256_set1_epi8(1);
+            wl = _mm256_or_si256(wl, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+            wh = _mm256_or_si256(wh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+          }
+          lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(wl, broadcast4(q + 64 * c + 4 * i)));
+          hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(wh, broadcast4(q + 64 * c + 32 + 4 * i)));
+          if (i == 3) {  // half way: into int32 before a fifth pair could overflow int16
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_madd_epi16(lo, ones), sc[2 * c]));
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_madd_epi16(hi, ones), sc[2 * c + 1]));
+            lo = hi = _mm256_setzero_si256();
+          }
         }
         isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_madd_epi16(lo, ones), sc[2 * c]));
         isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_madd_epi16(hi, ones), sc[2 * c + 1]));
@@ -305,7 +316,13 @@ struct Q8_0Half {
 template <int R>
 struct Q4_KHalf {
   OB_AVX2 static void run(const uint8_t* g, int h, const ActRow* a, int64_t nb, float* o, int64_t s) {
-    q4_k_half<R>(g, h, a, nb, o, s);
+    q4_k_half<R, kQ4_K>(g, h, a, nb, o, s);
+  }
+};
+template <int R>
+struct Q5_KHalf {
+  OB_AVX2 static void run(const uint8_t* g, int h, const ActRow* a, int64_t nb, float* o, int64_t s) {
+    q4_k_half<R, kQ5_K>(g, h, a, nb, o, s);
   }
 };
 
@@ -328,6 +345,10 @@ struct Q5_0Half {
 void dot_q5_0x16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                       float* out, int64_t stride) {
   groups<Q5_0Half>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
+void dot_q5_kx16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                      float* out, int64_t stride) {
+  groups<Q5_KHalf>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_q6_kx16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                       float* out, int64_t stride) {
