@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oneblock.cli import precision
-from oneblock.cli.options import add_threads_option, set_threads
+from oneblock.cli.options import add_context_option, add_threads_option, set_threads
 
 if TYPE_CHECKING:
     from oneblock.inference.chat import ChatSession
@@ -81,6 +81,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, metavar="S", help="seed the sampler, so a conversation can be repeated")
     precision.add_precision_options(parser, dtypes=DTYPES)
     add_threads_option(parser)
+    add_context_option(parser)
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -115,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if interactive:
         print(f"loading {path.name} ...", file=sys.stderr, flush=True)
     adapted = {"adapter": args.adapter, "merge": args.merge} if args.adapter is not None else {}
+    if args.context is not None:
+        adapted["context"] = args.context
     model, tokenizer = load_chat_model(path, dtype=_dtype(args), **adapted)
     start_up_done()
     session = ChatSession(
@@ -161,10 +164,10 @@ def _dtype(args: argparse.Namespace) -> Any:
 
 
 def load_chat_model(
-    path: Path, *, dtype: Any = None, adapter: str | None = None, merge: bool = False
+    path: Path, *, dtype: Any = None, adapter: str | None = None, merge: bool = False, context: int | None = None
 ) -> tuple[Any, Any]:
     """The ``Decoder`` and the tokenizer of a GGUF chat model, through ``oneblock.inference.load.load_model``,
-    with a peft LoRA ``adapter`` on it (folded into the weights with ``merge``).
+    with a peft LoRA ``adapter`` on it (folded into the weights with ``merge``), loaded for ``context`` positions.
 
     Raises:
         CheckpointError: the file is not GGUF or is corrupt.
@@ -178,7 +181,7 @@ def load_chat_model(
 
         read_layout(path)  # the file's own complaint (not GGUF, truncated) before the suffix's
         raise CheckpointError(f"{path.name} is GGUF but not named .gguf; rename it to {path.stem}.gguf")
-    loaded = load_model(path, dtype=dtype, adapter=adapter, merge=merge)
+    loaded = load_model(path, dtype=dtype, adapter=adapter, merge=merge, context=context)
     if not loaded.tokenizer.chat_template:
         raise ConversionError(
             f"{path.name} has no tokenizer.chat_template, so it is not a chat model; "

@@ -84,6 +84,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="store_true",
         help="weight-only int8 linear layers: faster decoding on the CPU, logits close to but not equal to float",
     )
+    options.add_context_option(parser)
     parser.add_argument("--no-echo", action="store_true", help="print the continuation only, not the prompt")
     parser.add_argument("--stats", action="store_true", help="print tokens and tokens/s on stderr at the end")
     parser.add_argument(
@@ -231,7 +232,9 @@ def _load(args: argparse.Namespace) -> Any:
     lora_options.check_adapter_options(args)
     name = precision.weights_dtype(args)
     dtype = getattr(torch, name) if name is not None else None
-    loaded = load_model(args.model, dtype=dtype, tokenizer=args.tokenizer, adapter=args.adapter, merge=args.merge)
+    loaded = load_model(
+        args.model, dtype=dtype, tokenizer=args.tokenizer, adapter=args.adapter, merge=args.merge, context=args.context
+    )
     model = loaded.model
     if not isinstance(model, Decoder):
         raise InputError(

@@ -333,3 +333,14 @@ def config_only(args: argparse.Namespace) -> ModelConfig:
 
         return config_of(_from_file(args, kind, exact=False))
     return config_from_args(args)
+
+
+def add_context_option(parser: argparse.ArgumentParser) -> None:
+    """``--context N``: the positions a GGUF file or Hugging Face directory is loaded for (``load_model(context=)``)."""
+    parser.add_argument(
+        "--context",
+        type=int,
+        metavar="N",
+        help="positions to run the model for (llama.cpp's --ctx-size; at most and by default the model's): Phi-3's "
+        "LongRoPE takes its long factors beyond its original context, its short ones within it",
+    )
