@@ -75,8 +75,8 @@ def k_quant_model(n_kv_heads: int, seed: int = 0, mix: str = "q4_k_m", vocab: in
         attn, ffn = model.block(i).attn, model.block(i).ffn
         attn.q_proj, attn.k_proj, attn.o_proj = (blocks(m, main) for m in (attn.q_proj, attn.k_proj, attn.o_proj))
         attn.v_proj = blocks(attn.v_proj, side)
-        if i == 0:
-            assert attn.q_proj.interleave()  # q4_kx16 (q5_kx16) in layer 0, the file's layout in layer 1
+        if i == 0:  # q4_kx16 (q5_kx16) and q6_kx16 (iq4_xsx16) in layer 0, the file's layout in layer 1
+            assert attn.q_proj.interleave() and attn.v_proj.interleave()
         ffn.w1, ffn.w2 = blocks(ffn.w1, main), blocks(ffn.w2, side)
         if i == 1 and mix == "q5_k_iq4":
             ffn.w3 = blocks(ffn.w3, "iq4_nl")  # blocks of 32 beside q5_k's 256
@@ -102,7 +102,7 @@ def test_a_k_quant_model_takes_the_native_step(model):
     formats = plan.fields.formats
     assert formats["tok"] == formats["head_w"] == Q6_K  # the tied token table and head
     used = {f for layer in plan.fields.layer_formats or [] for f in layer.values()}
-    interleaved = {kernels.INTERLEAVED[name].ggml_type for name in ("q8_0x16", "q4_kx16")}
+    interleaved = {kernels.INTERLEAVED[name].ggml_type for name in ("q8_0x16", "q4_kx16", "q6_kx16")}
     assert {Q4_K, Q6_K, FORMATS["q5_0"].ggml_type, *interleaved} <= used
 
 
@@ -177,7 +177,7 @@ def test_q5_k_and_iq4_matrices_decode_natively_equal_to_the_python_step(q5_k_mod
     fields = plan.fields
     assert fields.formats["tok"] == fields.formats["head_w"] == IQ4_NL  # the tied token table and head
     used = {f for formats in [fields.formats, *(fields.layer_formats or [])] for f in formats.values()}
-    interleaved = {kernels.INTERLEAVED[name].ggml_type for name in ("q5_0x16", "q5_kx16")}
+    interleaved = {kernels.INTERLEAVED[name].ggml_type for name in ("q5_0x16", "q5_kx16", "iq4_xsx16")}
     assert {Q5_K, IQ4_XS, IQ4_NL, *interleaved} <= used
     for prompts in ([[5, 17, 3, 299, 42]], [[5, 17, 3, 299, 42], [7, 8], [60, 61, 62]]):
         native, python = decode_both(q5_k_model, prompts, steps=6)

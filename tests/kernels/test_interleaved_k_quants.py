@@ -1,4 +1,5 @@
-"""q4_kx16, q5_kx16 and q6_kx16: the K-quants' super-blocks with the rows interleaved 16 at a time (csrc/interleaved.h).
+"""q4_kx16, q5_kx16, q6_kx16 and iq4_xsx16: the super-blocks of 256 values with the rows interleaved 16 at a time
+(csrc/interleaved.h).
 
 The bytes are those of the documented layout and come back exactly; every instruction set's kernel on the layout
 equals the NumPy reference of the file's layout bit for bit (each lane sums the super-block's exact integers, then
@@ -18,12 +19,9 @@ from oneblock.kernels import fallback, ops, reference
 from oneblock.kernels.formats import FORMATS, INTERLEAVED
 
 SHAPES = [(1, 16, 256), (3, 48, 512), (5, 32, 768), (9, 64, 2048), (2, 1024, 256)]  # M, N, K
-FMTS = ["q4_k", "q5_k", "q6_k"]
-FIELDS = {
-    "q4_k": (0, 2),
-    "q5_k": (0, 2),
-    "q6_k": (208,),
-}  # the float16 fields' offsets: d (and dmin); q6_k stores d last
+FMTS = ["q4_k", "q5_k", "q6_k", "iq4_xs"]
+# the 16-bit fields' offsets: d (and dmin, or iq4_xs's scales_h); q6_k stores d last
+FIELDS = {"q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "iq4_xs": (0, 2)}
 # q6_kx16's chunks (of ql: 0..31, qh: 32..47, scales: 48..51) in the order the kernels read them: the scales, then
 # for each 4 bytes of a quarter's ql, those bytes, the next quarter's and the qh bytes that top both
 ORDER = {
@@ -59,7 +57,12 @@ def numpy_interleave(blocks: np.ndarray, fmt: str) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("fmt", "nbytes", "ggml_type", "has_min"),
-    [("q4_k", 144, 0x10C, True), ("q5_k", 176, 0x10D, True), ("q6_k", 210, 0x10E, False)],
+    [
+        ("q4_k", 144, 0x10C, True),
+        ("q5_k", 176, 0x10D, True),
+        ("q6_k", 210, 0x10E, False),
+        ("iq4_xs", 136, 0x117, False),
+    ],
 )
 def test_the_k_quants_have_interleaved_layouts_of_their_size(fmt, nbytes, ggml_type, has_min):
     spec = INTERLEAVED[f"{fmt}x16"]

@@ -7,7 +7,7 @@ Q5_K, Q6_K, IQ4_XS: super-blocks of 256, multiplied with llama.cpp's Q8_K activa
 per block: a decoding step reads 4.5 to 8.5 bits per weight and never a float copy of the matrix. The C++
 (``csrc/``) is built on first use and cached; without a compiler the same numbers come from PyTorch
 (:mod:`oneblock.kernels.fallback`). :mod:`oneblock.kernels.reference` is the algorithm in NumPy. :func:`interleave`
-reorders a q4_0 / q4_1 / q5_0 / q8_0 / q4_k / q5_k / q6_k matrix's rows 16 at a time (``q4_0x16`` ... ``q6_kx16``),
+reorders a q4_0 / q4_1 / q5_0 / q8_0 / q4_k / q5_k / q6_k / iq4_xs matrix's rows 16 at a time (``q4_0x16`` ...),
 once, into the layout the vector kernels read fastest; every function here takes either layout. Shapes: M activation
 rows, K the row width (a multiple of the format's block), N weight rows.
 """

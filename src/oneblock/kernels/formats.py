@@ -31,9 +31,9 @@ codes and is multiplied with Q8_0 activations; iq4_xs's sub-block ``s`` of 32 ho
 ``16s .. 16s + 15``, its 6-bit scale ``ls`` the nibble ``s % 2`` of ``scales_l[s // 2]`` and bits ``2s, 2s + 1`` of
 ``scales_h`` above it.
 
-``q4_0x16``, ``q4_1x16``, ``q8_0x16``, ``q5_0x16``, ``q4_kx16``, ``q5_kx16`` and ``q6_kx16`` hold the same blocks
-with the rows interleaved 16 at a time (see :mod:`oneblock.kernels.interleave`): the layout the vector kernels read
-fastest, made once at load.
+``q4_0x16``, ``q4_1x16``, ``q8_0x16``, ``q5_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16`` and ``iq4_xsx16`` hold
+the same blocks with the rows interleaved 16 at a time (see :mod:`oneblock.kernels.interleave`): the layout the vector
+kernels read fastest, made once at load.
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ INTERLEAVED: dict[str, BlockFormat] = {
     "q5_0x16": BlockFormat("q5_0x16", QK, 22, 0x100 | 6, base="q5_0"),
     "q4_kx16": BlockFormat("q4_kx16", QK_K, 144, 0x100 | 12, base="q4_k", has_min=True),
     "q5_kx16": BlockFormat("q5_kx16", QK_K, 176, 0x100 | 13, base="q5_k", has_min=True),
+    "iq4_xsx16": BlockFormat("iq4_xsx16", QK_K, 136, 0x100 | 23, base="iq4_xs"),
     "q6_kx16": BlockFormat("q6_kx16", QK_K, 210, 0x100 | 14, base="q6_k"),
 }
 """The interleaved layouts (16 rows read together, ``csrc/interleaved.h``), by name."""

@@ -12,6 +12,7 @@ holds::
     q5_0x16: d (16 x f16) | qh (64 bytes: each row's 32 fifth bits) | 4 chunks of 64 bytes of codes
     q4_kx16: d | dmin (16 x f16 each) | 35 chunks of 64 bytes: the packed scales (3), then the nibbles (32)
     q5_kx16: as q4_kx16, with 8 chunks of qh between the packed scales and the nibbles
+    iq4_xsx16: d | scales_h (16 x 16 bits each) | scales_l (a chunk) | 32 chunks of the indices
     q6_kx16: d (16 x f16; the file's last field) | 52 chunks of 64 bytes: the scales (4), then ql, ql, qh by turns
 
 The bytes are the file's, moved; nothing is decoded, the size is the same, and :func:`deinterleave` gives the
@@ -33,8 +34,8 @@ from oneblock.kernels.formats import FORMATS, INTERLEAVED, BlockFormat, get_form
 GROUP_ROWS = 16
 """Rows read together by the interleaved kernels."""
 
-# a block's float16 fields (d, and a minimum's scale): at its head, or (q6_k) at d_offset
-_HALF_FIELDS = {"q4_0": 1, "q4_1": 2, "q8_0": 1, "q5_0": 1, "q4_k": 2, "q5_k": 2, "q6_k": 1}
+# a block's 16-bit fields (d, and a minimum's scale or iq4_xs's scales_h): at its head, or (q6_k) at d_offset
+_HALF_FIELDS = {"q4_0": 1, "q4_1": 2, "q8_0": 1, "q5_0": 1, "q4_k": 2, "q5_k": 2, "q6_k": 1, "iq4_xs": 2}
 
 
 def interleaved_format(fmt: str) -> BlockFormat | None:

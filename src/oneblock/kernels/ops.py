@@ -195,7 +195,7 @@ def interleave_parts(parts: Sequence[Tensor], fmt: str, order: Tensor | None = N
 
     Args:
         parts: (N_i, nb * nbytes) uint8 block rows of format ``fmt``, each with contiguous rows, all as wide.
-        fmt: ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q8_0"``, ``"q4_k"``, ``"q5_k"`` or ``"q6_k"``.
+        fmt: ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q8_0"``, ``"q4_k"``, ``"q5_k"``, ``"q6_k"`` or ``"iq4_xs"``.
         order: (N,) int64, N = sum of N_i: row i of the result is row ``order[i]`` of the stacked parts;
             ``None`` keeps them in turn.
 

@@ -87,11 +87,11 @@ class BlockLinear(nn.Module):
         return kernels.get_format(self.fmt).base or self.fmt
 
     def interleave(self) -> bool:
-        """Reorder the blocks, in place and once, into the interleaved layout (``q4_0x16`` ... ``q6_kx16``).
+        """Reorder the blocks, in place and once, into the interleaved layout (``q4_0x16`` ... ``iq4_xsx16``).
 
-        Applies to q4_0, q4_1, q5_0, q8_0, q4_k, q5_k and q6_k matrices with a multiple of 16 rows, when the C++ kernels
-        are loaded (the PyTorch fallback reads rows whole); the outputs stay those of the file's layout within float32
-        summation order (the K-quants' layouts: exactly).
+        Applies to q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k and iq4_xs matrices with a multiple of 16 rows, when the
+        C++ kernels are loaded (the PyTorch fallback reads rows whole); the outputs stay those of the file's layout
+        within float32 summation order (the 256-value formats' layouts: exactly).
 
         Returns:
             whether the layer is now interleaved.

@@ -106,6 +106,10 @@ void dot_q5_kx16_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_
 void dot_q5_kx16_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q5_kx16_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q5_kx16_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_iq4_xsx16_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_iq4_xsx16_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_iq4_xsx16_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
+void dot_iq4_xsx16_avx512_vnni(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q6_kx16_scalar(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q6_kx16_avx2(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);
 void dot_q6_kx16_avx512(const uint8_t*, int64_t, int, const ActRow*, int, int64_t, float*, int64_t);

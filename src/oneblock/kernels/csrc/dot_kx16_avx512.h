@@ -1,4 +1,4 @@
-// AVX-512 kernels over the K-quants' interleaved layouts (q4_kx16, q5_kx16, q6_kx16; interleaved.h), part of
+// AVX-512 kernels over the K-quants' interleaved layouts (q4_kx16, q5_kx16, q6_kx16, iq4_xsx16; interleaved.h), part of
 // dot_x16_avx512.h: included at its end, once per instruction set, in its namespaces (its broadcast4, scales16,
 // dot_add and each_group). Each lane sums a super-block's exact integers, then does the scalar kernel's float
 // operations in its order, so these equal dot_scalar.cpp bit for bit.
@@ -139,6 +139,67 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
 }
 
+// One IQ4_XSx16 group against R activation rows (Q8_K): the indices become kIq4nlValues by a table lookup
+// (`vpshufb`); with VNNI they meet the activations as unsigned w + 128 (one xor) and 128 times the sub-block's
+// activation sum is taken off, without it |w| meets the activation with w's sign moved onto it. Each sub-block's
+// exact sum times its 6-bit scale less 32, then the scalar kernel's float operations: bit for bit.
+template <int R>
+OB_TARGET void iq4_xs_group(const uint8_t* group, const ActRow* a, int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kIQ4_XS>;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m512 dw = scales16(blk + L::kScales);
+    const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + L::kHigh)));
+    const __m512i lows = _mm512_loadu_si512(blk + L::kLow);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a[r].q + b * QK_K;
+      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
+      __m512i isum = _mm512_setzero_si512();
+      for (int s = 0; s < 8; ++s) {
+        const __m512i ls = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32(lows, 8 * (s / 2) + 4 * (s % 2)), _mm512_set1_epi32(0x0F)),
+            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2 * s), _mm512_set1_epi32(3)), 4));
+        __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int i = 0; i < 4; ++i) {
+          const __m512i raw = _mm512_loadu_si512(blk + L::kCodes + (4 * s + i) * kChunkBytes);
+          const __m512i w[2] = {_mm512_shuffle_epi8(values, _mm512_and_si512(raw, low)),
+                                _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low))};
+          for (int part = 0; part < 2; ++part) {  // values 4i.. (low nibbles) and 16 + 4i.. (high)
+            const __m512i act = broadcast4(q + 32 * s + 16 * part + 4 * i);
+#if OB_VNNI
+            sums[part] = _mm512_dpbusd_epi32(sums[part], _mm512_xor_si512(w[part], _mm512_set1_epi8(-128)), act);
+#else
+            const __mmask64 negative = _mm512_movepi8_mask(w[part]);
+            sums[part] = dot_add(sums[part], _mm512_abs_epi8(w[part]),
+                                 _mm512_mask_sub_epi8(act, negative, _mm512_setzero_si512(), act));
+#endif
+          }
+        }
+        __m512i sub = _mm512_add_epi32(sums[0], sums[1]);
+#if OB_VNNI
+        sub = _mm512_sub_epi32(sub, _mm512_set1_epi32(128 * (bs[2 * s] + bs[2 * s + 1])));
+#endif
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sub, _mm512_sub_epi32(ls, _mm512_set1_epi32(32))));
+      }
+      const __m512 da = _mm512_set1_ps(a[r].d[b]);
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da)));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
+}
+
+struct IQ4_XSGroup {
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
+                            int64_t stride) {
+    iq4_xs_group<R>(group, a, nb, out, stride);
+  }
+};
+
 struct Q4_KGroup {
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
@@ -175,6 +236,12 @@ OB_TARGET void OB_CAT(dot_q5_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_byt
                                      int64_t nb, float* out, int64_t stride) {
   namespace k = OB_CAT(x16_, OB_SUFFIX);
   k::each_group<k::Q5_KGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
+}
+
+OB_TARGET void OB_CAT(dot_iq4_xsx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a,
+                                       int rows, int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  k::each_group<k::IQ4_XSGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
 }
 
 OB_TARGET void OB_CAT(dot_q6_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,

@@ -275,6 +275,49 @@ OB_AVX2 void q5_0_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
 }
 
+// Half h (rows 8h..8h+7) of one IQ4_XSx16 group, as dot_kx16_avx512.h's iq4_xs_group without VNNI: the values
+// looked up by `vpshufb`, |w| meeting the activation with w's sign moved onto it (a pair is at most 2 * 127 * 127 =
+// 32258: one pair per int16 lane, widened by vpmaddwd), each sub-block's exact sum times its scale, then the scalar
+// kernel's float operations (bit for bit).
+template <int R>
+OB_AVX2 void iq4_xs_half(const uint8_t* group, int h, const ActRow* a, int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kIQ4_XS>;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBytes;
+    const __m256 dw = scales8(blk + L::kScales + 16 * h);
+    const __m256i high = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kHigh + 16 * h)));
+    const __m256i lows = load_half(blk + L::kLow, h);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a[r].q + b * QK_K;
+      __m256i isum = _mm256_setzero_si256();
+      for (int s = 0; s < 8; ++s) {
+        const __m256i ls = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi32(lows, 8 * (s / 2) + 4 * (s % 2)), _mm256_set1_epi32(0x0F)),
+            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(high, 2 * s), _mm256_set1_epi32(3)), 4));
+        __m256i sub = _mm256_setzero_si256();
+        for (int i = 0; i < 4; ++i) {
+          const __m256i raw = load_half(blk + L::kCodes + (4 * s + i) * kChunkBytes, h);
+          const __m256i w[2] = {_mm256_shuffle_epi8(values, _mm256_and_si256(raw, low)),
+                                _mm256_shuffle_epi8(values, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low))};
+          for (int part = 0; part < 2; ++part) {
+            const __m256i act = broadcast4(q + 32 * s + 16 * part + 4 * i);
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w[part], w[part]), _mm256_sign_epi8(act, w[part]));
+            sub = _mm256_add_epi32(sub, _mm256_madd_epi16(pairs, ones));
+          }
+        }
+        isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(sub, _mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
+      }
+      const __m256 da = _mm256_set1_ps(a[r].d[b]);
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da)));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, acc[r]);
+}
+
 template <template <int> class Half>
 OB_AVX2 void groups(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb, float* out,
                     int64_t stride) {
@@ -340,8 +383,19 @@ struct Q5_0Half {
   }
 };
 
+template <int R>
+struct IQ4_XSHalf {
+  OB_AVX2 static void run(const uint8_t* g, int h, const ActRow* a, int64_t nb, float* o, int64_t s) {
+    iq4_xs_half<R>(g, h, a, nb, o, s);
+  }
+};
+
 }  // namespace
 
+void dot_iq4_xsx16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                        float* out, int64_t stride) {
+  groups<IQ4_XSHalf>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
 void dot_q5_0x16_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                       float* out, int64_t stride) {
   groups<Q5_0Half>(w, row_bytes, cols, a, rows, nb, out, stride);

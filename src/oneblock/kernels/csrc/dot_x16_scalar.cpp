@@ -102,6 +102,10 @@ void dot_q5_kx16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const Act
                         float* out, int64_t stride) {
   each_gathered<kQ5_K, dot_q5_k_scalar>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
+void dot_iq4_xsx16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
+                          float* out, int64_t stride) {
+  each_gathered<kIQ4_XS, dot_iq4_xs_scalar>(w, row_bytes, cols, a, rows, nb, out, stride);
+}
 void dot_q6_kx16_scalar(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                         float* out, int64_t stride) {
   each_gathered<kQ6_K, dot_q6_k_scalar>(w, row_bytes, cols, a, rows, nb, out, stride);

@@ -1,4 +1,4 @@
-// oneblock::interleave_rows(Tensor blocks, int fmt) -> Tensor: a Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K matrix's rows in the interleaved
+// oneblock::interleave_rows(Tensor blocks, int fmt) -> Tensor: a Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K or IQ4_XS matrix's rows in the interleaved
 // layout of interleaved.h, moved with plain loops, one group of 16 rows per task (kernels/interleave.py renders the
 // same layout with tensor permutes, which move one byte at a time and cost seconds on a whole model at load).
 //
@@ -46,8 +46,8 @@ void interleave_into(const std::vector<const uint8_t*>& rows, int64_t row_bytes,
 
 void check_format(int64_t fmt, const char* op) {
   TORCH_CHECK(fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ8_0 || fmt == kQ5_0 || fmt == kQ4_K || fmt == kQ5_K ||
-                  fmt == kQ6_K,
-              "oneblock::", op, ": only q4_0 (2), q4_1 (3), q5_0 (6), q8_0 (8), q4_k (12), q5_k (13) and q6_k (14); got ",
+                  fmt == kQ6_K || fmt == kIQ4_XS,
+              "oneblock::", op, ": only q4_0 (2), q4_1 (3), q5_0 (6), q8_0 (8), q4_k (12), q5_k (13), q6_k (14) and iq4_xs (23); got ",
               fmt);
 }
 

@@ -17,6 +17,8 @@
 //            nibbles (chunk L: bytes 4L..4L+3 of each row's)                    = 2304 bytes = 16 x 144
 //   Q5_Kx16: as Q4_Kx16 with 8 chunks of each row's 32 bytes of qh between the packed scales and the nibbles
 //                                                                                 = 2816 bytes = 16 x 176
+//   IQ4_XSx16: (per super-block) d[r], scales_h[r] (2 x 32 bytes), then scales_l (a chunk), then 32 chunks of the
+//            indices (chunk 4s + i: bytes 16s + 4i.. of each row's)             = 2176 bytes = 16 x 136
 //   Q6_Kx16: (per super-block) d[r] (32 bytes; the file stores it last), then 52 chunks of the rest (ql: chunks
 //            0..31 of the file's, qh: 32..47, the 16 int8 scales: 48..51) in the order the kernels read them: the
 //            scales' 4, then per t = 0..15 ql chunk 16(t/8) + 4((t/4)%2) + t%4, ql chunk 8 more, qh chunk
@@ -49,10 +51,11 @@ constexpr int64_t kQ5_0x16 = kInterleaved | kQ5_0;
 constexpr int64_t kQ4_Kx16 = kInterleaved | kQ4_K;
 constexpr int64_t kQ5_Kx16 = kInterleaved | kQ5_K;
 constexpr int64_t kQ6_Kx16 = kInterleaved | kQ6_K;
+constexpr int64_t kIQ4_XSx16 = kInterleaved | kIQ4_XS;
 
 inline bool is_interleaved(int64_t fmt) {
   return fmt == kQ4_0x16 || fmt == kQ4_1x16 || fmt == kQ8_0x16 || fmt == kQ5_0x16 || fmt == kQ4_Kx16 ||
-         fmt == kQ5_Kx16 || fmt == kQ6_Kx16;
+         fmt == kQ5_Kx16 || fmt == kQ6_Kx16 || fmt == kIQ4_XSx16;
 }
 inline int64_t file_format(int64_t fmt) { return fmt & ~kInterleaved; }
 
@@ -84,6 +87,10 @@ struct Interleaved<kQ5_K> {  // Q4_K's, with the 8 chunks of qh between the pack
   static constexpr int kScales = 0, kMins = 32, kPacked = 64, kHigh = 256, kCodes = 768, kChunks = 32, kBytes = 2816;
 };
 template <>
+struct Interleaved<kIQ4_XS> {  // d, scales_h (two 16-bit fields), then scales_l (a chunk) and the indices
+  static constexpr int kScales = 0, kHigh = 32, kLow = 64, kCodes = 128, kBytes = 2176;
+};
+template <>
 struct Interleaved<kQ6_K> {
   static constexpr int kScales = 0, kSubScales = 32, kCodes = 32 + 4 * 64, kBytes = 3360;  // kCodes: t = 0's chunks
 };
@@ -93,11 +100,14 @@ static_assert(Interleaved<kQ8_0>::kBytes == kGroupRows * sizeof(BlockQ8_0), "Q8_
 static_assert(Interleaved<kQ5_0>::kBytes == kGroupRows * sizeof(BlockQ5_0), "Q5_0x16 holds 16 Q5_0 blocks");
 static_assert(Interleaved<kQ4_K>::kBytes == kGroupRows * sizeof(BlockQ4_K), "Q4_Kx16 holds 16 Q4_K blocks");
 static_assert(Interleaved<kQ5_K>::kBytes == kGroupRows * sizeof(BlockQ5_K), "Q5_Kx16 holds 16 Q5_K blocks");
+static_assert(Interleaved<kIQ4_XS>::kBytes == kGroupRows * sizeof(BlockIQ4_XS), "IQ4_XSx16 holds 16 IQ4_XS blocks");
 static_assert(Interleaved<kQ6_K>::kBytes == kGroupRows * sizeof(BlockQ6_K), "Q6_Kx16 holds 16 Q6_K blocks");
 
 // The float16 fields of a block of `fmt` (d, and a minimum's scale), at byte half_at(fmt) (Q6_K's d is last): the
 // rest of the block, in order, is 4-byte chunks.
-inline int64_t half_fields(int64_t fmt) { return fmt == kQ4_1 || fmt == kQ4_K || fmt == kQ5_K ? 2 : 1; }
+inline int64_t half_fields(int64_t fmt) {
+  return fmt == kQ4_1 || fmt == kQ4_K || fmt == kQ5_K || fmt == kIQ4_XS ? 2 : 1;
+}
 inline int64_t half_at(int64_t fmt) { return fmt == kQ6_K ? 208 : 0; }
 // The byte of a block where byte `p` of its chunks (the block less its float16 fields) is.
 inline int64_t chunk_byte(int64_t fmt, int64_t p) { return p < half_at(fmt) ? p : p + 2 * half_fields(fmt); }

@@ -64,22 +64,23 @@ int best() {
 std::atomic<int> g_isa{best()};  // chosen once, at load, from what the CPU reports
 
 // kernels[isa][format]: the file layouts Q4_0, Q4_1, Q8_0, then the interleaved Q4_1x16, Q8_0x16, then the file
-// layouts Q5_0, Q5_1, Q6_K, Q4_K, Q5_K, IQ4_NL, IQ4_XS, then the interleaved Q4_0x16, Q4_Kx16, Q6_Kx16, Q5_0x16 and Q5_Kx16 (kernel_column). The K-quants
+// layouts Q5_0, Q5_1, Q6_K, Q4_K, Q5_K, IQ4_NL, IQ4_XS, then the interleaved Q4_0x16, Q4_Kx16, Q6_Kx16, Q5_0x16, Q5_Kx16 and IQ4_XSx16
+// (kernel_column). The K-quants
 // and the IQ4 formats have scalar and AVX2 kernels so far: the AVX-512 paths run the AVX2 ones.
-const DotFn kKernels[kIsaCount][17] = {
+const DotFn kKernels[kIsaCount][18] = {
     {dot_q4_0_scalar, dot_q4_1_scalar, dot_q8_0_scalar, dot_q4_1x16_scalar, dot_q8_0x16_scalar, dot_q5_0_scalar,
      dot_q5_1_scalar, dot_q6_k_scalar, dot_q4_k_scalar, dot_q5_k_scalar, dot_iq4_nl_scalar, dot_iq4_xs_scalar,
-     dot_q4_0x16_scalar, dot_q4_kx16_scalar, dot_q6_kx16_scalar, dot_q5_0x16_scalar, dot_q5_kx16_scalar},
+     dot_q4_0x16_scalar, dot_q4_kx16_scalar, dot_q6_kx16_scalar, dot_q5_0x16_scalar, dot_q5_kx16_scalar, dot_iq4_xsx16_scalar},
     {dot_q4_0_avx2, dot_q4_1_avx2, dot_q8_0_avx2, dot_q4_1x16_avx2, dot_q8_0x16_avx2, dot_q5_0_avx2, dot_q5_1_avx2,
      dot_q6_k_avx2, dot_q4_k_avx2, dot_q5_k_avx2, dot_iq4_nl_avx2, dot_iq4_xs_avx2,
-     dot_q4_0x16_avx2, dot_q4_kx16_avx2, dot_q6_kx16_avx2, dot_q5_0x16_avx2, dot_q5_kx16_avx2},
+     dot_q4_0x16_avx2, dot_q4_kx16_avx2, dot_q6_kx16_avx2, dot_q5_0x16_avx2, dot_q5_kx16_avx2, dot_iq4_xsx16_avx2},
     {dot_q4_0_avx512, dot_q4_1_avx512, dot_q8_0_avx512, dot_q4_1x16_avx512, dot_q8_0x16_avx512, dot_q5_0_avx512,
      dot_q5_1_avx512, dot_q6_k_avx2, dot_q4_k_avx2, dot_q5_k_avx2, dot_iq4_nl_avx2, dot_iq4_xs_avx2,
-     dot_q4_0x16_avx512, dot_q4_kx16_avx512, dot_q6_kx16_avx512, dot_q5_0x16_avx512, dot_q5_kx16_avx512},
+     dot_q4_0x16_avx512, dot_q4_kx16_avx512, dot_q6_kx16_avx512, dot_q5_0x16_avx512, dot_q5_kx16_avx512, dot_iq4_xsx16_avx512},
     {dot_q4_0_avx512_vnni, dot_q4_1_avx512_vnni, dot_q8_0_avx512_vnni, dot_q4_1x16_avx512_vnni,
      dot_q8_0x16_avx512_vnni, dot_q5_0_avx512_vnni, dot_q5_1_avx512_vnni, dot_q6_k_avx2, dot_q4_k_avx2,
      dot_q5_k_avx2, dot_iq4_nl_avx2, dot_iq4_xs_avx2,
-     dot_q4_0x16_avx512_vnni, dot_q4_kx16_avx512_vnni, dot_q6_kx16_avx512_vnni, dot_q5_0x16_avx512_vnni, dot_q5_kx16_avx512_vnni},
+     dot_q4_0x16_avx512_vnni, dot_q4_kx16_avx512_vnni, dot_q6_kx16_avx512_vnni, dot_q5_0x16_avx512_vnni, dot_q5_kx16_avx512_vnni, dot_iq4_xsx16_avx512_vnni},
 };
 
 int kernel_column(int64_t fmt) {
@@ -101,6 +102,7 @@ int kernel_column(int64_t fmt) {
     case kQ6_Kx16: return 14;
     case kQ5_0x16: return 15;
     case kQ5_Kx16: return 16;
+    case kIQ4_XSx16: return 17;
     default: return -1;
   }
 }
