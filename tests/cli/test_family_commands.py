@@ -25,7 +25,16 @@ def family(request):
     import transformers
 
     directory = made(request.param)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
+    config = transformers.AutoConfig.from_pretrained(directory)
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type") == "longrope":
+        # oneblock opens the files at their full context, where LongRoPE runs its long factors at every length (as
+        # llama.cpp does for an n_ctx beyond the original); transformers takes them only for a sequence longer than
+        # the original context, and the check's sequences are shorter
+        rope["short_factor"] = list(rope["long_factor"])
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, config=config, attn_implementation="eager"
+    ).eval()
     return directory, reference
 
 

@@ -146,8 +146,8 @@ def test_interleave_keeps_the_layers_outputs_weights_lookups_and_splits(fmt):
 
 
 def test_interleave_leaves_what_it_cannot_hold_in_the_files_layout():
-    q5_0, _ = gguf_blocks("q5_0", n=64)
+    q5_1, _ = gguf_blocks("q5_1", n=64)  # a format with no interleaved layout
     odd, _ = gguf_blocks("q4_1", n=40)
-    for layer in (BlockLinear(q5_0, "q5_0"), BlockLinear(odd, "q4_1")):
+    for layer in (BlockLinear(q5_1, "q5_1"), BlockLinear(odd, "q4_1")):
         before = layer.blocks
         assert not layer.interleave() and layer.blocks is before
