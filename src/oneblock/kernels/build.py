@@ -34,6 +34,7 @@ SOURCES = (
     "dot_kq_avx2.cpp",  # Q4_K, Q5_K, Q6_K, IQ4_XS
     "dot_x16_scalar.cpp",
     "dot_x16_avx2.cpp",
+    "dot_kx16_avx2.cpp",
     "dot_x16_avx512.cpp",
     "decode_plan.cpp",  # the native decode step
     "decode_products.cpp",
@@ -48,6 +49,7 @@ HEADERS = (
     "interleaved.h",
     "dot.h",
     "dot_avx512.h",
+    "dot_x16_avx2.h",
     "dot_x16_avx512.h",
     "dot_kx16_avx512.h",
     "decode_step.h",

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "dot.h"
 
@@ -60,48 +61,27 @@ OB_AVX2 inline __m128i minimum_terms(__m256i scales_mins, const int16_t* bsums) 
   return _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32);  // |sum| <= 32 * 127: int16 holds it
 }
 
-OB_AVX2 float q4_k_one_avx2(const BlockQ4_K* blocks, const ActRow& a, int64_t nb) {
+// Q4_K, and Q5_K (the same scales, minimums and nibbles, with bit s of qh[l] as bit 4 of value l of sub-block s).
+template <typename Block>
+OB_AVX2 float q4_k_one_avx2(const Block* blocks, const ActRow& a, int64_t nb) {
+  constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
   float acc = 0.0f;
-  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i low_mask = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   for (int64_t b = 0; b < nb; ++b) {
-    const BlockQ4_K& w = blocks[b];
+    const Block& w = blocks[b];
     const int8_t* qa = a.q + b * QK_K;
     const __m256i packed = scales_and_mins(w.scales);
     const __m256i scales = _mm256_permute4x64_epi64(packed, 0x44);  // the scales in both halves
     __m256i sums = _mm256_setzero_si256();
     for (int c = 0; c < QK_K / 64; ++c) {  // 32 bytes of nibbles: sub-blocks 2c (low) and 2c + 1 (high)
       const __m256i raw = load32(w.qs + 32 * c);
-      const __m256i low = _mm256_and_si256(raw, low_mask), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_mask);
-      // codes in [0, 15]: a pair of products is at most 2 * 15 * 127, times a scale of at most 63 in int32
-      const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(low, load32(qa + 64 * c)), lane16(scales, 2 * c));
-      const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(high, load32(qa + 64 * c + 32)), lane16(scales, 2 * c + 1));
-      sums = _mm256_add_epi32(sums, _mm256_add_epi32(pl, ph));
-    }
-    int isum, msum;
-    hsum_two(sums, minimum_terms(packed, a.bsums + b * (QK_K / 16)), isum, msum);
-    acc += static_cast<float>(isum) * (g_half[load_u16(&w.d)] * a.d[b]);
-    acc -= static_cast<float>(msum) * (g_half[load_u16(&w.dmin)] * a.d[b]);
-  }
-  return acc;
-}
-
-OB_AVX2 float q5_k_one_avx2(const BlockQ5_K* blocks, const ActRow& a, int64_t nb) {
-  float acc = 0.0f;
-  const __m256i low_mask = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  for (int64_t b = 0; b < nb; ++b) {
-    const BlockQ5_K& w = blocks[b];
-    const int8_t* qa = a.q + b * QK_K;
-    const __m256i packed = scales_and_mins(w.scales);
-    const __m256i scales = _mm256_permute4x64_epi64(packed, 0x44);
-    const __m256i qh = load32(w.qh);  // bit s of byte l: bit 4 of value l of sub-block s
-    __m256i sums = _mm256_setzero_si256();
-    for (int c = 0; c < QK_K / 64; ++c) {
-      const __m256i raw = load32(w.qs + 32 * c);
-      // each byte's bit s moved to bit 4 (shifting 16-bit lanes, masked: no bit crosses a byte)
-      const __m256i top_l = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4);
-      const __m256i top_h = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4);
-      const __m256i low = _mm256_or_si256(_mm256_and_si256(raw, low_mask), top_l);  // [0, 31]
-      const __m256i high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low_mask), top_h);
+      __m256i low = _mm256_and_si256(raw, low_mask), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_mask);
+      if constexpr (kFive) {  // each byte's bit s moved to bit 4 (16-bit shifts, masked: no bit crosses a byte)
+        const __m256i qh = load32(w.qh);
+        low = _mm256_or_si256(low, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+        high = _mm256_or_si256(high, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+      }
+      // codes in [0, 31]: a pair of products is at most 2 * 31 * 127, times a scale of at most 63 in int32
       const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(low, load32(qa + 64 * c)), lane16(scales, 2 * c));
       const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(high, load32(qa + 64 * c + 32)), lane16(scales, 2 * c + 1));
       sums = _mm256_add_epi32(sums, _mm256_add_epi32(pl, ph));
@@ -168,7 +148,7 @@ OB_AVX2 float iq4_xs_one_avx2(const BlockIQ4_XS* blocks, const ActRow& a, int64_
 
 void dot_q4_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
-  each_row<BlockQ4_K, q4_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each_row<BlockQ4_K, q4_k_one_avx2<BlockQ4_K>>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_q6_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
@@ -176,7 +156,7 @@ void dot_q6_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* 
 }
 void dot_q5_k_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                    float* out, int64_t stride) {
-  each_row<BlockQ5_K, q5_k_one_avx2>(w, row_bytes, cols, a, rows, nb, out, stride);
+  each_row<BlockQ5_K, q4_k_one_avx2<BlockQ5_K>>(w, row_bytes, cols, a, rows, nb, out, stride);
 }
 void dot_iq4_xs_avx2(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                      float* out, int64_t stride) {
