@@ -94,21 +94,28 @@ def test_block_linear_takes_bfloat16_tiles_only_inside_prompt_tiles_and_without_
 
 
 @pytest.mark.parametrize(
-    ("value", "hardware", "expected"),
-    [("", True, torch.bfloat16), ("", False, torch.float32), ("auto", True, torch.bfloat16),
-     ("float32", True, torch.float32), ("bfloat16", False, torch.bfloat16), (" BFloat16 ", True, torch.bfloat16)],
+    ("value", "hardware", "isa", "amx", "expected"),
+    [("", True, "avx2", False, torch.bfloat16), ("", False, "avx2", False, torch.float32),
+     ("auto", True, "avx512", False, torch.bfloat16), ("", True, "avx512_vnni", False, torch.int8),
+     ("", False, "avx512_vnni", False, torch.int8), ("", True, "avx512_vnni", True, torch.bfloat16),
+     ("", False, "torch", False, torch.float32), ("float32", True, "avx512_vnni", False, torch.float32),
+     ("bfloat16", False, "avx2", False, torch.bfloat16), (" BFloat16 ", True, "avx2", False, torch.bfloat16),
+     ("int8", False, "avx2", True, torch.int8)],
 )  # fmt: skip
-def test_the_policy_reads_the_environment_and_the_cpu(value, hardware, expected, monkeypatch):
+def test_the_policy_reads_the_environment_and_the_cpu(value, hardware, isa, amx, expected, monkeypatch):
     monkeypatch.setenv(tiles.ENV, value)
     monkeypatch.setattr(tiles, "has_bf16_products", lambda: hardware)
+    monkeypatch.setattr(tiles, "backend", lambda: isa)
+    monkeypatch.setattr(tiles, "has_amx", lambda: amx)
     assert tiles.prompt_dtype() == expected
     with tiles.prompt_tiles() as dtype:
         assert dtype == expected and tiles.bf16_tiles() == (expected == torch.bfloat16)
+        assert tiles.int8_products() == (expected == torch.int8)
 
 
 def test_a_bad_setting_is_refused_by_name(monkeypatch):
     monkeypatch.setenv(tiles.ENV, "fp8")
-    with pytest.raises(ConfigError, match=r"ONEBLOCK_TILES='fp8'.*auto, float32, bfloat16"):
+    with pytest.raises(ConfigError, match=r"ONEBLOCK_TILES='fp8'.*auto, float32, bfloat16, int8"):
         tiles.prompt_dtype()
     with pytest.raises(ConfigError, match="float16"), tiles.prompt_tiles(torch.float16):
         pass

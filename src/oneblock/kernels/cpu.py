@@ -53,3 +53,8 @@ def has_bf16_products() -> bool:
     """
     flags = set(_cpuinfo().get("flags", "").split())
     return {"amx_tile", "amx_bf16"} <= flags or "avx512_bf16" in flags
+
+
+def has_amx() -> bool:
+    """Whether the CPU has AMX tiles with bfloat16 (Intel Xeon from Sapphire Rapids on; Linux only)."""
+    return {"amx_tile", "amx_bf16"} <= set(_cpuinfo().get("flags", "").split())

@@ -113,14 +113,15 @@ def _file_layout(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, BlockFormat]
     return deinterleave(blocks, fmt.name), FORMATS[fmt.base]
 
 
-def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat, *, bf16: bool = False) -> Tensor:
+def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat, *, bf16: bool = False, integer: bool = False) -> Tensor:
     """(M, K) float32 times the (N, K) block matrix transposed -> (M, N) float32; with ``bf16`` the tiles of the
-    dense path (from ``GEMM_ROWS`` rows) and ``x`` are rounded to bfloat16 and so is each output."""
+    dense path (from ``GEMM_ROWS`` rows) and ``x`` are rounded to bfloat16 and so is each output; with ``integer``
+    every M takes the integer products (no dense path)."""
     blocks, fmt = _file_layout(blocks, fmt)
     x, blocks = x.contiguous(), blocks.contiguous()
     m, k = x.shape
     n, nb = blocks.shape[0], k // fmt.block
-    if m >= GEMM_ROWS:
+    if m >= GEMM_ROWS and not integer:
         return _block_mm_dense(x, blocks, fmt, bf16)
     if fmt.k_quant:
         return _block_mm_k(x, blocks, fmt)

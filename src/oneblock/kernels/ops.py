@@ -4,6 +4,7 @@ Either way the operators are::
 
     oneblock::block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor        # (M, K) x (N, K/32 nbytes) -> (M, N)
     oneblock::block_mm_bf16(Tensor x, Tensor blocks, int fmt) -> Tensor   # the same, bfloat16 tiles from 32 rows
+    oneblock::block_mm_int8(Tensor x, Tensor blocks, int fmt) -> Tensor   # the same, integer kernels at every M
     oneblock::dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor   # -> (*rows.shape, K)
 
 with ``fmt`` the GGUF type id. Their fake (meta) implementations and the backward of ``block_mm`` are registered
@@ -104,6 +105,10 @@ def _block_mm_bf16_torch(x: Tensor, blocks: Tensor, fmt: int) -> Tensor:
     return fallback.block_mm(x, blocks, BY_TYPE[fmt], bf16=True)
 
 
+def _block_mm_int8_torch(x: Tensor, blocks: Tensor, fmt: int) -> Tensor:
+    return fallback.block_mm(x, blocks, BY_TYPE[fmt], integer=True)
+
+
 def _dequantize_rows_torch(blocks: Tensor, rows: Tensor, fmt: int) -> Tensor:
     return fallback.dequantize_rows(blocks, rows, BY_TYPE[fmt])
 
@@ -113,9 +118,11 @@ def _define_python_ops() -> None:
     lib = torch.library.Library("oneblock", "DEF")
     lib.define("block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor")
     lib.define("block_mm_bf16(Tensor x, Tensor blocks, int fmt) -> Tensor")
+    lib.define("block_mm_int8(Tensor x, Tensor blocks, int fmt) -> Tensor")
     lib.define("dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor")
     lib.impl("block_mm", _block_mm_torch, "CPU")
     lib.impl("block_mm_bf16", _block_mm_bf16_torch, "CPU")
+    lib.impl("block_mm_int8", _block_mm_int8_torch, "CPU")
     lib.impl("dequantize_rows", _dequantize_rows_torch, "CPU")
     _python_lib = lib  # the definitions live as long as this object
 
@@ -126,6 +133,7 @@ def _register_python_side() -> None:
     decode_step.register_fake()  # the C++ library's alone: nothing here defines it in Python
     torch.library.register_fake("oneblock::block_mm", _block_mm_fake)
     torch.library.register_fake("oneblock::block_mm_bf16", _block_mm_fake)
+    torch.library.register_fake("oneblock::block_mm_int8", _block_mm_fake)
     torch.library.register_fake("oneblock::dequantize_rows", _dequantize_rows_fake)
     torch.library.register_autograd("oneblock::block_mm", _block_mm_backward, setup_context=_block_mm_setup)
 

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from oneblock import kernels
 from oneblock.errors import InputError
-from oneblock.kernels.tiles import bf16_tiles
+from oneblock.kernels.tiles import bf16_tiles, fallback_tiles, int8_products
 
 
 def _check_blocks(blocks: Tensor, fmt: str, what: str) -> tuple[int, int]:
@@ -118,8 +118,11 @@ class BlockLinear(nn.Module):
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.to(torch.float32).contiguous()
         op = torch.ops.oneblock.block_mm
-        if rows.shape[0] >= kernels.GEMM_ROWS and bf16_tiles() and not torch.is_grad_enabled():
-            op = torch.ops.oneblock.block_mm_bf16  # a prompt's pass where bfloat16 tiles are faster (tiles.py)
+        if rows.shape[0] >= kernels.GEMM_ROWS and not torch.is_grad_enabled():  # a prompt's pass (tiles.py)
+            if int8_products() and self.fmt in kernels.INTERLEAVED:
+                op = torch.ops.oneblock.block_mm_int8
+            elif bf16_tiles() or (int8_products() and fallback_tiles() == torch.bfloat16):
+                op = torch.ops.oneblock.block_mm_bf16
         y = op(rows, self.blocks, self.ggml_type)  # (M, N) float32
         if self.bias is not None:
             y = y + self.bias

@@ -24,23 +24,51 @@ OB_TARGET inline __m512i byte_of(__m512i v, int j) {
   return _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), _mm512_set1_epi32(0xFF));
 }
 
-// The exact sums of sub-block s (32 codes of the 16 rows: chunks raw[0..7], nibble s % 2, and for Q5_K bit s of the
-// qh chunks high[0..7] as bit 4) with 32 activation codes.
-OB_TARGET inline __m512i sub_block_sums(const __m512i* raw, const __m512i* high, int s, const int8_t* q) {
+// Sub-block s's 32 codes of the 16 rows, 4 to a lane: nibble s % 2 of chunks 8 (s / 2) .. + 7, and for Q5_K (`high`:
+// its qh chunks) bit s of each byte as bit 4.
+template <int64_t Fmt>
+OB_TARGET inline void sub_block_codes(const uint8_t* blk, int s, __m512i* w) {
+  using L = Interleaved<Fmt>;
   const __m512i low = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
-  __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
   for (int i = 0; i < 8; ++i) {
-    __m512i w = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(raw[i], 4) : raw[i], low);
-    if (high != nullptr) w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high[i], s), one), 4));
-    sums[i % 2] = dot_add(sums[i % 2], w, broadcast4(q + 4 * i));
+    const __m512i raw = _mm512_loadu_si512(blk + L::kCodes + (8 * (s / 2) + i) * kChunkBytes);
+    w[i] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(raw, 4) : raw, low);
+    if constexpr (Fmt == kQ5_K) {
+      const __m512i high = _mm512_loadu_si512(blk + L::kHigh + i * kChunkBytes);
+      w[i] = _mm512_or_si512(w[i], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high, s), one), 4));
+    }
   }
-  return _mm512_add_epi32(sums[0], sums[1]);
+}
+
+// The exact sums of 8 code chunks (32 codes per lane) with 32 activation codes, in two chains.
+OB_TARGET inline __m512i sums32(const __m512i* w, const int8_t* q) {
+  __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+  for (int i = 0; i < 8; i += 2) {
+    s0 = dot_add(s0, w[i], broadcast4(q + 4 * i));
+    s1 = dot_add(s1, w[i + 1], broadcast4(q + 4 * i + 4));
+  }
+  return _mm512_add_epi32(s0, s1);
+}
+
+// acc + the products of the int16 pairs of each lane of p with the int16 pair m, summed per lane (`vpdpwssd`).
+OB_TARGET inline __m512i pair_dot_add(__m512i acc, __m512i p, __m512i m) {
+#if OB_VNNI
+  return _mm512_dpwssd_epi32(acc, p, m);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(p, m));
+#endif
+}
+
+// (lo, hi) as the int16 halves of every int32 lane.
+OB_TARGET inline __m512i int16_pair(int16_t lo, int16_t hi) {
+  return _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint16_t>(lo) | static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
 }
 
 // One Q4_Kx16 (Q5_Kx16: Fmt kQ5_K, a fifth bit per code from its qh chunks) group against R activation rows (Q8_K).
-// Per lane, the super-block's exact isum (the sub-blocks' sums
-// times their scales) and msum (the minimums times the activations' sums of 32), then the scalar kernel's float
-// operations in its order (a multiply, then an add or a subtract): each output equals dot_scalar.cpp's bit for bit.
+// Each sub-block's codes are unpacked once and meet every row. Per lane, the super-block's exact isum (the
+// sub-blocks' sums times their scales) and msum (the minimums times the activations' sums of 32, as int16 pairs),
+// then the scalar kernel's float operations in its order (a multiply, then an add or a subtract): each output equals
+// dot_scalar.cpp's bit for bit.
 template <int R, int64_t Fmt>
 OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, float* out, int64_t stride) {
   using L = Interleaved<Fmt>;
@@ -48,34 +76,34 @@ OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
-    const __m512 dw = scales16(blk + L::kScales), mw = scales16(blk + L::kMins);
     const Q4_KScales k = q4_k_scales(blk + L::kPacked);
-    __m512i sc[8], mins[8];
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
     for (int s = 0; s < 8; ++s) {
-      sc[s] = byte_of(s < 4 ? k.sc_lo : k.sc_hi, s % 4);
-      mins[s] = byte_of(s < 4 ? k.m_lo : k.m_hi, s % 4);
-    }
-    __m512i high[8];  // Q5_K: chunk i holds bytes 4i..4i+3 of each row's qh (bit s: sub-block s's fifth bits)
-    if constexpr (Fmt == kQ5_K) {
-      for (int i = 0; i < 8; ++i) high[i] = _mm512_loadu_si512(blk + L::kHigh + i * kChunkBytes);
-    }
-    const __m512i* fifth = Fmt == kQ5_K ? high : nullptr;
-    for (int r = 0; r < R; ++r) {
-      const int8_t* q = a[r].q + b * QK_K;
-      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
-      __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
-      for (int c = 0; c < 4; ++c) {  // chunks 8c .. 8c + 7: sub-blocks 2c (low nibbles) and 2c + 1 (high)
-        __m512i raw[8];
-        for (int i = 0; i < 8; ++i) raw[i] = _mm512_loadu_si512(blk + L::kCodes + (8 * c + i) * kChunkBytes);
-        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sub_block_sums(raw, fifth, 2 * c, q + 64 * c), sc[2 * c]));
-        isum = _mm512_add_epi32(isum,
-                                _mm512_mullo_epi32(sub_block_sums(raw, fifth, 2 * c + 1, q + 64 * c + 32), sc[2 * c + 1]));
+      __m512i w[8];
+      sub_block_codes<Fmt>(blk, s, w);
+      const __m512i sc = byte_of(s < 4 ? k.sc_lo : k.sc_hi, s % 4);
+      for (int r = 0; r < R; ++r) {
+        const __m512i sums = sums32(w, a[r].q + b * QK_K + 32 * s);
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sums, sc));
       }
-      for (int s = 0; s < 8; ++s) {
-        msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(mins[s], _mm512_set1_epi32(bs[2 * s] + bs[2 * s + 1])));
+    }
+    __m512i pairs[4];  // minimums of sub-blocks 2j (low half) and 2j + 1 (high half), as int16
+    for (int j = 0; j < 4; ++j) {
+      const __m512i lo = j < 2 ? k.m_lo : k.m_hi;
+      pairs[j] = _mm512_or_si512(byte_of(lo, (2 * j) % 4), _mm512_slli_epi32(byte_of(lo, (2 * j + 1) % 4), 16));
+    }
+    const __m512 dw = scales16(blk + L::kScales), mw = scales16(blk + L::kMins);
+    for (int r = 0; r < R; ++r) {
+      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
+      __m512i msum = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) {  // the activations' sums of sub-blocks 2j and 2j + 1 (each at most 32 * 128)
+        const __m512i sums = int16_pair(static_cast<int16_t>(bs[4 * j] + bs[4 * j + 1]),
+                                        static_cast<int16_t>(bs[4 * j + 2] + bs[4 * j + 3]));
+        msum = pair_dot_add(msum, pairs[j], sums);
       }
       const __m512 da = _mm512_set1_ps(a[r].d[b]);
-      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da)));
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dw, da)));
       acc[r] = _mm512_sub_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mw, da)));
     }
   }
@@ -93,9 +121,9 @@ OB_TARGET inline __m512i q6_k_codes(__m512i ql, __m512i qh, int quarter) {
 // One Q6_Kx16 group against R activation rows (Q8_K). Sub-block s (16 values) of half h = s / 8 takes ql bytes
 // 64h + 32 (quarter % 2) + 16 (s % 2) .. and qh bytes 32h + 16 (s % 2) .., quarter = (s % 8) / 2: chunk triple
 // t = 8h + 4 (s % 2) + i (i = 0..3) of the layout holds those 4 bytes of ql, of ql 32 further and of qh, for all 4
-// quarters. The codes meet the activations unsigned; 32 times the activations' sum of 16 is taken off, then the sum
-// is multiplied by the sub-block's int8 scale: per lane the scalar kernel's exact isum, then its float operations in
-// its order (bit for bit).
+// quarters. Each sub-block's codes are built once and meet every row unsigned, its sum times the int8 scale; 32
+// times the scales' products with the activations' sums of 16 (int16 pairs) is taken off: per lane the scalar
+// kernel's exact isum, then its float operations in its order (bit for bit).
 template <int R>
 OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, float* out, int64_t stride) {
   using L = Interleaved<kQ6_K>;
@@ -103,46 +131,58 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
-    const __m512 dw = scales16(blk + L::kScales);
-    __m512i sc[16];  // sub-block s: int8 byte s % 4 of scale chunk s / 4, sign-extended
-    for (int s = 0; s < 16; ++s) {
-      const __m512i word = _mm512_loadu_si512(blk + L::kSubScales + (s / 4) * kChunkBytes);
-      sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
-    }
-    for (int r = 0; r < R; ++r) {
-      const int8_t* q = a[r].q + b * QK_K;
-      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
-      __m512i isum = _mm512_setzero_si512();
-      for (int h = 0; h < 2; ++h) {
-        for (int half_sub = 0; half_sub < 2; ++half_sub) {  // the first or second 16 values of each quarter
-          __m512i sums[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
-                             _mm512_setzero_si512()};
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      for (int half_sub = 0; half_sub < 2; ++half_sub) {  // the first or second 16 values of each quarter
+        const uint8_t* triples = blk + L::kCodes + 3 * (8 * h + 4 * half_sub) * kChunkBytes;
+        for (int quarter = 0; quarter < 4; ++quarter) {
+          const int s = 8 * h + 2 * quarter + half_sub;
+          __m512i codes[4];
           for (int i = 0; i < 4; ++i) {
-            const uint8_t* triple = blk + L::kCodes + 3 * (8 * h + 4 * half_sub + i) * kChunkBytes;
-            const __m512i ql0 = _mm512_loadu_si512(triple), ql1 = _mm512_loadu_si512(triple + kChunkBytes);
-            const __m512i qh = _mm512_loadu_si512(triple + 2 * kChunkBytes);
-            for (int quarter = 0; quarter < 4; ++quarter) {
-              const __m512i codes = q6_k_codes(quarter % 2 ? ql1 : ql0, qh, quarter);
-              sums[quarter] = dot_add(sums[quarter], codes, broadcast4(q + 128 * h + 32 * quarter + 16 * half_sub + 4 * i));
-            }
+            const uint8_t* triple = triples + 3 * i * kChunkBytes;
+            const __m512i ql = _mm512_loadu_si512(triple + (quarter % 2) * kChunkBytes);
+            codes[i] = q6_k_codes(ql, _mm512_loadu_si512(triple + 2 * kChunkBytes), quarter);
           }
-          for (int quarter = 0; quarter < 4; ++quarter) {
-            const int s = 8 * h + 2 * quarter + half_sub;
-            const __m512i centred = _mm512_sub_epi32(sums[quarter], _mm512_set1_epi32(32 * bs[s]));
-            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(centred, sc[s]));
+          const __m512i word = _mm512_loadu_si512(blk + L::kSubScales + (s / 4) * kChunkBytes);
+          const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* q = a[r].q + b * QK_K + 128 * h + 32 * quarter + 16 * half_sub;
+            const __m512i s0 = dot_add(dot_add(_mm512_setzero_si512(), codes[0], broadcast4(q)), codes[1],
+                                       broadcast4(q + 4));
+            const __m512i s1 = dot_add(dot_add(_mm512_setzero_si512(), codes[2], broadcast4(q + 8)), codes[3],
+                                       broadcast4(q + 12));
+            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
           }
         }
       }
-      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b]))));
+    }
+    __m512i even[4], odd[4];  // scale chunk t's int8 scales as int16: sub-blocks (4t, 4t + 2) and (4t + 1, 4t + 3)
+    for (int t = 0; t < 4; ++t) {
+      const __m512i word = _mm512_loadu_si512(blk + L::kSubScales + t * kChunkBytes);
+      even[t] = _mm512_srai_epi16(_mm512_slli_epi16(word, 8), 8);
+      odd[t] = _mm512_srai_epi16(word, 8);
+    }
+    const __m512 dw = scales16(blk + L::kScales);
+    for (int r = 0; r < R; ++r) {
+      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
+      __m512i offset = _mm512_setzero_si512();  // per lane: the sum over s of scale s times activation sum s
+      for (int t = 0; t < 4; ++t) {
+        offset = pair_dot_add(offset, even[t], int16_pair(bs[4 * t], bs[4 * t + 2]));
+        offset = pair_dot_add(offset, odd[t], int16_pair(bs[4 * t + 1], bs[4 * t + 3]));
+      }
+      const __m512i exact = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(offset, 5));
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b]))));
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
 }
 
 // One IQ4_XSx16 group against R activation rows (Q8_K): the indices become kIq4nlValues by a table lookup
-// (`vpshufb`); with VNNI they meet the activations as unsigned w + 128 (one xor) and 128 times the sub-block's
-// activation sum is taken off, without it |w| meets the activation with w's sign moved onto it. Each sub-block's
-// exact sum times its 6-bit scale less 32, then the scalar kernel's float operations: bit for bit.
+// (`vpshufb`), once per sub-block for every row; with VNNI they meet the activations as unsigned w + 128 (one xor)
+// and 128 times the sub-block's activation sum is taken off, without it |w| meets the activation with w's sign moved
+// onto it. Each sub-block's exact sum times its 6-bit scale less 32, then the scalar kernel's float operations: bit
+// for bit.
 template <int R>
 OB_TARGET void iq4_xs_group(const uint8_t* group, const ActRow* a, int64_t nb, float* out, int64_t stride) {
   using L = Interleaved<kIQ4_XS>;
@@ -152,41 +192,52 @@ OB_TARGET void iq4_xs_group(const uint8_t* group, const ActRow* a, int64_t nb, f
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
-    const __m512 dw = scales16(blk + L::kScales);
     const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + L::kHigh)));
     const __m512i lows = _mm512_loadu_si512(blk + L::kLow);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* q = a[r].q + b * QK_K;
-      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
-      __m512i isum = _mm512_setzero_si512();
-      for (int s = 0; s < 8; ++s) {
-        const __m512i ls = _mm512_or_si512(
-            _mm512_and_si512(_mm512_srli_epi32(lows, 8 * (s / 2) + 4 * (s % 2)), _mm512_set1_epi32(0x0F)),
-            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2 * s), _mm512_set1_epi32(3)), 4));
-        __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-        for (int i = 0; i < 4; ++i) {
-          const __m512i raw = _mm512_loadu_si512(blk + L::kCodes + (4 * s + i) * kChunkBytes);
-          const __m512i w[2] = {_mm512_shuffle_epi8(values, _mm512_and_si512(raw, low)),
-                                _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low))};
-          for (int part = 0; part < 2; ++part) {  // values 4i.. (low nibbles) and 16 + 4i.. (high)
-            const __m512i act = broadcast4(q + 32 * s + 16 * part + 4 * i);
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int s = 0; s < 8; ++s) {
+      const __m512i ls = _mm512_or_si512(
+          _mm512_and_si512(_mm512_srli_epi32(lows, 8 * (s / 2) + 4 * (s % 2)), _mm512_set1_epi32(0x0F)),
+          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2 * s), _mm512_set1_epi32(3)), 4));
+      const __m512i scale = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+      __m512i w[8];  // w[i]: values 4i.. (i < 4: low nibbles of chunk i) and 16 + 4(i - 4).. (high nibbles)
+      for (int i = 0; i < 4; ++i) {
+        const __m512i raw = _mm512_loadu_si512(blk + L::kCodes + (4 * s + i) * kChunkBytes);
+        w[i] = _mm512_shuffle_epi8(values, _mm512_and_si512(raw, low));
+        w[i + 4] = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+      }
 #if OB_VNNI
-            sums[part] = _mm512_dpbusd_epi32(sums[part], _mm512_xor_si512(w[part], _mm512_set1_epi8(-128)), act);
+      for (int i = 0; i < 8; ++i) w[i] = _mm512_xor_si512(w[i], _mm512_set1_epi8(-128));
 #else
-            const __mmask64 negative = _mm512_movepi8_mask(w[part]);
-            sums[part] = dot_add(sums[part], _mm512_abs_epi8(w[part]),
-                                 _mm512_mask_sub_epi8(act, negative, _mm512_setzero_si512(), act));
+      __mmask64 negative[8];
+      for (int i = 0; i < 8; ++i) {
+        negative[i] = _mm512_movepi8_mask(w[i]);
+        w[i] = _mm512_abs_epi8(w[i]);
+      }
 #endif
-          }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a[r].q + b * QK_K + 32 * s;
+        __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int i = 0; i < 8; ++i) {
+          const __m512i act = broadcast4(q + 4 * i);
+#if OB_VNNI
+          sums[i % 2] = dot_add(sums[i % 2], w[i], act);
+#else
+          sums[i % 2] = dot_add(sums[i % 2], w[i], _mm512_mask_sub_epi8(act, negative[i], _mm512_setzero_si512(), act));
+#endif
         }
         __m512i sub = _mm512_add_epi32(sums[0], sums[1]);
 #if OB_VNNI
+        const int16_t* bs = a[r].bsums + b * (QK_K / 16);
         sub = _mm512_sub_epi32(sub, _mm512_set1_epi32(128 * (bs[2 * s] + bs[2 * s + 1])));
 #endif
-        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sub, _mm512_sub_epi32(ls, _mm512_set1_epi32(32))));
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sub, scale));
       }
-      const __m512 da = _mm512_set1_ps(a[r].d[b]);
-      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da)));
+    }
+    const __m512 dw = scales16(blk + L::kScales);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b]))));
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);

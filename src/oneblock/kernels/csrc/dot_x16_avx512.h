@@ -229,12 +229,14 @@ struct Q5_0Group {
     q5_0_group<R>(group, a, sums, nb, out, stride);
   }
 };
-// Every group of 16 rows in turn, each against all the activation rows (4 at a time, while the group is in L1),
-// with each activation block's code sums first where the format reads them (`with_sums`).
+// Every group of 16 rows in turn, each against all the activation rows (8 at a time, while the group is in L1 or L2:
+// a group's codes are unpacked once for the 8), with each activation block's code sums first where the format reads
+// them (`with_sums`).
 template <typename Group>
 OB_TARGET void each_group(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                           float* out, int64_t stride, bool with_sums) {
   constexpr int64_t kStackSums = 512;  // 8 rows of K = 2048 need no allocation
+  constexpr int kRows = 8;
   int32_t local[kStackSums];
   std::vector<int32_t> storage;
   int32_t* sums = local;
@@ -247,14 +249,19 @@ OB_TARGET void each_group(const uint8_t* w, int64_t row_bytes, int cols, const A
   }
   for (int c = 0; c < cols; c += kGroupRows) {
     const uint8_t* group = w + c * row_bytes;
-    for (int r = 0; r < rows; r += 4) {
-      const int32_t* s[4] = {sums + r * nb, sums + (r + 1) * nb, sums + (r + 2) * nb, sums + (r + 3) * nb};
+    for (int r = 0; r < rows; r += kRows) {
+      const int32_t* s[kRows];
+      for (int i = 0; i < kRows; ++i) s[i] = sums + (r + i) * nb;
       float* o = out + r * stride + c;
       switch (rows - r) {
         case 1: Group::template run<1>(group, a + r, s, nb, o, stride); break;
         case 2: Group::template run<2>(group, a + r, s, nb, o, stride); break;
         case 3: Group::template run<3>(group, a + r, s, nb, o, stride); break;
-        default: Group::template run<4>(group, a + r, s, nb, o, stride); break;
+        case 4: Group::template run<4>(group, a + r, s, nb, o, stride); break;
+        case 5: Group::template run<5>(group, a + r, s, nb, o, stride); break;
+        case 6: Group::template run<6>(group, a + r, s, nb, o, stride); break;
+        case 7: Group::template run<7>(group, a + r, s, nb, o, stride); break;
+        default: Group::template run<kRows>(group, a + r, s, nb, o, stride); break;
       }
     }
   }

@@ -221,7 +221,10 @@ void rows_file_layout(DotFn dot, const uint8_t* w, int64_t row_bytes, const ActR
   }
 }
 
-at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t fmt, bool bf16) {
+// What block_mm_any does from kGemmRows activation rows up: float32 tiles, bfloat16 tiles, or the integer kernels.
+enum class Rows { kFloat, kBf16, kInteger };
+
+at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t fmt, Rows many) {
   const int column = kernel_column(fmt);
   TORCH_CHECK(column >= 0, "oneblock::block_mm: unknown format id ", fmt);
   const int64_t nbytes = block_bytes(file_format(fmt));
@@ -238,8 +241,8 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
   TORCH_CHECK(!interleaved || n % kGroupRows == 0, "oneblock::block_mm: an interleaved matrix has a multiple of ",
               kGroupRows, " rows; got ", n);
   const int64_t nb = k / qk, row_bytes = blocks.size(1);
-  if (m >= kGemmRows && n > 0 && k > 0) {
-    return block_mm_dense(x, blocks.data_ptr<uint8_t>(), row_bytes, n, fmt, bf16);
+  if (m >= kGemmRows && n > 0 && k > 0 && many != Rows::kInteger) {
+    return block_mm_dense(x, blocks.data_ptr<uint8_t>(), row_bytes, n, fmt, many == Rows::kBf16);
   }
   at::Tensor out = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return out;
@@ -259,14 +262,25 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
   bsums.resize(static_cast<size_t>(k_quant ? m * k / 16 : 0));
   acts.resize(static_cast<size_t>(m));
   const float* xs = x.data_ptr<float>();
-  for (int64_t i = 0; i < m; ++i) {
-    if (k_quant) {
-      quantize_row_q8_k(xs + i * k, k, q.data() + i * k, d.data() + i * nb, bsums.data() + i * k / 16);
-      acts[i] = {q.data() + i * k, d.data() + i * nb, nullptr, bsums.data() + i * k / 16};
-    } else {
-      quantize_row_q8(xs + i * k, k, q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr);
-      acts[i] = {q.data() + i * k, d.data() + i * nb, sums ? s.data() + i * nb : nullptr};
+  int8_t* qs = q.data();
+  float *ds = d.data(), *ss = sums ? s.data() : nullptr;
+  int16_t* bss = bsums.data();
+  ActRow* rows_of = acts.data();
+  const auto quantize = [=](int64_t begin, int64_t end) {  // the pointers, not the calling thread's buffers
+    for (int64_t i = begin; i < end; ++i) {
+      if (k_quant) {
+        quantize_row_q8_k(xs + i * k, k, qs + i * k, ds + i * nb, bss + i * k / 16);
+        rows_of[i] = {qs + i * k, ds + i * nb, nullptr, bss + i * k / 16};
+      } else {
+        quantize_row_q8(xs + i * k, k, qs + i * k, ds + i * nb, ss ? ss + i * nb : nullptr);
+        rows_of[i] = {qs + i * k, ds + i * nb, ss ? ss + i * nb : nullptr};
+      }
     }
+  };
+  if (m * k < kSerialBytes) {
+    quantize(0, m);
+  } else {  // a prompt's rows: over the threads
+    at::parallel_for(0, m, std::max<int64_t>(1, kSerialBytes / k), quantize);
   }
 
   // 2. Weight rows in chunks over the threads (whole groups of 16 for an interleaved matrix).
@@ -292,11 +306,15 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
 }
 
 at::Tensor block_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t fmt) {
-  return block_mm_any(x, blocks, fmt, false);
+  return block_mm_any(x, blocks, fmt, Rows::kFloat);
 }
 
 at::Tensor block_mm_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t fmt) {
-  return block_mm_any(x, blocks, fmt, true);
+  return block_mm_any(x, blocks, fmt, Rows::kBf16);
+}
+
+at::Tensor block_mm_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t fmt) {
+  return block_mm_any(x, blocks, fmt, Rows::kInteger);
 }
 
 std::string isa() { return kIsaNames[g_isa.load()]; }
@@ -319,6 +337,7 @@ DotFn dot_kernel(int64_t fmt) {
 TORCH_LIBRARY(oneblock, m) {
   m.def("block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor");
   m.def("block_mm_bf16(Tensor x, Tensor blocks, int fmt) -> Tensor");
+  m.def("block_mm_int8(Tensor x, Tensor blocks, int fmt) -> Tensor");
   m.def("dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor");
   m.def("isa() -> str", &oneblock::isa);
   m.def("best_isa() -> str", &oneblock::best_isa);
@@ -329,5 +348,6 @@ TORCH_LIBRARY(oneblock, m) {
 TORCH_LIBRARY_IMPL(oneblock, CPU, m) {
   m.impl("block_mm", &oneblock::block_mm);
   m.impl("block_mm_bf16", &oneblock::block_mm_bf16);
+  m.impl("block_mm_int8", &oneblock::block_mm_int8);
   m.impl("dequantize_rows", &oneblock::dequantize_rows);
 }
