@@ -43,6 +43,7 @@ SOURCES = (
     "decode_lora.cpp",
     "step_math.cpp",
     "interleave.cpp",
+    "quantize_avx512.cpp",
 )
 HEADERS = (
     "blocks.h",

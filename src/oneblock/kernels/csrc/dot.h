@@ -61,6 +61,12 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s);
 // scales, `bsums` (K/16,) sums of each 16 codes. A super-block holding NaN or inf gets codes 0 and d = NaN.
 void quantize_row_q8_k(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums);
 
+// The quantizers per instruction set (the same results; quantize_avx512.cpp), which the two above pick from.
+void quantize_row_q8_scalar(const float* x, int64_t k, int8_t* q, float* d, float* s);
+void quantize_row_q8_avx512(const float* x, int64_t k, int8_t* q, float* d, float* s);
+void quantize_row_q8_k_scalar(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums);
+void quantize_row_q8_k_avx512(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums);
+
 // The float32 values of one weight row of `nb` blocks of a file format into out (nb * block_values(fmt),).
 void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out);
 

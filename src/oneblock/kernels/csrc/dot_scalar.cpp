@@ -40,7 +40,7 @@ uint16_t float_to_half(float f) {
 }
 }  // namespace
 
-void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s) {
+void quantize_row_q8_scalar(const float* x, int64_t k, int8_t* q, float* d, float* s) {
   for (int64_t b = 0; b < k / QK; ++b) {
     const float* xb = x + b * QK;
     float amax = 0.0f;
@@ -68,7 +68,7 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s) {
   }
 }
 
-void quantize_row_q8_k(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums) {
+void quantize_row_q8_k_scalar(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums) {
   for (int64_t b = 0; b < k / QK_K; ++b) {
     const float* xb = x + b * QK_K;
     int8_t* qb = q + b * QK_K;
