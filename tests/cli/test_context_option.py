@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from converter_testing import made
 
@@ -58,3 +59,52 @@ def test_chat_loads_its_model_for_the_context_it_is_given(monkeypatch, tmp_path,
     path.write_bytes(b"GGUF")
     assert main(["chat", "--model", str(path), "--context", "512", "hello"]) == 2
     assert seen["context"] == 512 and "loaded" in capsys.readouterr().err
+
+
+def _served(monkeypatch, argv: list[str]) -> torch.nn.Module:
+    """The model ``oneblock serve`` would serve with ``argv`` (the server itself is not started)."""
+    from oneblock.serve import server
+
+    engines = []
+    monkeypatch.setattr(server, "serve", lambda engine, **options: engines.append(engine))
+    assert main(["serve", "--embedding-model", "none", "--cache-budget", "0", *argv]) == 0
+    engines[0].close(grace=1)
+    return engines[0].decoder.model
+
+
+def _longrope_factors(model: torch.nn.Module) -> list[float]:
+    """The divisors of the rotary frequencies, read back from the table at position 1: its angles are
+    ``1 / (factor * theta ** (2i / Dh))``."""
+    rope = model.rope
+    angles = torch.atan2(rope.sin[1, : rope.d_head // 2], rope.cos[1, : rope.d_head // 2]).double()
+    powers = rope.theta ** (torch.arange(0, rope.d_head, 2, dtype=torch.float64) / rope.d_head)
+    return (1.0 / (angles * powers)).tolist()
+
+
+def test_serve_opens_the_file_for_its_max_context(monkeypatch, capsys):
+    """The test model's original context is 4: served for 64 positions it runs the long factors (2.0, 2.1, ...),
+    served for 4 the short ones (1.0, 1.1, ...); beyond the model's 2048 it is refused in one line."""
+    path = str(made("phi3") / "f32.gguf")
+    for context, first in ((64, 2.0), (4, 1.0)):
+        model = _served(monkeypatch, ["--model", path, "--max-context", str(context)])
+        assert model.config.max_seq_len == context
+        assert _longrope_factors(model) == pytest.approx([first + 0.1 * i for i in range(6)], rel=1e-4)
+    code = main(["serve", "--model", path, "--embedding-model", "none", "--max-context", "100000"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "--max-context must be a positive integer up to the model's max_seq_len (2048); got 100000" in err
+
+
+def test_serve_caps_a_learned_position_table_at_its_max_context(monkeypatch, tmp_path):
+    """A GPT-2 directory keeps its table of 64 rows; --max-context caps the requests as before."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=256, n_embd=36, n_head=3, n_layer=2, n_positions=64, eos_token_id=0)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+    from oneblock.serve import server
+
+    engines = []
+    monkeypatch.setattr(server, "serve", lambda engine, **options: engines.append(engine))
+    argv = ["serve", "--model", str(tmp_path), "--embedding-model", "none", "--max-context", "16"]
+    assert main(argv) == 0
+    engines[0].close(grace=1)
+    assert (engines[0].decoder.model.config.max_seq_len, engines[0].context) == (64, 16)

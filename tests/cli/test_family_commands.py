@@ -106,3 +106,10 @@ def test_check_figures_are_transformers_forward(family, source, capsys):
     figures = checks["feed-forward is position-wise"]["figures"]
     assert figures["others_max_change"] == 0.0
     assert figures["changed_position_max_change"] == pytest.approx(want, rel=1e-5)
+    # cached decoding past the window (24 in Gemma's and Phi-3's files): each local layer's ring wraps
+    window = getattr(hf, "sliding_window", None)
+    local = sum(kind == "sliding_attention" for kind in getattr(hf, "layer_types", None) or ["sliding_attention"] * 3)
+    figures = checks["cached decoding equals the full pass"]["figures"]
+    assert figures["positions"] == (8 if window is None else window + 8)
+    assert (figures["ring_layers"], figures["ring_capacity"]) == ((0, None) if window is None else (local, window))
+    assert figures["max_error"] <= figures["atol"] <= 1e-4

@@ -36,6 +36,11 @@ DIFFERENCES = {  # the keys of the card's block differences, in its order, for e
     "olmo2": ["norm_position", *LLAMA, "qk_norm", "qk_norm_span", "tie_embeddings"],
     "phi3": [*LLAMA[:3], "rope_scaling", *LLAMA[3:], "sliding_window", "tie_embeddings"],
 }  # fmt: skip
+CAPTIONS = {  # where the norms sit, in words that match the steps drawn
+    "gemma2": "norm before and after each sublayer (RMSNorm)",
+    "gemma3": "norm before and after each sublayer (RMSNorm)",
+    "olmo2": "norm after each sublayer, before its residual add (RMSNorm)",
+}
 STEPS = {  # the self-attention sublayer's steps, as each family's block runs them
     "gemma2": ["norm", "self_attention", "norm", "add"],
     "gemma3": ["norm", "self_attention", "norm", "add"],
@@ -95,3 +100,4 @@ def test_card_and_analysis_are_transformers_model(family, source):
     assert stack["layers"] == reference.config.num_hidden_layers
     attention_steps = [step["op"] for step in stack["sublayers"][0]["steps"]]
     assert attention_steps == STEPS.get(name, ["norm", "self_attention", "add"])
+    assert result["block"]["norm_caption"] == CAPTIONS.get(name, "norm before each sublayer (RMSNorm)")

@@ -16,7 +16,12 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.layers.feedforward import FeedForward
+from oneblock.layers.kv_cache import RingKVCache
 from oneblock.layers.masks import causal_mask
+
+CACHED_POSITIONS = 128
+"""The most positions ``check_cached_decoding`` runs, one step each: past a small window, a few seconds of a real
+model's steps (Gemma's windows of 512 and more stay unpassed)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,53 @@ def check_batch_independence(model: Callable[..., Any], tokens: Tensor) -> Check
         f"max difference {err:.2e} (tolerance {atol:.1e})",
         {"max_error": err, "atol": atol},
     )
+
+
+def cached_positions(cfg: Any, *, cap: int = CACHED_POSITIONS) -> int:
+    """Positions ``check_cached_decoding`` runs: a few past the sliding window of a windowed model (so its local
+    layers' rings wrap), 8 without one; at most ``cap`` and the model's context."""
+    window = _window(cfg)
+    return min(cap, cfg.max_seq_len, 8 if window is None else window + 8)
+
+
+def _window(cfg: Any) -> int | None:
+    """The sliding window of a model with local layers, else ``None``."""
+    return cfg.sliding_window if any(cfg.is_local(i) for i in range(cfg.n_layers)) else None
+
+
+def check_cached_decoding(model: nn.Module, *, positions: int, seed: int = 0) -> CheckResult:
+    """Decoding with a key/value cache gives the hidden states of the full pass: a prompt of 4 tokens read at
+    once, then one token a step, each local layer keeping only its window (a ring, as generation keeps it). The
+    states before the head: what the cache changes, without the cost of the logits.
+
+    Args:
+        model: a oneblock decoder-only model (its ``run`` gives the hidden states after the closing norm).
+        positions: the sequence's length (``cached_positions``: past the window of a windowed model).
+        seed: seed of the random tokens.
+    """
+    cfg: Any = getattr(model, "config")  # noqa: B009 (an nn.Module's attribute, untyped)
+    tokens = _tokens(cfg.vocab_size, 1, positions, seed)
+    prompt = min(4, positions)
+    run: Callable[..., Tensor] = model.run  # type: ignore[assignment]
+    with torch.no_grad():
+        full = run(tokens)  # (1, T, C)
+        cache = model.new_cache(1, max_len=positions, chunk=positions, spare=0)  # type: ignore[operator]
+        steps = [run(tokens[:, :prompt], cache=cache)]
+        steps += [run(tokens[:, t : t + 1], cache=cache) for t in range(prompt, positions)]
+    cached = torch.cat(steps, dim=1)  # (1, T, C)
+    err = float((cached.double() - full.double()).abs().max())
+    atol = tolerance(full.dtype) * max(1.0, float(full.double().abs().max()))
+    rings = [layer for layer in cache.layers if isinstance(layer, RingKVCache)]
+    window = f"; {len(rings)} local layers kept a ring of {rings[0].capacity} positions" if rings else ""
+    if not rings and _window(cfg) is not None:
+        window = f"; within the sliding window of {_window(cfg)}, which no ring wrapped"
+    return CheckResult(
+        "cached decoding equals the full pass",
+        err <= atol,
+        f"{positions} positions, max difference {err:.2e} (tolerance {atol:.1e}){window}",
+        {"positions": positions, "max_error": err, "atol": atol, "ring_layers": len(rings),
+         "ring_capacity": rings[0].capacity if rings else None},
+    )  # fmt: skip
 
 
 def check_position_wise(ffn: nn.Module, d_model: int, *, length: int = 5, seed: int = 0) -> CheckResult:

@@ -19,7 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "Build the model (or load the file --model names) and run oneblock's sanity checks on random token ids: "
             "attention weights of the right shape whose rows sum to one, future weights exactly zero under the "
             "causal mask, outputs at earlier positions unmoved by a later token, a batch row equal to the same "
-            "sequence run alone, and a position-wise feed-forward network. Exits 1 if any check fails."
+            "sequence run alone, a position-wise feed-forward network, and for a decoder, cached decoding equal to "
+            "the full pass (past the sliding window of a windowed model, up to 128 positions). Exits 1 if any "
+            "check fails."
         ),
     )
     options.add_model_options(parser)
@@ -31,12 +33,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def figures(args: argparse.Namespace) -> dict[str, Any]:
     """The checks' results as plain data."""
-    from oneblock.analysis.checks import run_checks
+    from oneblock.analysis.checks import cached_positions, check_cached_decoding, run_checks
 
     options.set_threads(args.threads)
     model, cfg = options.model_and_config(args, seed=args.seed)
     _refuse_too_small(cfg)
     results = run_checks(model, seed=args.seed)
+    if cfg.arch == "decoder":  # the window's rings wrap only past the window: more positions than the others
+        results.append(check_cached_decoding(model, positions=cached_positions(cfg), seed=args.seed))
     return {
         "model": options.describe(args),
         "arch": cfg.arch,

@@ -103,7 +103,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     limits.add_argument(
         "--max-context", type=int, metavar="N",
         help="positions one request may fill, its prompt and its reply together; the key/value cache holds at most "
-        "max-batch x N positions (default: the model's context)",
+        "max-batch x N positions (default: the model's context). A GGUF file or Hugging Face directory is opened "
+        "for N positions, as generate's --context: Phi-3's LongRoPE takes its long factors only beyond its "
+        "original context",
     )  # fmt: skip
     limits.add_argument(
         "--cache-budget", type=float, default=DEFAULT_CACHE_BUDGET, metavar="MB",
@@ -169,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     set_threads(args.threads)
     api_key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE) or None
-    from oneblock.inference.load import load_model
     from oneblock.serve.app import Limits
     from oneblock.serve.engine import Engine
     from oneblock.serve.server import serve
@@ -181,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         source = smollm2_gguf_path()
     if sys.stderr.isatty():  # a person waits seconds for SmolLM2; logs and errors stay clean
         print(f"loading {source} ...", file=sys.stderr, flush=True)
-    loaded = load_model(source, adapter=single, merge=args.merge)
+    loaded = _load(str(source), args.max_context, single, args.merge)
     name = Path(str(source)).stem if loaded.kind != "preset" else str(source)
     served = None
     if named:
@@ -208,6 +209,36 @@ def run(args: argparse.Namespace) -> int:
         cors_origins=args.cors_origin,
     )  # fmt: skip
     return 0
+
+
+def _load(source: str, max_context: int | None, adapter: str | None, merge: bool) -> Any:
+    """The served model, a GGUF file or Hugging Face directory opened for ``max_context`` positions as
+    ``generate --context`` opens it (``load_model(context=)``: LongRoPE's factors are those of the context served).
+    A checkpoint, a preset or a learned position table runs at its own context, which ``max_context`` caps.
+
+    Raises:
+        ConfigError: ``max_context`` beyond the model's context, in ``--max-context``'s words.
+    """
+    from oneblock.errors import ConfigError
+    from oneblock.inference.load import load_model
+    from oneblock.models.inputs import config_of
+
+    path = Path(source)
+    directory = path.is_dir()
+    context = max_context if directory or (path.is_file() and path.suffix.lower() == ".gguf") else None
+    try:
+        return load_model(source, adapter=adapter, merge=merge, context=context)
+    except ConfigError as error:
+        if context is None:
+            raise
+        refused = ConfigError(spelling.reword(str(error), {"context": "--max-context"}))
+        if not directory:
+            raise refused from None
+        loaded = load_model(source, adapter=adapter, merge=merge)  # a learned table keeps its rows
+        cfg = config_of(loaded.model)
+        if cfg.position != "learned" or context > cfg.max_seq_len:
+            raise refused from None
+        return loaded
 
 
 def adapter_flags(values: list[str] | None, merge: bool) -> tuple[str | None, list[tuple[str, str]]]:

@@ -11,6 +11,12 @@ from typing import Any
 from oneblock.config import ModelConfig
 
 NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+NORM_PLACES = {  # where a block's norms sit, in the words the drawn steps read in
+    "pre": "norm before each sublayer",
+    "post": "norm after each residual add",
+    "sandwich": "norm before and after each sublayer",  # Gemma
+    "output": "norm after each sublayer, before its residual add",  # OLMo 2
+}
 
 
 def _ffn_label(cfg: ModelConfig) -> str:
@@ -86,8 +92,9 @@ def block_diagram(cfg: ModelConfig, t: int, s: int | None = None) -> dict[str, A
     """The block(s) of ``cfg`` for ``t`` tokens (the decoder's ``t`` and the source's ``s`` for an encoder-decoder).
 
     Returns:
-        ``{"norm_position", "norm", "position", "final_norm", "stacks": [...], "head": shape or None}``; each
-        stack lists its sublayers, each a list of steps (``norm``, the sublayer with its shapes, ``add``).
+        ``{"norm_position", "norm_caption" (where the norms sit, in words), "norm", "position", "final_norm",
+        "stacks": [...], "head": shape or None}``; each stack lists its sublayers, each a list of steps (``norm``,
+        the sublayer with its shapes, ``add``).
     """
     if cfg.arch == "encoder-decoder":
         source = t if s is None else s
@@ -99,6 +106,7 @@ def block_diagram(cfg: ModelConfig, t: int, s: int | None = None) -> dict[str, A
         stacks = [_stack(cfg, cfg.arch, t, causal=cfg.arch == "decoder", s=None, layers=cfg.n_layers)]
     return {
         "norm_position": cfg.norm_position,
+        "norm_caption": f"{NORM_PLACES[cfg.norm_position]} ({NORM_NAMES[cfg.norm]})",
         "norm": NORM_NAMES[cfg.norm],
         "ffn": cfg.ffn,
         "position": cfg.position,

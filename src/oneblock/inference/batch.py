@@ -48,6 +48,9 @@ from oneblock.layers.block import Block
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.decoder import Decoder
 
+RING_SPARE = max(CHUNK, GEMM_ROWS)
+"""Columns a slot's sliding-window layer keeps beyond its window: room for a chunk of the prompt read together."""
+
 
 @dataclass
 class Slot:
@@ -156,7 +159,7 @@ class BatchDecoder:
             raise InputError(f"prompt ids must be ints in [0, {vocab}); got {list(ids)[:8]!r}...")
         capacity = t + max_new - 1
         # Allocated whole, once, as the lean step's: a local layer's a ring of its window and one chunk.
-        cache = self.model.new_cache(1, max_len=capacity, chunk=capacity, spare=max(CHUNK, GEMM_ROWS))
+        cache = self.model.new_cache(1, max_len=capacity, chunk=capacity, spare=RING_SPARE)
         reading = Prefill(
             self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse, native=self.native,
             score=score,

@@ -64,7 +64,7 @@ from oneblock.serve.jobs import (
     Observer,
     Scored,
 )
-from oneblock.serve.memory import check_fits, is_out_of_memory, position_bytes
+from oneblock.serve.memory import CacheCost, check_fits, is_out_of_memory
 from oneblock.serve.text import StopText
 from oneblock.text.tokenizer import Tokenizer
 
@@ -109,12 +109,20 @@ class Engine(Admission):
         self.vocab = min(tokenizer.vocab_size, self.decoder.model.config.vocab_size)
         count = len(adapters.names) if adapters is not None else 0
         super().__init__(self.decoder.context, max_batch, max_queue, max_context, cache_positions, count)
-        self.position_bytes = position_bytes(self.decoder.model)
-        check_fits(self.cache_positions, self.position_bytes, self.max_context, prefix_bytes)
+        self.cost = CacheCost.of(self.decoder.model)
+        self.position_bytes = self.cost.position_bytes
+        # a sliding-window layer holds at most its ring per request, not max_context positions
+        self.cache_bytes = self.cost.budget_bytes(self.cache_positions, self.max_batch, self.max_context)
+        check_fits(self.cache_positions, self.cache_bytes, self.max_context, prefix_bytes)
         self.steps = 0  # decoding steps run (each serves every active request)
         self.observer = Observer()  # told what happens, on this thread (the server's metrics replace it)
         self.thread = threading.Thread(target=self._loop, name="oneblock-serve-engine", daemon=True)
         self.thread.start()
+
+    def held_bytes(self) -> int:
+        """Bytes of key/value cache the running requests' caches hold (a local layer's: at most its ring)."""
+        with self.wake:
+            return sum(self.cost.request_bytes(j.slot.capacity) for j in self.active if j.slot is not None)
 
     # -- the thread ----------------------------------------------------------------------------------------------
 

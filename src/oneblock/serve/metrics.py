@@ -150,20 +150,20 @@ class EngineState(Collector):
     def collect(self) -> Iterable[Metric]:
         engine = self.engine
         active, waiting = engine.load()
-        held, reserved = engine.cache_use()
-        return self._families(active, waiting, held, reserved, engine.steps)
+        _, reserved = engine.cache_use()
+        return self._families(active, waiting, engine.held_bytes(), reserved, engine.steps)
 
-    def _families(self, active: int, waiting: int, held: int, reserved: int, steps: int) -> Iterator[Metric]:
+    def _families(self, active: int, waiting: int, held_bytes: int, reserved: int, steps: int) -> Iterator[Metric]:
         engine = self.engine
         yield GaugeMetricFamily(f"{PREFIX}num_requests_running", "Requests (choices) in the running batch.", active)
         yield GaugeMetricFamily(f"{PREFIX}num_requests_waiting", "Requests (choices) queued for a row.", waiting)
         yield GaugeMetricFamily(
             f"{PREFIX}kv_cache_usage_bytes", "Bytes of key/value cache the running requests hold.",
-            held * engine.position_bytes,
+            held_bytes,
         )  # fmt: skip
         yield GaugeMetricFamily(
             f"{PREFIX}kv_cache_budget_bytes", "Bytes of key/value cache the requests may reserve together.",
-            engine.cache_positions * engine.position_bytes,
+            engine.cache_bytes,
         )  # fmt: skip
         yield GaugeMetricFamily(
             f"{PREFIX}kv_cache_usage_perc", "Fraction (0 to 1) of the cache budget reserved by the requests running "

@@ -129,7 +129,7 @@ function renderTokens(container, tokens) {
 
 function renderBlock(block) {
   const root = clear($("block"));
-  $("block-note").textContent = `${block.norm_position}-LN with ${block.norm}, ${block.ffn} feed-forward, ` +
+  $("block-note").textContent = `${block.norm_caption}, ${block.ffn} feed-forward, ` +
     `${block.position} positions; B = 1 for this input.`;
   for (const stack of block.stacks) {
     const col = el("div", "stack");
