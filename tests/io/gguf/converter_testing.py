@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,9 @@ def converter() -> Path:
     return script
 
 
-def make_hf(directory: Path, family: str, seed: int = 0) -> Path:
-    """A randomised ``family`` model and its tokenizer, saved in ``directory``."""
+def make_hf(directory: Path, family: str, seed: int = 0, shared: dict[str, Any] = SHARED, std: float = 0.2) -> Path:
+    """A randomised ``family`` model (weights of deviation ``std``) and its tokenizer, saved in ``directory``
+    (``shared``: the sizes that the family's own override)."""
     import transformers
 
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
@@ -80,11 +82,11 @@ def make_hf(directory: Path, family: str, seed: int = 0) -> Path:
     converter()
     config_class, sizes, vocab = FAMILIES[family]
     if vocab == "spm":  # Gemma's norms store offsets around 0
-        return _make_spm(directory, config_class, sizes, seed, 0.0)
+        return _make_spm(directory, config_class, {**shared, **sizes}, seed, 0.0, std)
     tokenizer = GGUFTokenizer.from_gguf(SDIST / "models" / f"ggml-vocab-{vocab}.gguf")
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
-    config = getattr(transformers, config_class)(vocab_size=tokenizer.vocab_size, **{**SHARED, **sizes, **ids})
-    _randomised(transformers.AutoModelForCausalLM.from_config(config), seed).save_pretrained(directory)
+    config = getattr(transformers, config_class)(vocab_size=tokenizer.vocab_size, **{**shared, **sizes, **ids})
+    _randomised(transformers.AutoModelForCausalLM.from_config(config), seed, 1.0, std).save_pretrained(directory)
     tokenizer.tokenizer.save(str(directory / "tokenizer.json"))
     special = {k.removesuffix("_id"): tokenizer.token(v) for k, v in ids.items() if v is not None}
     if family == "phi3":  # Phi-4-mini's byte-level BPE (the converter reads Phi-3's SentencePiece otherwise)
@@ -93,12 +95,12 @@ def make_hf(directory: Path, family: str, seed: int = 0) -> Path:
     return directory
 
 
-def _randomised(model: Any, seed: int, offset: float = 1.0) -> Any:
+def _randomised(model: Any, seed: int, offset: float, std: float) -> Any:
     """Every parameter drawn anew: norm weights around ``offset`` (Gemma's around 0, its norms add one)."""
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(offset + 0.3 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+            p.copy_(offset + 0.3 * torch.randn_like(p) if "norm" in name else std * torch.randn_like(p))
     return model
 
 
@@ -108,9 +110,9 @@ TEXT = (
 ) * 20
 
 
-def _make_spm(directory: Path, config_class: str, sizes: dict[str, Any], seed: int, offset: float) -> Path:
-    """A model (norm weights around ``offset``), its SentencePiece vocabulary trained on ``TEXT`` (ids 0-3: pad,
-    eos, bos, unk)."""
+def _make_spm(directory: Path, config_class: str, sizes: dict[str, Any], seed: int, offset: float, std: float) -> Path:
+    """A model of ``sizes`` (norm weights around ``offset``), its SentencePiece vocabulary trained on ``TEXT`` (ids
+    0-3: pad, eos, bos, unk)."""
     import sentencepiece
     import transformers
 
@@ -121,8 +123,8 @@ def _make_spm(directory: Path, config_class: str, sizes: dict[str, Any], seed: i
         model_type="bpe", byte_fallback=True, pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2,
     )  # fmt: skip
     ids = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
-    config = getattr(transformers, config_class)(vocab_size=320, **{**SHARED, **sizes, **ids})
-    _randomised(transformers.AutoModelForCausalLM.from_config(config), seed, offset).save_pretrained(directory)
+    config = getattr(transformers, config_class)(vocab_size=320, **{**sizes, **ids})
+    _randomised(transformers.AutoModelForCausalLM.from_config(config), seed, offset, std).save_pretrained(directory)
     return directory
 
 
@@ -147,22 +149,32 @@ they are made makes new ones (``ONEBLOCK_TEST_MODELS`` moves the folder)."""
 
 def made(family: str) -> Path:
     """The HF directory of ``family`` with its F32 (``f32.gguf``) and Q8_0 (``q8_0.gguf``) conversions, made once
-    and kept for later runs (the first test worker to ask makes it, the others wait on a lock)."""
+    and kept for later runs."""
+
+    def make(work: Path) -> None:
+        make_hf(work, family)
+        convert(work, work / "f32.gguf", "f32")
+        convert(work, work / "q8_0.gguf", "q8_0")
+
+    return kept(family, make, Path(__file__))
+
+
+def kept(name: str, make: Callable[[Path], None], *sources: Path) -> Path:
+    """The folder ``name`` that ``make`` fills, made once and kept under a digest of the ``sources`` (the files that
+    say how it is made); the first test worker to ask makes it, the others wait on a lock."""
     import fcntl
     import hashlib
 
-    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in sources)).hexdigest()[:12]
     root = Path(os.environ.get("ONEBLOCK_TEST_MODELS", MODELS)) / digest
-    directory = root / family
+    directory = root / name
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{family}.lock", "w") as lock:
+    with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not directory.is_dir():  # made whole in a folder of its own, then renamed: never half there
-            work = root / f".{family}.partial"
+            work = root / f".{name}.partial"
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir()
-            make_hf(work, family)
-            convert(work, work / "f32.gguf", "f32")
-            convert(work, work / "q8_0.gguf", "q8_0")
+            make(work)
             work.rename(directory)
     return directory

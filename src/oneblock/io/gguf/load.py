@@ -40,6 +40,7 @@ from oneblock.io.gguf.layout import GGUFLayout, TensorRecord, read_layout
 from oneblock.io.gguf.quantized import block_modules, interleaves
 from oneblock.io.limits import check_model_size
 from oneblock.io.matching import check_tensors_fill
+from oneblock.layers.quantized import BlockLinear
 from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.models.build import build_skeleton
 from oneblock.models.decoder import Decoder
@@ -252,8 +253,10 @@ def from_gguf(
     if dtype is None and on_cpu:
         _note_float_matrices(rest.values())
     decoded = {name: _decoded(t, cfg, arch, layout).to(dtype or torch.float32) for name, t in rest.items()}
-    _stack_biases(model, decoded)
-    model.load_state_dict(decoded, strict=False, assign=True)
+    _place_biases(model, decoded)
+    unplaced = model.load_state_dict(decoded, strict=False, assign=True).unexpected_keys
+    if unplaced:  # a tensor of the file that no module takes: never run the model without it
+        raise ConversionError(f"the file's tensors {unplaced} have no place in the loaded model; please report it")
     if tied:
         model.lm_head.weight = model.embed.tok.weight
     _check_materialized(model)
@@ -293,13 +296,18 @@ def _put(model: Decoder, name: str, module: nn.Module) -> None:
         parent.w1 = parent.w3 = None  # type: ignore[assignment]
 
 
-def _stack_biases(model: Decoder, decoded: dict[str, Tensor]) -> None:
-    """Give each stacked q/k/v projection the file's three biases (Qwen2), taking them out of ``decoded``."""
+def _place_biases(model: Decoder, decoded: dict[str, Tensor]) -> None:
+    """Give the block modules the file's biases (Qwen2's q/k/v), taking them out of ``decoded``: a stacked q/k/v
+    projection the three, one that stays apart (its format not the others', as Q4_K_M's Q6_K value rows) its own.
+    A block module has no bias parameter for ``load_state_dict`` to fill."""
     for i, block in enumerate(model.blocks):
         fused = getattr(block.attn, "qkv_proj", None)
         names = [f"blocks.{i}.attn.{p}_proj.bias" for p in "qkv"]
         if fused is not None and all(name in decoded for name in names):
             fused.bias = torch.cat([decoded.pop(name) for name in names])  # ((H + 2 Hkv) Dh,)
+    for name, module in model.named_modules():
+        if isinstance(module, BlockLinear) and f"{name}.bias" in decoded:
+            module.bias = decoded.pop(f"{name}.bias")  # (N,)
 
 
 def _check_names_and_shapes(cfg: ModelConfig, expected: dict[str, Tensor], state: dict[str, TensorRecord]) -> None:
