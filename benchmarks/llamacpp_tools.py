@@ -93,6 +93,44 @@ def mul_mat_line(template: str, rows: int, name: str) -> str:
     return " ".join(f)
 
 
+GGML_BLOCKS: dict[int, tuple[str, int, int]] = {
+    0: ("f32", 1, 4),
+    1: ("f16", 1, 2),
+    2: ("q4_0", 32, 18),
+    3: ("q4_1", 32, 20),
+    6: ("q5_0", 32, 22),
+    7: ("q5_1", 32, 24),
+    8: ("q8_0", 32, 34),
+    12: ("q4_K", 256, 144),
+    13: ("q5_K", 256, 176),
+    14: ("q6_K", 256, 210),
+    20: ("iq4_nl", 32, 18),
+    23: ("iq4_xs", 256, 136),
+}
+"""ggml's type table for the types a MUL_MAT line can name here: id -> (name, values per block, bytes per block)."""
+
+MUL_MAT_PARAMS = 16  # the op-params words an exported line carries (GGML_MAX_OP_PARAMS / 4), all zero for MUL_MAT
+
+
+def mul_mat_line_for(ggml_type: int, n: int, k: int, rows: int, name: str) -> str:
+    """A MUL_MAT line, in :func:`mul_mat_line`'s fields, for an (N, K) weight of ``ggml_type`` times (rows, K) float32.
+
+    As ``test-export-graph-ops`` writes them: source 0 (the weight) has ne = (K, N, 1, 1) and nb = (bytes per block,
+    bytes per row, bytes of the matrix, the same); source 1 (the activations) is float32 (K, rows); the output is
+    float32 (N, rows).
+    """
+    if ggml_type not in GGML_BLOCKS:
+        raise ValueError(f"no ggml type {ggml_type} in the table; known: {sorted(GGML_BLOCKS)}")
+    _, block, size = GGML_BLOCKS[ggml_type]
+    if k % block:
+        raise ValueError(f"K = {k} is not a multiple of the type's block of {block} values")
+    row = k // block * size
+    fields = [MUL_MAT, 0, n, rows, 1, 1, MUL_MAT_PARAMS, *[0] * MUL_MAT_PARAMS, 2]
+    fields += [ggml_type, k, n, 1, 1, size, row, row * n, row * n]
+    fields += [0, k, rows, 1, 1, 4, 4 * k, 4 * k * rows, 4 * k * rows, name]
+    return " ".join(str(f) for f in fields)
+
+
 _RESULT = re.compile(r"MUL_MAT\(name=([^,]+),.*?:\s+(\d+) runs -\s+([\d.]+) us/run")
 
 
