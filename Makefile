@@ -30,7 +30,7 @@ LLAMATOOLS_CMAKE  := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
                      -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
 LLAMATOOLS_TARGETS := llama-bench test-backend-ops test-export-graph-ops llama-server llama-perplexity llama-quantize
 
-.PHONY: setup browser demo test lint bench bench-llamacpp bench-models clean
+.PHONY: setup browser demo test lint bench bench-llamacpp bench-models bench-kernels-1b clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +111,12 @@ bench-llamacpp: $(LLAMACPP_STAMP) $(LLAMATOOLS_STAMP)
 bench-models: setup $(LLAMATOOLS_STAMP)
 	LLAMACPP_TOOLS=$(LLAMATOOLS_BUILD)/bin $(PY) benchmarks/bench_models.py make
 	LLAMACPP_TOOLS=$(LLAMATOOLS_BUILD)/bin $(PY) benchmarks/bench_models.py run
+
+# A Llama-3.2-1B decoding step's block products in each type of its files (q4_k, q5_k, q6_k, q5_0, q8_0, iq4_xs) at
+# M = 1, 4, 8, against test-backend-ops on the same shapes and types (benchmarks/bench_kernels.py --shape llama-1b;
+# ARGS="--types q4_k" for one type). Not in `make bench`: the full table takes many minutes.
+bench-kernels-1b: setup $(LLAMATOOLS_STAMP)
+	LLAMACPP_TOOLS=$(LLAMATOOLS_BUILD)/bin $(PY) benchmarks/bench_kernels.py --shape llama-1b $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
