@@ -1,6 +1,8 @@
-"""``oneblock finetune`` with LoRA on Hugging Face directories of the families beyond Llama: Gemma 2 (Llama's module
-names) and Phi-3 (stacked ``qkv_proj`` and ``gate_up_proj``, adapted whole). The loss goes down, and peft loads the
-adapter onto the transformers model of the directory and computes the logits oneblock computes with it."""
+"""``oneblock finetune`` with LoRA on Hugging Face directories of every decoder family beyond Llama 2: Qwen2 (q/k/v
+biases), Qwen3 (q/k norms, a head width of its own), Llama 3 (its rope scaling), Granite (its multipliers), SmolLM3
+(layers without rope), OLMo 2 (norms after the sublayers, q/k norms), Phi-3 (stacked ``qkv_proj`` and
+``gate_up_proj``, adapted whole), Gemma 2 and Gemma 3. The loss goes down, and peft loads the adapter onto the
+transformers model of the directory and computes the logits oneblock computes with it."""
 
 from __future__ import annotations
 
@@ -22,12 +24,29 @@ SIZES = {
     "num_key_value_heads": 1, "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": None,
     "eos_token_id": None, "attn_implementation": "eager",
 }  # fmt: skip
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}  # fmt: skip
+# Granite's multipliers; its logits scaled up (a divisor of 8, as in the published models, leaves the near-uniform
+# logits of the default initialisation too flat to learn from in 20 steps)
+GRANITE = {
+    "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 0.5, "attention_multiplier": 0.0625,
+}  # fmt: skip
+GEMMA = {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24}
 CONFIGS = {
-    "gemma2": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 24}),
+    "llama3": ("LlamaConfig", {"rope_parameters": LLAMA3_ROPE}),
+    "granite": ("GraniteConfig", GRANITE),
+    "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2}),
+    "olmo2": ("Olmo2Config", {}),
     "phi3": ("Phi3Config", {"sliding_window": None, "original_max_position_embeddings": 64}),
+    "gemma2": ("Gemma2Config", GEMMA),
+    "gemma3": ("Gemma3TextConfig", {**GEMMA, "layer_types": ["sliding_attention", "full_attention"]}),
 }
-TARGETS = {"gemma2": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
-           "phi3": ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"]}  # fmt: skip
+LLAMA_NAMES = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+TARGETS = {family: LLAMA_NAMES for family in CONFIGS} | {"phi3": ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"]}
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
