@@ -3,12 +3,13 @@ llama.cpp.
 
 Each family is made wide enough for K-quants (``quantized_testing``: width 256, feed-forward 512) and converted
 to F32 by llama.cpp's converter, then quantized by ``llama_model_quantize`` to Q4_K_M (Q4_K with Q6_K, and
-Q5_0 / Q8_0 for the rows that are not whole super-blocks), Q4_0 and Q4_1. Over windows of random tokens fed one
+Q5_0 / Q8_0 for the rows that are not whole super-blocks), Q4_0, Q4_1, Q5_K_M, Q6_K and IQ4_XS (IQ4_NL for
+narrow rows). Over windows of random tokens fed one
 at a time, as ``llama-perplexity --kl-divergence`` measures, both engines are compared with the float32 model
 (the F32 file, one forward): oneblock's mean KL divergence at most 1.1x llama.cpp's on the same file, its top-1
 agreement no more than a point lower. Over more than 100 tokens (two windows of 61, Phi-3 five of 24), so one
 token decided the other way by a near tie is within the point. Every family runs Q4_K_M; Q4_0 and Q4_1 each run on
-three families.
+three families, Q5_K_M, Q6_K and IQ4_XS on two.
 
 Q4_K_M keeps some layers' value rows in Q6_K: Qwen2's q/k/v projections of such a layer are not stacked, and each
 keeps its own bias.
@@ -34,7 +35,13 @@ from oneblock.io.gguf.types import type_name
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WINDOWS = {"phi3": (5, 24)}  # llama.cpp turns Phi-3's sliding window off: compare within one window
-LEGACY = {"q4_0": ("gemma2", "llama3", "phi3"), "q4_1": ("gemma3", "qwen3", "smollm3")}
+LEGACY = {
+    "q4_0": ("gemma2", "llama3", "phi3"),
+    "q4_1": ("gemma3", "qwen3", "smollm3"),
+    "q5_k_m": ("gemma2", "phi3"),
+    "q6_k": ("gemma3", "phi3"),
+    "iq4_xs": ("gemma2", "gemma3"),
+}  # the other types, each on a few families (the small vocabularies: the quick ones)
 KINDS = {name: ["q4_k_m", *(kind for kind, names in LEGACY.items() if name in names)] for name in sorted(FAMILIES)}
 CASES = [(name, kind) for name, kinds in KINDS.items() for kind in kinds]  # a family's cases together
 
