@@ -51,8 +51,7 @@ def has_bf16_products() -> bool:
     That is AMX tiles with bfloat16 (``amx_tile`` and ``amx_bf16``: Intel Xeon from Sapphire Rapids on) or
     AVX-512 BF16's dot products (``avx512_bf16``: AMD from Zen 4 on, Intel from Cooper Lake on).
     """
-    flags = set(_cpuinfo().get("flags", "").split())
-    return {"amx_tile", "amx_bf16"} <= flags or "avx512_bf16" in flags
+    return has_amx() or "avx512_bf16" in _cpuinfo().get("flags", "").split()
 
 
 def has_amx() -> bool:

@@ -94,3 +94,10 @@ def int8_products() -> bool:
 def fallback_tiles() -> torch.dtype:
     """The tiles of a matrix the integer kernels do not take fast under int8: what ``auto`` would take otherwise."""
     return _tile_dtype()
+
+
+def products_for(interleaved: bool) -> torch.dtype:
+    """What a product made now takes for a matrix in an interleaved layout or not: the mode in force, except that
+    under int8 a matrix with no interleaved layout takes :func:`fallback_tiles`."""
+    mode = _mode.get()
+    return fallback_tiles() if mode == torch.int8 and not interleaved else mode

@@ -28,7 +28,10 @@ from torch import Tensor, nn
 
 from oneblock import kernels
 from oneblock.errors import InputError
-from oneblock.kernels.tiles import bf16_tiles, fallback_tiles, int8_products
+from oneblock.kernels.tiles import products_for
+
+_PROMPT_OPS = {torch.bfloat16: "block_mm_bf16", torch.int8: "block_mm_int8"}
+"""The op a prompt's product takes by what :func:`products_for` says (float32 tiles: ``block_mm`` itself)."""
 
 
 def _check_blocks(blocks: Tensor, fmt: str, what: str) -> tuple[int, int]:
@@ -119,10 +122,8 @@ class BlockLinear(nn.Module):
             rows = rows.to(torch.float32).contiguous()
         op = torch.ops.oneblock.block_mm
         if rows.shape[0] >= kernels.GEMM_ROWS and not torch.is_grad_enabled():  # a prompt's pass (tiles.py)
-            if int8_products() and self.fmt in kernels.INTERLEAVED:
-                op = torch.ops.oneblock.block_mm_int8
-            elif bf16_tiles() or (int8_products() and fallback_tiles() == torch.bfloat16):
-                op = torch.ops.oneblock.block_mm_bf16
+            name = _PROMPT_OPS.get(products_for(self.fmt in kernels.INTERLEAVED))
+            op = op if name is None else getattr(torch.ops.oneblock, name)
         y = op(rows, self.blocks, self.ggml_type)  # (M, N) float32
         if self.bias is not None:
             y = y + self.bias
