@@ -98,3 +98,24 @@ def test_fused_gate_up_equals_the_two_products(kind, activation):
 def test_fuse_gate_up_refuses_a_plain_mlp():
     with pytest.raises(ConfigError, match="fuse_gate_up applies to gated feed-forwards"):
         FeedForward(36, 37, kind="mlp").fuse_gate_up()
+
+
+def test_gated_product_is_written_into_the_activation_without_gradients():
+    """Without gradients ``act(gate) * up`` reuses the activation's output (one (T, d_ff) temporary fewer) and
+    leaves the projection's output untouched; with gradients it is a new tensor. Both give the same numbers."""
+    torch.manual_seed(0)
+    ffn = FeedForward(36, 37, kind="gated", activation="relu", bias=False)
+    seen: dict[str, torch.Tensor] = {}
+    ffn.act.register_forward_hook(lambda module, args, out: seen.update(act=out))
+    ffn.w3.register_forward_hook(lambda module, args, out: seen.update(up=out.clone(), up_live=out))
+    ffn.w2.register_forward_pre_hook(lambda module, args: seen.update(hidden=args[0]))
+    x = torch.randn(3, 7, 36)
+    with_grad = ffn(x)
+    assert seen["hidden"].data_ptr() != seen["act"].data_ptr()
+    with torch.no_grad():
+        without = ffn(x)
+    assert seen["hidden"].data_ptr() == seen["act"].data_ptr()
+    assert torch.equal(seen["up_live"], seen["up"])
+    torch.testing.assert_close(without, with_grad, atol=0, rtol=0)
+    with torch.inference_mode():
+        torch.testing.assert_close(ffn(x), with_grad, atol=0, rtol=0)

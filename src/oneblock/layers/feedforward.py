@@ -8,6 +8,7 @@ same gate with any activation, e.g. T5 v1.1's gated GELU ``wo(gelu_tanh(wi_0 x) 
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -50,11 +51,19 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.w13 is not None:
             gate, up = self.w13(x).chunk(2, dim=-1)  # (B, T, 2 d_ff) -> (B, T, d_ff) x 2
-            return self.w2((F.silu(gate) if self.kind == "swiglu" else self.act(gate)) * up)  # (B, T, C)
+            return self.w2(self._gated(gate, up))  # (B, T, C)
         if self.kind != "mlp":
             gate, up = project_all((self.w1, self.w3), x)  # (B, T, d_ff) x 2; one node when both are adapted
-            return self.w2((F.silu(gate) if self.kind == "swiglu" else self.act(gate)) * up)  # (B, T, C)
+            return self.w2(self._gated(gate, up))  # (B, T, C)
         return self.w2(self.act(self.w1(x)))  # (B, T, d_ff) -> (B, T, C)
+
+    def _gated(self, gate: Tensor, up: Tensor) -> Tensor:
+        """``act(gate) * up``, (B, T, d_ff). Without gradients the product is written into the activation's output
+        (a tensor of its own, never ``gate``): one (B, T, d_ff) temporary fewer at the peak of a long prompt."""
+        hidden = F.silu(gate) if self.kind == "swiglu" else self.act(gate)
+        if torch.is_grad_enabled() or hidden is gate or hidden.dtype != torch.promote_types(hidden.dtype, up.dtype):
+            return hidden * up
+        return hidden.mul_(up)
 
     def fuse_gate_up(self) -> nn.Module:
         """Replace the gated FFN's ``w1`` (gate) and ``w3`` (up) by one ``w13`` holding their stacked weights.
