@@ -133,3 +133,54 @@ def test_bfloat16_cache_halves_the_memory_and_stays_close():
     post = ob.build_model(ob.ModelConfig(**SMALL, norm_position="post"))
     with pytest.raises(ob.InputError, match="cache_dtype needs a pre-LN decoder-only model"):
         generate(post, prompt, 2, cache_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("cache_dtype", [None, torch.bfloat16])
+def test_prompt_is_read_in_chunks_that_equal_one_pass(cache_dtype, monkeypatch):
+    """A long prompt goes through the model in chunks of ``prompt_chunk`` positions (a remainder under 32 rows
+    joining the last one), left-padded rows included; the logits and greedy tokens are those of one pass."""
+    torch.manual_seed(4)
+    model = ob.build_model(ob.ModelConfig(**{**SMALL, **FAMILIES["llama-style"], "max_seq_len": 128}))
+    model.eval()
+    prompts = [torch.randint(0, 101, (75,)).tolist(), torch.randint(0, 101, (60,)).tolist()]
+    run = prepare(model, prompts, 6, False, None, None, None, None)
+    lengths: list[int] = []
+    read = model.run
+    monkeypatch.setattr(model, "run", lambda tokens, **kw: lengths.append(tokens.shape[1]) or read(tokens, **kw))
+    results = []
+    for chunk in (32, 4096):
+        lengths.clear()
+        lean, logits, fed = LeanDecode(run, cache_dtype=cache_dtype, prompt_chunk=chunk), [], None
+        with torch.inference_mode():
+            for _ in range(6):
+                logits.append(lean.next(fed))
+                fed = logits[-1].argmax(-1)
+        results.append(torch.stack(logits))  # (6, B, V)
+        assert lengths == ([32, 43] if chunk == 32 else [75])  # 75 = 32 + 43: the 11 after 64 join the chunk before
+    chunked, whole = results
+    assert (chunked - whole).abs().max().item() <= 1e-5
+    assert torch.equal(chunked.argmax(-1), whole.argmax(-1))
+
+
+@pytest.mark.parametrize("chunk", [0, -3, 2.5, True])
+def test_prompt_chunk_must_be_a_positive_integer(chunk):
+    run = prepare(build("llama-style"), [[1, 2, 3]], 2, False, None, None, None, None)
+    with pytest.raises(ob.ConfigError, match=rf"prompt_chunk is the positions .* >= 1; got {chunk!r}"):
+        LeanDecode(run, prompt_chunk=chunk)
+
+
+@pytest.mark.parametrize(
+    ("end", "chunk", "least", "expected"),
+    [
+        (75, 32, 32, [(0, 32), (32, 75)]),
+        (96, 32, 32, [(0, 32), (32, 64), (64, 96)]),
+        (100, 32, 1, [(0, 32), (32, 64), (64, 96), (96, 100)]),
+        (20, 32, 32, [(0, 20)]),
+        (498, 128, 32, [(0, 128), (128, 256), (256, 384), (384, 498)]),
+        (0, 128, 32, []),
+    ],
+)
+def test_bounded_spans_cut_at_the_chunk_and_join_a_short_remainder(end, chunk, least, expected):
+    from oneblock.inference.spans import bounded_spans
+
+    assert bounded_spans(end, chunk, least) == expected

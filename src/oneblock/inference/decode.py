@@ -8,9 +8,10 @@ Two implementations compute the same logits:
 * ``FullDecode`` calls the model's own ``run`` for every step: any model (encoder-decoder, post-LN, the uncached
   path), with every check and mask the layers apply.
 * ``LeanDecode``, for pre-LN decoder-only models with a cache, runs the prompt through the model's ``run`` in
-  one pass (the fastest: one dequantized tile per block matrix for the whole prompt; the server reads prompts in
-  fixed chunks instead, :mod:`oneblock.inference.prefill`, for its prefix cache, which equals this pass for a
-  prompt of one chunk and differs from it by float32 rounding for longer ones) and then each new token through
+  chunks of ``PROMPT_CHUNK`` positions (:func:`~oneblock.inference.spans.bounded_spans`: a long prompt's
+  temporaries, such as the feed-forward's (T, 2 d_ff) products, stay those of one chunk; the server reads prompts
+  in its own fixed chunks, :mod:`oneblock.inference.prefill`, for its prefix cache; a chunked read differs from a
+  one-pass read by float32 rounding only) and then each new token through
   ``step``: the same modules (norms, feed-forward, output projection) called directly, with everything that does
   not change between tokens made once, before the first: the key/value buffers of the exact length the
   generation needs (a sliding-window layer's a ring of its window: ``RingKVCache``), the rotary tables and padding
@@ -32,10 +33,12 @@ import time
 import torch
 from torch import Tensor
 
+from oneblock.errors import ConfigError
 from oneblock.inference.compile_policy import compile_backend
 from oneblock.inference.native_step import NativeStep
 from oneblock.inference.plan import DecodePlan, attend_cached, heads_of_one_token
 from oneblock.inference.request import DecodeRequest
+from oneblock.inference.spans import PROMPT_CHUNK, bounded_spans
 from oneblock.kernels import GEMM_ROWS
 from oneblock.kernels.tiles import prompt_tiles
 from oneblock.layers.kv_cache import Cache
@@ -99,6 +102,11 @@ class LeanDecode:
         cache_dtype: dtype of the stored keys and values (default: the model's).
         native: decode with the native step where it applies (``None``, the default: unless
             ``ONEBLOCK_NATIVE_STEP=0``); ``False`` always runs ``step``. ``native`` tells which one runs.
+        prompt_chunk: positions of the prompt read at a time (a remainder shorter than ``GEMM_ROWS`` joins the
+            last chunk).
+
+    Raises:
+        ConfigError: a ``prompt_chunk`` that is not a positive integer.
     """
 
     def __init__(
@@ -108,9 +116,13 @@ class LeanDecode:
         compile: bool | str = False,
         cache_dtype: torch.dtype | None = None,
         native: bool | None = None,
+        prompt_chunk: int = PROMPT_CHUNK,
     ) -> None:
         model = run.decoder
         self.run, self.model = run, model
+        if isinstance(prompt_chunk, bool) or not isinstance(prompt_chunk, int) or prompt_chunk < 1:
+            raise ConfigError(f"prompt_chunk is the positions of a prompt read at a time, >= 1; got {prompt_chunk!r}")
+        self.prompt_chunk = prompt_chunk
         b, t = run.seen.shape
         total = t + max(run.max_new - 1, 0)  # the last new token is sampled, never fed back
         dtype = model.embed.dtype
@@ -192,12 +204,13 @@ class LeanDecode:
         if narrow:  # the model's layers attend in their own dtype: fill a full-width cache, then narrow it
             cache = model.new_cache(run.seen.shape[0], max_len=t, chunk=t)
         with prompt_tiles():  # bfloat16 tiles where they are faster (oneblock.kernels.tiles)
-            hidden = model.run(
-                run.seen,
-                padding_mask=run.mask[:, :t] if run.mask is not None else None,
-                positions=self.positions[:, :t] if self.positions is not None else None,
-                cache=cache,
-            )  # (B, T, C)
+            for start, end in bounded_spans(t, self.prompt_chunk, GEMM_ROWS):
+                hidden = model.run(
+                    run.seen[:, start:end],
+                    padding_mask=run.mask[:, :end] if run.mask is not None else None,
+                    positions=self.positions[:, start:end] if self.positions is not None else None,
+                    cache=cache,
+                )  # (B, end - start, C)
         if narrow:
             for wide, layer in zip(cache.layers, self.cache.layers, strict=True):
                 layer.write(0, wide.k[:, :, :t], wide.v[:, :, :t])  # a ring keeps the last columns

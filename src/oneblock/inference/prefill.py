@@ -13,7 +13,7 @@ with other rows' decoding steps) and keep a prompt's products of a GGUF model on
 float tiles from 32 rows, the integer kernels below (a prompt shorter than a chunk is one chunk, which the native
 step reads in one call where the model has one: ``NativeStep.prompt``).
 
-``Prefill`` reads one prompt of one row (``generate`` reads a prompt in one pass instead, its fastest): at its first
+``Prefill`` reads one prompt of one row (``generate`` reads a prompt in larger chunks, no prefix cache): at its first
 ``advance`` it copies the cached blocks that begin the prompt (then, not when the read is made: a server that reads
 prompts one after another finds what the prompt before stored, even when both arrived together), then computes the
 rest a chunk per ``advance``, storing each whole block it computes for later prompts. The last position is always
