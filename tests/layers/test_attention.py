@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oneblock.errors import ConfigError, InputError
-from oneblock.layers.attention import MultiHeadAttention
+from oneblock.layers.attention import QUERY_BLOCK, MultiHeadAttention
 from oneblock.layers.cross_attention import CrossAttention
 from oneblock.layers.kv_cache import KVCache
 from oneblock.layers.masks import causal_mask
@@ -331,3 +331,39 @@ def test_causal_layer_default_and_per_call_override(pair):
     x = torch.randn(B, T, C, dtype=torch.float64)
     torch.testing.assert_close(causal(x), ours(x, is_causal=True), atol=0, rtol=0)
     torch.testing.assert_close(causal(x, is_causal=False), ours(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("t", [2 * QUERY_BLOCK, 2 * QUERY_BLOCK + 61])
+def test_a_long_causal_pass_without_gradients_attends_in_query_blocks_with_the_same_numbers(t):
+    """Without gradients a long square causal pass takes ``_causal_blocks``; it equals the explicit kernel, the
+    fused kernel's own causal path, and the pass with gradients (which takes that path)."""
+    torch.manual_seed(3)
+    layer = MultiHeadAttention(C, 6, n_kv_heads=2, bias=False).double().eval()
+    x = torch.randn(2, t, C, dtype=torch.float64)
+    with torch.no_grad():
+        blocks, _ = attend(layer, x, is_causal=True, record=False)
+        explicit, _ = attend(layer, x, is_causal=True, record=True)
+        q = torch.randn(2, 6, t, 6, dtype=torch.float64)
+        k, v = torch.randn(2, 2, t, 6, dtype=torch.float64), torch.randn(2, 2, t, 6, dtype=torch.float64)
+        fused = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        torch.testing.assert_close(layer._causal_blocks(q, k, v), fused, atol=1e-12, rtol=0)
+    torch.testing.assert_close(blocks, explicit, atol=1e-12, rtol=0)
+    torch.testing.assert_close(blocks, layer(x, is_causal=True).detach(), atol=1e-12, rtol=0)  # with gradients
+
+
+def test_query_blocks_are_taken_only_without_gradients_and_outside_training(monkeypatch):
+    layer = MultiHeadAttention(C, H, bias=False).double()
+    calls = []
+    blocks = layer._causal_blocks
+    monkeypatch.setattr(layer, "_causal_blocks", lambda *a: calls.append(1) or blocks(*a))
+    x = torch.randn(1, 2 * QUERY_BLOCK, C, dtype=torch.float64)
+    layer.train()
+    with torch.no_grad():
+        attend(layer, x, is_causal=True, record=False)
+    layer.eval()
+    attend(layer, x, is_causal=True, record=False)  # gradients on
+    with torch.no_grad():
+        attend(layer, x[:, : 2 * QUERY_BLOCK - 1], is_causal=True, record=False)  # too short
+        assert calls == []
+        attend(layer, x, is_causal=True, record=False)
+    assert calls == [1]

@@ -42,6 +42,7 @@ SOURCES = (
     "decode_attention.cpp",
     "decode_lora.cpp",
     "step_math.cpp",
+    "attend_avx2.cpp",
     "interleave.cpp",
     "quantize_avx512.cpp",
 )

@@ -79,8 +79,8 @@ OB_AVX2 void axpy_avx2(float a, const float* v, float* y, int64_t n) {
 FloatMath float_math(bool scalar) {
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (scalar || !avx2) return {float_dot_scalar, axpy_scalar};
-  return {float_dot_avx2, axpy_avx2};
+  if (scalar || !avx2) return {float_dot_scalar, axpy_scalar, nullptr};
+  return {float_dot_avx2, axpy_avx2, attend_heads_avx2};
 }
 
 // -- the passes over one row, written once on top of the routines above ----------------------------------------

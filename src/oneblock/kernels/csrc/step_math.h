@@ -29,10 +29,22 @@ void float_dot_avx2(const float* w, int64_t k, int cols, const float* x, float* 
 void axpy_scalar(float a, const float* v, float* y, int64_t n);
 void axpy_avx2(float a, const float* v, float* y, int64_t n);
 
-// The float routines of one instruction set.
+// The `rep` query heads (rep, d_head) of one key/value head over n keys and values (n, d_head) then n2 more at
+// keys2 and values2: out (rep, d_head), each head's `attend` computed together (attend_avx2.cpp); d_head a
+// multiple of 8, `scores` scratch for rep * (n + n2) floats.
+using AttendHeadsFn = void (*)(const float* q, int rep, const float* keys, const float* values, int64_t n,
+                               const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
+                               float cap, float* scores, float* out);
+
+void attend_heads_avx2(const float* q, int rep, const float* keys, const float* values, int64_t n, const float* keys2,
+                       const float* values2, int64_t n2, int64_t d_head, float scale, float cap, float* scores,
+                       float* out);
+
+// The float routines of one instruction set (`heads` null where each head attends alone, by `attend`).
 struct FloatMath {
   FloatDotFn dot;
   AxpyFn axpy;
+  AttendHeadsFn heads;
 };
 
 // The scalar routines when the block kernels run scalar (ONEBLOCK_KERNELS=scalar), else AVX2 where the CPU has it.

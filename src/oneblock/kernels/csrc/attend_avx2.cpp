@@ -1,0 +1,143 @@
+// The query heads of one key/value head attending together (AVX2): the native step's attention when the CPU has
+// AVX2 and FMA and the head width is a multiple of 8. Each block of 8 keys is read once for every head and its 8
+// scores summed in one register; the exponentials are a vector polynomial; each head's weighted sum of values
+// stays in registers over all the keys. It computes what `attend` (step_math.cpp) computes, in another order.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "step_math.h"
+
+#define OB_AVX2 __attribute__((target("avx2,fma")))
+
+namespace oneblock {
+namespace {
+
+OB_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Lane i: the sum of a[i]'s 8 lanes.
+OB_AVX2 inline __m256 sum8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// exp(x) for x <= 0 (Cephes' expf: a degree-5 polynomial on the reduced argument, within 2 ulp); 0 below -87.3.
+OB_AVX2 inline __m256 exp256(__m256 x) {
+  const __m256 least = _mm256_set1_ps(-87.33654f);
+  const __m256 under = _mm256_cmp_ps(x, least, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, least);
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, ln 2 in two parts
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(two_n)));
+}
+
+// scores[h * stride + j] = scale q_h . k_j for the rep heads and n keys (n, dh).
+OB_AVX2 void scores_of(const float* q, int rep, const float* keys, int64_t n, int64_t dh, float scale, float* scores,
+                       int64_t stride) {
+  const __m256 by = _mm256_set1_ps(scale);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const float* k = keys + j * dh;
+    for (int h = 0; h < rep; ++h) {
+      __m256 acc[8];
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < dh; d += 8) {
+        const __m256 qd = _mm256_loadu_ps(q + h * dh + d);
+        for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(k + i * dh + d), qd, acc[i]);
+      }
+      _mm256_storeu_ps(scores + h * stride + j, _mm256_mul_ps(sum8(acc), by));
+    }
+  }
+  for (; j < n; ++j) {
+    for (int h = 0; h < rep; ++h) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t d = 0; d < dh; d += 8) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(keys + j * dh + d), _mm256_loadu_ps(q + h * dh + d), acc);
+      }
+      scores[h * stride + j] = hsum(acc) * scale;
+    }
+  }
+}
+
+// s[j] = exp(s[j] - max s) in place; returns their sum.
+OB_AVX2 float exponentials(float* s, int64_t n) {
+  __m256 top8 = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + j));
+  float top = -INFINITY;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top8);
+  for (float v : lanes) top = std::max(top, v);
+  for (int64_t i = j; i < n; ++i) top = std::max(top, s[i]);
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 total8 = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift));
+    _mm256_storeu_ps(s + j, e);
+    total8 = _mm256_add_ps(total8, e);
+  }
+  float total = hsum(total8);
+  for (; j < n; ++j) {
+    s[j] = std::exp(s[j] - top);
+    total += s[j];
+  }
+  return total;
+}
+
+// out[0 .. 8L) = inv * sum_j p[j] v_j[0 .. 8L) over the n values (n, dh) then the n2 at values2; L <= 8 registers.
+template <int L>
+OB_AVX2 void weigh(const float* p, const float* values, int64_t n, const float* values2, int64_t n2, int64_t dh,
+                   float inv, float* out) {
+  __m256 acc[L];
+  for (int i = 0; i < L; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_broadcast_ss(p + j);
+    for (int i = 0; i < L; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(values + j * dh + 8 * i), pj, acc[i]);
+  }
+  for (int64_t j = 0; j < n2; ++j) {
+    const __m256 pj = _mm256_broadcast_ss(p + n + j);
+    for (int i = 0; i < L; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(values2 + j * dh + 8 * i), pj, acc[i]);
+  }
+  for (int i = 0; i < L; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
+}
+
+using WeighFn = void (*)(const float*, const float*, int64_t, const float*, int64_t, int64_t, float, float*);
+constexpr WeighFn kWeigh[9] = {nullptr, weigh<1>, weigh<2>, weigh<3>, weigh<4>, weigh<5>, weigh<6>, weigh<7>, weigh<8>};
+
+}  // namespace
+
+OB_AVX2 void attend_heads_avx2(const float* q, int rep, const float* keys, const float* values, int64_t n,
+                               const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
+                               float cap, float* scores, float* out) {
+  const int64_t all = n + n2;
+  scores_of(q, rep, keys, n, d_head, scale, scores, all);
+  scores_of(q, rep, keys2, n2, d_head, scale, scores + n, all);
+  for (int h = 0; h < rep; ++h) {
+    float* s = scores + h * all;
+    if (cap > 0.0f) softcap(s, all, cap);
+    const float inv = 1.0f / exponentials(s, all);
+    for (int64_t c = 0; c < d_head; c += 64) {  // 64 features (8 registers) at a time
+      const int64_t lanes = std::min<int64_t>(64, d_head - c) / 8;
+      kWeigh[lanes](s, values + c, n, values2 + c, n2, d_head, inv, out + h * d_head + c);
+    }
+  }
+}
+
+}  // namespace oneblock
