@@ -59,9 +59,9 @@ OB_TARGET inline __m512i pair_dot_add(__m512i acc, __m512i p, __m512i m) {
 #endif
 }
 
-// (lo, hi) as the int16 halves of every int32 lane.
-OB_TARGET inline __m512i int16_pair(int16_t lo, int16_t hi) {
-  return _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint16_t>(lo) | static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
+// Lane `lane` of `words` (8 int32, each an int16 pair) in every lane.
+OB_TARGET inline __m512i lane_of(__m256i words, int lane) {
+  return _mm512_permutexvar_epi32(_mm512_set1_epi32(lane), _mm512_castsi256_si512(words));
 }
 
 // One Q4_Kx16 (Q5_Kx16: Fmt kQ5_K, a fifth bit per code from its qh chunks) group against R activation rows (Q8_K).
@@ -95,13 +95,12 @@ OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
     }
     const __m512 dw = scales16(blk + L::kScales), mw = scales16(blk + L::kMins);
     for (int r = 0; r < R; ++r) {
-      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
+      // The activations' sums of the 8 sub-blocks (each at most 32 * 128) as int16: sub-blocks 2j and 2j + 1 in
+      // lane j of the low half (j < 2) or j + 2 of the high one.
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r].bsums + b * (QK_K / 16)));
+      const __m256i sub_sums = _mm256_hadd_epi16(bs, bs);
       __m512i msum = _mm512_setzero_si512();
-      for (int j = 0; j < 4; ++j) {  // the activations' sums of sub-blocks 2j and 2j + 1 (each at most 32 * 128)
-        const __m512i sums = int16_pair(static_cast<int16_t>(bs[4 * j] + bs[4 * j + 1]),
-                                        static_cast<int16_t>(bs[4 * j + 2] + bs[4 * j + 3]));
-        msum = pair_dot_add(msum, pairs[j], sums);
-      }
+      for (int j = 0; j < 4; ++j) msum = pair_dot_add(msum, pairs[j], lane_of(sub_sums, j < 2 ? j : j + 2));
       const __m512 da = _mm512_set1_ps(a[r].d[b]);
       acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dw, da)));
       acc[r] = _mm512_sub_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mw, da)));
@@ -148,11 +147,18 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
           const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
           for (int r = 0; r < R; ++r) {
             const int8_t* q = a[r].q + b * QK_K + 128 * h + 32 * quarter + 16 * half_sub;
-            const __m512i s0 = dot_add(dot_add(_mm512_setzero_si512(), codes[0], broadcast4(q)), codes[1],
-                                       broadcast4(q + 4));
-            const __m512i s1 = dot_add(dot_add(_mm512_setzero_si512(), codes[2], broadcast4(q + 8)), codes[3],
-                                       broadcast4(q + 12));
-            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+            __m512i sum;
+            if constexpr (R == 1) {  // two chains for one row; R rows' chains cover the latency themselves
+              const __m512i s0 = dot_add(dot_add(_mm512_setzero_si512(), codes[0], broadcast4(q)), codes[1],
+                                         broadcast4(q + 4));
+              const __m512i s1 = dot_add(dot_add(_mm512_setzero_si512(), codes[2], broadcast4(q + 8)), codes[3],
+                                         broadcast4(q + 12));
+              sum = _mm512_add_epi32(s0, s1);
+            } else {
+              sum = _mm512_setzero_si512();
+              for (int i = 0; i < 4; ++i) sum = dot_add(sum, codes[i], broadcast4(q + 4 * i));
+            }
+            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sum, sc));
           }
         }
       }
@@ -164,12 +170,15 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
       odd[t] = _mm512_srai_epi16(word, 8);
     }
     const __m512 dw = scales16(blk + L::kScales);
+    const __m256i order = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
     for (int r = 0; r < R; ++r) {
-      const int16_t* bs = a[r].bsums + b * (QK_K / 16);
+      // The activations' 16 sums as int16 pairs: (4t, 4t + 2) in lane 2t, (4t + 1, 4t + 3) in lane 2t + 1.
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r].bsums + b * (QK_K / 16)));
+      const __m256i sums = _mm256_shuffle_epi8(bs, order);
       __m512i offset = _mm512_setzero_si512();  // per lane: the sum over s of scale s times activation sum s
       for (int t = 0; t < 4; ++t) {
-        offset = pair_dot_add(offset, even[t], int16_pair(bs[4 * t], bs[4 * t + 2]));
-        offset = pair_dot_add(offset, odd[t], int16_pair(bs[4 * t + 1], bs[4 * t + 3]));
+        offset = pair_dot_add(offset, even[t], lane_of(sums, 2 * t));
+        offset = pair_dot_add(offset, odd[t], lane_of(sums, 2 * t + 1));
       }
       const __m512i exact = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(offset, 5));
       acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b]))));
