@@ -8,18 +8,12 @@
 #include <cmath>
 
 #include "step_math.h"
+#include "sum_avx2.h"
 
 #define OB_AVX2 __attribute__((target("avx2,fma")))
 
 namespace oneblock {
 namespace {
-
-OB_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Lane i: the sum of a[i]'s 8 lanes.
 OB_AVX2 inline __m256 sum8(const __m256* a) {

@@ -25,6 +25,21 @@ void turn(const Plan& p, const Call& c, const Layer& layer, int64_t r, const flo
   if (rd < dh) std::memcpy(out + rd, x + rd, static_cast<size_t>(dh - rd) * sizeof(float));
 }
 
+// One head (Dh,) as attention reads it, into `out`: normalized by `norm_w` where not null (`normed`: scratch for
+// Dh floats), then rotated at row r's position where the layer has rotary, else copied.
+void place(const Plan& p, const Call& c, const Layer& layer, int64_t r, const float* x, const float* norm_w,
+           float* normed, float* out) {
+  if (norm_w != nullptr) {
+    rms_norm(c.math, x, norm_w, p.eps, p.d_head, normed);
+    x = normed;
+  }
+  if (layer.rope_cos != nullptr) {
+    turn(p, c, layer, r, x, out);
+  } else {
+    std::memcpy(out, x, static_cast<size_t>(p.d_head) * sizeof(float));
+  }
+}
+
 }  // namespace
 
 // OLMo 2's q/k norms: one RMSNorm over the row's H Dh query features, one over its Hkv Dh key features (the heads
@@ -44,18 +59,8 @@ void store(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const 
   const int64_t dh = p.d_head, cap = c.capacity[at], col = c.columns[r] % cap;  // a ring's column wraps
   float* keys = c.keys[at] + g * cap * dh;
   float* values = c.values[at] + g * cap * dh;
-  const float* k = qkv_row + (p.heads + g) * dh;
   const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
-  if (layer.k_norm_w != nullptr) {
-    float* normed = room(scratch, dh);
-    rms_norm(c.math, k, layer.k_norm_w, p.eps, dh, normed);
-    k = normed;
-  }
-  if (layer.rope_cos != nullptr) {
-    turn(p, c, layer, r, k, keys + col * dh);
-  } else {
-    std::memcpy(keys + col * dh, k, static_cast<size_t>(dh) * sizeof(float));
-  }
+  place(p, c, layer, r, qkv_row + (p.heads + g) * dh, layer.k_norm_w, room(scratch, dh), keys + col * dh);
   std::memcpy(values + col * dh, v, static_cast<size_t>(dh) * sizeof(float));
 }
 
@@ -78,18 +83,7 @@ void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g,
     float* normed = qs + rep * dh;
     const float* queries = qkv_row + g * rep * dh;  // as projected, when neither normalized nor rotated
     if (layer.q_norm_w != nullptr || layer.rope_cos != nullptr) {
-      for (int64_t i = 0; i < rep; ++i) {
-        const float* query = queries + i * dh;
-        if (layer.q_norm_w != nullptr) {
-          rms_norm(c.math, query, layer.q_norm_w, p.eps, dh, normed);
-          query = normed;
-        }
-        if (layer.rope_cos != nullptr) {
-          turn(p, c, layer, r, query, qs + i * dh);
-        } else {
-          std::memcpy(qs + i * dh, query, static_cast<size_t>(dh) * sizeof(float));
-        }
-      }
+      for (int64_t i = 0; i < rep; ++i) place(p, c, layer, r, queries + i * dh, layer.q_norm_w, normed, qs + i * dh);
       queries = qs;
     }
     c.math.heads(queries, static_cast<int>(rep), keys + first * dh, values + first * dh, n1, keys, values, n2, dh,

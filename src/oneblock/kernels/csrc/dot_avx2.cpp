@@ -5,18 +5,12 @@
 #include <immintrin.h>
 
 #include "dot.h"
+#include "sum_avx2.h"
 
 #define OB_AVX2 __attribute__((target("avx2,fma")))
 
 namespace oneblock {
 namespace {
-
-OB_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // 32 signed codes w times 32 signed codes a, as 8 int32 lane sums of 4 products each. |w| <= 128, |a| <= 127:
 // a pair of products is at most 32512 in magnitude and fits int16.

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sum_avx2.h"
+
 #define OB_AVX2 __attribute__((target("avx2,fma")))
 
 namespace oneblock {
@@ -29,13 +31,6 @@ void axpy_scalar(float a, const float* v, float* y, int64_t n) {
 // -- AVX2 --------------------------------------------------------------------------------------------------
 
 namespace {
-
-OB_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // C weight rows at once (independent accumulators keep the FMA units busy); per output two 8-lane accumulators
 // over 16 values a step, then the tail one value at a time: the same instructions for every C.
