@@ -60,3 +60,46 @@ def test_peak_rss_is_the_programs_own_not_its_parents():
     child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     del ballast
     assert 1_000_000 < child < 200 * 2**20
+
+
+def test_a_gguf_files_tokenizer_is_built_and_its_lists_dropped_before_the_weights_are_read(tmp_path, monkeypatch):
+    """The vocabulary's Python strings and the model's pages are never resident together: the tokenizer comes first,
+    the lists it was built from leave the parsed file, the freed heap goes back to the system, then the weights."""
+    from family_testing import LLAMA3_VOCAB, write_family_gguf
+
+    import oneblock.inference.load as front
+    from oneblock.io.gguf import load as gguf_load
+    from oneblock.io.gguf.tokenizer import VOCABULARY_ARRAYS, GGUFTokenizer
+
+    path = write_family_gguf(tmp_path, LLAMA3_VOCAB)
+    events: list[str] = []
+    build_tokenizer, build_model = GGUFTokenizer.from_gguf.__func__, gguf_load.from_gguf
+
+    def tokenizer(cls, layout):
+        assert "tokenizer.ggml.tokens" in layout.metadata
+        events.append("tokenizer")
+        return build_tokenizer(cls, layout)
+
+    def model(layout, **options):
+        events.append("model without " + ", ".join(k for k in VOCABULARY_ARRAYS if k not in layout.metadata))
+        return build_model(layout, **options)
+
+    monkeypatch.setattr(GGUFTokenizer, "from_gguf", classmethod(tokenizer))
+    monkeypatch.setattr(gguf_load, "from_gguf", model)
+    monkeypatch.setattr(front, "return_free_memory", lambda: events.append("trim") or True)
+    loaded = load_model(path)
+    assert events == ["tokenizer", "trim", "model without " + ", ".join(VOCABULARY_ARRAYS)]
+    reference = build_tokenizer(GGUFTokenizer, path)  # the tokenizer is the file's, as read on its own
+    text = "Hello, world! <|eot_id|>"
+    assert loaded.tokenizer.encode(text) == reference.encode(text)
+    assert loaded.tokenizer.vocab_size == reference.vocab_size == loaded.model.config.vocab_size
+
+
+def test_return_free_memory_hands_back_a_freed_heap():
+    """glibc keeps freed memory for later; after a burst of allocations is freed, ``malloc_trim`` returns some
+    (with another C library, nothing is done and it says so)."""
+    from oneblock.inference import process
+
+    burst = [bytes(1000) + bytes([i % 256]) for i in range(50_000)]  # 50 MB of C heap (objects over 512 bytes)
+    del burst
+    assert process.return_free_memory() is (process._malloc_trim() is not None)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from oneblock.errors import CheckpointError, ConfigError, InputError
-from oneblock.inference.process import collector_paused
+from oneblock.inference.process import collector_paused, return_free_memory
 from oneblock.models.inputs import config_of
 from oneblock.text.tokenizer import Tokenizer, load_tokenizer
 
@@ -169,14 +169,22 @@ def _gguf(
     context: int | None,
 ) -> tuple[nn.Module, Tokenizer]:
     from oneblock.io.gguf.layout import read_layout
-    from oneblock.io.gguf.load import from_gguf
-    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+    from oneblock.io.gguf.load import config_from_layout, from_gguf
+    from oneblock.io.gguf.tokenizer import VOCABULARY_ARRAYS, GGUFTokenizer
 
     layout = read_layout(path)  # parsed once, for the weights and the vocabulary both
-    model = from_gguf(layout, dtype=dtype, device=device, context=context)
+    vocab_size = config_from_layout(layout).at_context(context).vocab_size  # a file oneblock cannot run: refused first
     if tokenizer is not None:
-        return model, load_tokenizer(path, tokenizer=tokenizer, vocab_size=model.config.vocab_size)
-    return model, GGUFTokenizer.from_gguf(layout)
+        tok = load_tokenizer(path, tokenizer=tokenizer, vocab_size=vocab_size)
+    else:
+        tok = GGUFTokenizer.from_gguf(layout)
+    # The tokenizer is built first and the file's vocabulary lists (a Python string per token and per merge: 50 MB
+    # for Qwen2's 151,936 tokens) dropped before the weights are mapped, so that the two never add up; the memory
+    # freed is handed back to the system (return_free_memory), not kept for the heap's later use.
+    for key in VOCABULARY_ARRAYS:
+        layout.metadata.pop(key, None)
+    return_free_memory()
+    return from_gguf(layout, dtype=dtype, device=device, context=context), tok
 
 
 def _preset(name: str, dtype: torch.dtype | None, device: torch.device | str | None, seed: int) -> nn.Module:

@@ -1,5 +1,5 @@
-"""What this process has cost so far (seconds since it started, its peak resident memory: Linux figures), and
-Python's cyclic garbage collector held off while the process starts.
+"""What this process has cost so far (seconds since it started, its peak resident memory: Linux figures),
+Python's cyclic garbage collector held off while the process starts, and the C heap's free memory handed back.
 
 Start-up (``import torch``, loading a model and its tokenizer) creates a few million objects and almost no garbage
 cycle, yet the collector, counting allocations, walks every object the process holds several times: 10-12% of
@@ -14,12 +14,14 @@ as usual.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import resource
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 _IMPORTED = time.perf_counter()  # the fallback origin where /proc is missing
 
@@ -55,6 +57,30 @@ def peak_rss_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux kilobytes
+
+
+def return_free_memory() -> bool:
+    """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``); whether any was returned.
+
+    Freed Python objects of more than 512 bytes, and the lists that held a vocabulary's strings, were allocated
+    from the C heap, whose free space glibc keeps for later allocations: after a load has dropped its temporaries,
+    tens of MB that the process no longer uses stay resident, and count in its peak once the model's pages join
+    them. Without glibc (macOS, musl) nothing happens.
+    """
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # here: the CLI imports this module before anything else
+
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the C library the interpreter runs on
+    except (OSError, AttributeError):  # not glibc
+        return None
 
 
 _start_up = False  # the collector was turned off by pause_for_start_up, and not yet back on

@@ -159,3 +159,41 @@ def test_random_damage_to_the_header_gives_oneblock_errors_only(tmp_path, damage
             dequantize(record)
     except OneBlockError:
         pass
+
+
+def test_copied_reads_a_tensors_bytes_without_touching_the_mapping(tmp_path):
+    """A small tensor's bytes read with ``preadv``: a mapped read would map the pages around it too."""
+    path = tmp_path / "t.gguf"
+    path.write_bytes(two_tensors())
+    layout = read_layout(path)
+    record = layout.tensors["b"]
+    copy = layout.copied(record)
+    mapped_start = record.data.data_ptr() - record.offset  # the mapping's first byte
+    assert copy.mapped is None and not mapped_start <= copy.data.data_ptr() < mapped_start + len(layout.mapped)
+    assert (copy.name, copy.shape, copy.ggml_type, copy.offset) == (record.name, record.shape, 0, record.offset)
+    assert torch.equal(copy.data, record.data) and torch.equal(dequantize(copy), torch.full((4,), 2.0))
+    replaced = tmp_path / "new.gguf"
+    replaced.write_bytes(two_tensors())
+    replaced.replace(path)  # another file at the path now: the mapped one is the one read
+    assert layout.copied(record) is record
+
+
+def test_from_gguf_decodes_the_files_small_tensors_from_copies_not_the_mapping(tmp_path, monkeypatch):
+    from family_testing import LLAMA3_VOCAB, write_family_gguf
+
+    from oneblock.io.gguf import load
+
+    seen: dict[str, bool] = {}
+
+    def decode(record):
+        seen[record.name] = record.mapped is None
+        return dequantize(record)
+
+    monkeypatch.setattr(load, "dequantize", decode)
+    path = write_family_gguf(tmp_path, LLAMA3_VOCAB)
+    model = load.from_gguf(path)
+    assert "token_embd.weight" in seen and "output_norm.weight" in seen and all(seen.values()), seen
+    monkeypatch.undo()
+    _, state = load.read_gguf(path)  # decoded from the mapping
+    loaded = model.state_dict()
+    assert state.keys() <= loaded.keys() and all(torch.equal(loaded[name], t) for name, t in state.items())

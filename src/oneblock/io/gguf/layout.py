@@ -123,6 +123,31 @@ class GGUFLayout:
         """One metadata value, or ``default`` when the key is absent."""
         return self.metadata.get(key, default)
 
+    def copied(self, record: TensorRecord) -> TensorRecord:
+        """``record`` with its bytes read from the file into memory of their own (``os.preadv``), no page of the
+        mapping touched: a mapped read of a few KiB (a norm's weights, a bias) maps the pages around them too, as
+        much as the page cache's folio holding them (up to 2 MiB), which stay resident while the file is mapped.
+        Where the file at ``path`` is no longer the one mapped, or cannot be read, ``record`` itself."""
+        if self.mapped is None or not self.identity or not record.data.numel():
+            return record
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return record
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != self.identity:
+                return record
+            buffer = bytearray(record.data.numel())
+            if os.preadv(fd, [buffer], record.offset) != len(buffer):
+                return record
+        except OSError:
+            return record
+        finally:
+            os.close(fd)
+        data = torch.frombuffer(buffer, dtype=torch.uint8)  # (nbytes,), holding the buffer
+        return TensorRecord(record.name, record.shape, record.ggml_type, record.offset, data)
+
     def release(self, record: TensorRecord) -> None:
         """Let the operating system drop the pages of a tensor that has been converted (they stay readable: a
         later read fetches them from the file again), so that the file does not count twice in the memory of a

@@ -159,9 +159,7 @@ def _weights(layout: GGUFLayout, arch: Architecture) -> list[TensorRecord]:
 
 def _decoded(t: TensorRecord, cfg: ModelConfig, arch: Architecture, layout: GGUFLayout | None = None) -> Tensor:
     """A tensor's float32 values, query/key rows (and biases) in ``rotate_half`` order."""
-    weight = dequantize(t)
-    if layout is not None:
-        layout.release(t)
+    weight = dequantize(layout.copied(t) if layout is not None else t)
     if not arch.permuted:
         return weight
     if ".attn_q." in t.name and not t.name.endswith("_norm.weight"):

@@ -38,6 +38,13 @@ if TYPE_CHECKING:
 
 _CONTROL = 3
 _USER_DEFINED = 4
+VOCABULARY_ARRAYS = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+)
+"""The metadata a tokenizer is built from and nothing else reads: one entry per token (or merge) each."""
 
 
 @lru_cache(maxsize=1)
