@@ -149,6 +149,21 @@ def llamacpp_once(path: Path, prompt: int, new: int, threads: int) -> dict[str, 
     return {"prefill": prefill["avg_ts"], "decode": decode["avg_ts"]}
 
 
+def prompt_of(tokenizer: Any, tokens: int) -> tuple[str, int]:
+    """The longest run of whole words of ``PROMPT`` repeated that the tokenizer makes ``tokens`` ids or fewer, and
+    its length in ids (llama-bench is given that length, so both engines read prompts of the same size)."""
+    words = (PROMPT * (tokens // max(len(tokenizer.encode(PROMPT)), 1) + 2)).split()
+    low, high = 1, len(words)  # the longest prefix of words within `tokens` ids, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        if len(tokenizer.encode(" ".join(words[:mid]))) <= tokens:
+            low = mid
+        else:
+            high = mid - 1
+    text = " ".join(words[:low])
+    return text, len(tokenizer.encode(text))
+
+
 def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_tokens: int, threads: int) -> dict:
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
@@ -156,18 +171,17 @@ def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_token
     files = [f for f in files if f[2].is_file()]
     if not files:
         raise SystemExit(f"no files under {ROOT}: run `make bench-models` first")
-    tokenizer = GGUFTokenizer.from_gguf(files[0][2])
-    text = PROMPT * (prompt_tokens // max(len(tokenizer.encode(PROMPT)), 1) + 1)
-    ids = tokenizer.encode(text)[: prompt_tokens - 1]  # the BOS makes prompt_tokens
-    text = tokenizer.decode(ids)
+    first = {shape: path for shape, _, path in reversed(files)}  # one tokenizer per shape
+    prompts = {shape: prompt_of(GGUFTokenizer.from_gguf(path), prompt_tokens) for shape, path in first.items()}
     samples: dict[str, dict[str, list]] = {f"{s}/{k}": {} for s, k, _ in files}
     bandwidth: list[float] = []
     for r in range(rounds):
         bandwidth.append(read_bandwidth(1024, rounds=3)["best"])
         for shape, kind, path in files:
             key = f"{shape}/{kind}"
+            text, length = prompts[shape]  # both engines read a prompt of the same length
             figures = {f"oneblock_{k}": v for k, v in oneblock_once(path, text, new, threads).items()}
-            figures |= {f"llamacpp_{k}": v for k, v in llamacpp_once(path, prompt_tokens, new, threads).items()}
+            figures |= {f"llamacpp_{k}": v for k, v in llamacpp_once(path, length, new, threads).items()}
             for name, value in figures.items():
                 samples[key].setdefault(name, []).append(value)
             print(f"round {r + 1}: {key} {json.dumps({k: v for k, v in figures.items() if k != 'oneblock_reason'})}")
