@@ -18,6 +18,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from oneblock.io.gguf.types import GGML_TYPES  # id -> (name, values per block, bytes per block)
+
 HOME = Path.home() / ".cache" / "oneblock" / "llama.cpp"
 MUL_MAT = "29"  # GGML_OP_MUL_MAT in test-export-graph-ops' files (the first field of a line)
 
@@ -93,22 +95,6 @@ def mul_mat_line(template: str, rows: int, name: str) -> str:
     return " ".join(f)
 
 
-GGML_BLOCKS: dict[int, tuple[str, int, int]] = {
-    0: ("f32", 1, 4),
-    1: ("f16", 1, 2),
-    2: ("q4_0", 32, 18),
-    3: ("q4_1", 32, 20),
-    6: ("q5_0", 32, 22),
-    7: ("q5_1", 32, 24),
-    8: ("q8_0", 32, 34),
-    12: ("q4_K", 256, 144),
-    13: ("q5_K", 256, 176),
-    14: ("q6_K", 256, 210),
-    20: ("iq4_nl", 32, 18),
-    23: ("iq4_xs", 256, 136),
-}
-"""ggml's type table for the types a MUL_MAT line can name here: id -> (name, values per block, bytes per block)."""
-
 MUL_MAT_PARAMS = 16  # the op-params words an exported line carries (GGML_MAX_OP_PARAMS / 4), all zero for MUL_MAT
 
 
@@ -119,9 +105,9 @@ def mul_mat_line_for(ggml_type: int, n: int, k: int, rows: int, name: str) -> st
     bytes per row, bytes of the matrix, the same); source 1 (the activations) is float32 (K, rows); the output is
     float32 (N, rows).
     """
-    if ggml_type not in GGML_BLOCKS:
-        raise ValueError(f"no ggml type {ggml_type} in the table; known: {sorted(GGML_BLOCKS)}")
-    _, block, size = GGML_BLOCKS[ggml_type]
+    if ggml_type not in GGML_TYPES:
+        raise ValueError(f"no ggml type {ggml_type} in the table; known: {sorted(GGML_TYPES)}")
+    _, block, size = GGML_TYPES[ggml_type]
     if k % block:
         raise ValueError(f"K = {k} is not a multiple of the type's block of {block} values")
     row = k // block * size

@@ -51,7 +51,7 @@ def test_line_strides_follow_the_type() -> None:
 
 def test_ggml_table_agrees_with_the_formats() -> None:
     for spec in FORMATS.values():
-        name, block, size = llamacpp_tools.GGML_BLOCKS[spec.ggml_type]
+        name, block, size = llamacpp_tools.GGML_TYPES[spec.ggml_type]
         assert (name.lower(), block, size) == (spec.name, spec.block, spec.nbytes)
 
 
