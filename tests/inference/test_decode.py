@@ -180,7 +180,7 @@ def test_prompt_chunk_must_be_a_positive_integer(chunk):
         (0, 128, 32, []),
     ],
 )
-def test_bounded_spans_cut_at_the_chunk_and_join_a_short_remainder(end, chunk, least, expected):
-    from oneblock.inference.spans import bounded_spans
+def test_spans_with_least_cut_at_the_chunk_and_join_a_short_remainder(end, chunk, least, expected):
+    from oneblock.inference.spans import spans
 
-    assert bounded_spans(end, chunk, least) == expected
+    assert spans(0, end, chunk, least) == expected

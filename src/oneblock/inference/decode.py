@@ -8,7 +8,7 @@ Two implementations compute the same logits:
 * ``FullDecode`` calls the model's own ``run`` for every step: any model (encoder-decoder, post-LN, the uncached
   path), with every check and mask the layers apply.
 * ``LeanDecode``, for pre-LN decoder-only models with a cache, runs the prompt through the model's ``run`` in
-  chunks of ``PROMPT_CHUNK`` positions (:func:`~oneblock.inference.spans.bounded_spans`: a long prompt's
+  chunks of ``PROMPT_CHUNK`` positions (:func:`~oneblock.inference.spans.spans`: a long prompt's
   temporaries, such as the feed-forward's (T, 2 d_ff) products, stay those of one chunk; the server reads prompts
   in its own fixed chunks, :mod:`oneblock.inference.prefill`, for its prefix cache; a chunked read differs from a
   one-pass read by float32 rounding only) and then each new token through
@@ -38,7 +38,7 @@ from oneblock.inference.compile_policy import compile_backend
 from oneblock.inference.native_step import NativeStep
 from oneblock.inference.plan import DecodePlan, attend_cached, heads_of_one_token
 from oneblock.inference.request import DecodeRequest
-from oneblock.inference.spans import PROMPT_CHUNK, bounded_spans
+from oneblock.inference.spans import PROMPT_CHUNK, spans
 from oneblock.kernels import GEMM_ROWS
 from oneblock.kernels.tiles import prompt_tiles
 from oneblock.layers.kv_cache import Cache
@@ -204,7 +204,7 @@ class LeanDecode:
         if narrow:  # the model's layers attend in their own dtype: fill a full-width cache, then narrow it
             cache = model.new_cache(run.seen.shape[0], max_len=t, chunk=t)
         with prompt_tiles():  # bfloat16 tiles where they are faster (oneblock.kernels.tiles)
-            for start, end in bounded_spans(t, self.prompt_chunk, GEMM_ROWS):
+            for start, end in spans(0, t, self.prompt_chunk, GEMM_ROWS):
                 hidden = model.run(
                     run.seen[:, start:end],
                     padding_mask=run.mask[:, :end] if run.mask is not None else None,
