@@ -77,34 +77,23 @@ void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g,
   const float* values = c.values[at] + g * cap * dh;
   const int64_t n = col - start + 1, first = start % cap;
   const int64_t n1 = std::min(n, cap - first), n2 = n - n1;  // n2 > 0: the window wraps past the ring's end
-  if (c.math.heads != nullptr && dh % 8 == 0) {  // the group's heads together: their queries side by side
-    float* scores = room(scratch, rep * (n + dh) + dh);
-    float* qs = scores + rep * n;  // (rep, dh)
-    float* normed = qs + rep * dh;
-    const float* queries = qkv_row + g * rep * dh;  // as projected, when neither normalized nor rotated
-    if (layer.q_norm_w != nullptr || layer.rope_cos != nullptr) {
-      for (int64_t i = 0; i < rep; ++i) place(p, c, layer, r, queries + i * dh, layer.q_norm_w, normed, qs + i * dh);
-      queries = qs;
-    }
+  float* scores = room(scratch, rep * (n + dh) + dh);
+  float* qs = scores + rep * n;  // (rep, dh): the group's queries side by side, normalized and rotated
+  float* normed = qs + rep * dh;
+  const float* queries = qkv_row + g * rep * dh;  // as projected, when neither normalized nor rotated
+  if (layer.q_norm_w != nullptr || layer.rope_cos != nullptr) {
+    for (int64_t i = 0; i < rep; ++i) place(p, c, layer, r, queries + i * dh, layer.q_norm_w, normed, qs + i * dh);
+    queries = qs;
+  }
+  float* out = att_row + g * rep * dh;
+  if (c.math.heads != nullptr && dh % 8 == 0) {  // the group's heads together
     c.math.heads(queries, static_cast<int>(rep), keys + first * dh, values + first * dh, n1, keys, values, n2, dh,
-                 p.scale, p.attn_softcap, scores, att_row + g * rep * dh);
+                 p.scale, p.attn_softcap, scores, out);
     return;
   }
-  float* scores = room(scratch, n + 2 * dh);
-  float* q = scores + n;  // the rotated query
-  float* normed = q + dh;  // the normalized one (qk_norm)
-  for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
-    const float* query = qkv_row + h * dh;
-    if (layer.q_norm_w != nullptr) {
-      rms_norm(c.math, query, layer.q_norm_w, p.eps, dh, normed);
-      query = normed;
-    }
-    if (layer.rope_cos != nullptr) {
-      turn(p, c, layer, r, query, q);
-      query = q;
-    }
-    attend(c.math, query, keys + first * dh, values + first * dh, n1, keys, values, n2, dh, p.scale, p.attn_softcap,
-           scores, att_row + h * dh);
+  for (int64_t i = 0; i < rep; ++i) {
+    attend(c.math, queries + i * dh, keys + first * dh, values + first * dh, n1, keys, values, n2, dh, p.scale,
+           p.attn_softcap, scores, out + i * dh);
   }
 }
 
