@@ -45,6 +45,8 @@ warnings.filterwarnings("ignore")
 
 import machine  # noqa: E402
 import nanogpt_ref  # noqa: E402
+from bench_encoders import bench_bert, bench_minilm  # noqa: E402
+from bench_report import heading, print_targets, targets  # noqa: E402
 from timing import interleaved, speedup  # noqa: E402
 
 import oneblock as ob  # noqa: E402
@@ -55,7 +57,6 @@ SECTIONS = ("machine", "prefill", "decode", "bert", "minilm", "kernels", "smollm
 PREFILL_SHAPES = ((4, 256), (1, 1024))
 PROMPT, NEW = 64, 128
 BF16 = torch.bfloat16
-AMX = "amx_bf16" in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else "")
 # Seconds (times this factor) after which a comparison stops starting new rounds: a loaded machine makes the run
 # shorter rather than longer. Quick halves it.
 BUDGET = 1.0
@@ -92,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     if "decode" not in args.skip:
         report["decode"] = bench_decode(gpt2, rounds, quick=args.quick)
     if "bert" not in args.skip:
-        report["bert"] = bench_bert(rounds)
+        report["bert"] = bench_bert(rounds, BUDGET)
     if "minilm" not in args.skip:
-        report["minilm"] = bench_minilm(rounds)
+        report["minilm"] = bench_minilm(rounds, BUDGET)
     if "kernels" not in args.skip:
         report["kernels"] = bench_kernels(args.quick)
     if "smollm2" not in args.skip:
@@ -102,16 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     if "serve" not in args.skip:
         import bench_serve
 
-        _heading("oneblock serve vs llama-server and llama-cpp-python's server (benchmarks/bench_serve.py)")
+        heading("oneblock serve vs llama-server and llama-cpp-python's server (benchmarks/bench_serve.py)")
         report["serve"] = bench_serve.bench_serve(quick=args.quick)
     if "finetune" not in args.skip:
         import bench_finetune
 
-        _heading("oneblock finetune vs transformers + peft (benchmarks/bench_finetune.py)")
+        heading("oneblock finetune vs transformers + peft (benchmarks/bench_finetune.py)")
         report["finetune"] = bench_finetune.bench_finetune(quick=args.quick)
     report["targets"] = targets(report)
     report["seconds"] = time.perf_counter() - start
-    _print_targets(report["targets"])
+    print_targets(report["targets"])
     print(f"\ntotal {report['seconds']:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -149,7 +150,7 @@ def shapes_of(cfg: ob.ModelConfig) -> list[tuple[int, int]]:
 def bench_machine(rounds: int) -> dict[str, Any]:
     shapes = shapes_of(ob.get_preset("gpt2"))
     out: dict[str, Any] = {"shapes": shapes}
-    _heading("machine limits at the start (GPT-2 small shapes, 1024 rows); fractions below use the same-round ones")
+    heading("machine limits at the start (GPT-2 small shapes, 1024 rows); fractions below use the same-round ones")
     for name, dtype, r in (("fp32", torch.float32, rounds), ("bf16", BF16, max(2, rounds // 2))):
         peak = machine.matmul_peak(1024, shapes, dtype, rounds=r)
         out[f"matmul_{name}"] = peak
@@ -164,7 +165,7 @@ def bench_machine(rounds: int) -> dict[str, Any]:
 def bench_prefill(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str, Any]:
     """Tokens/s of one forward pass to the last position's logits (what generation's first step computes)."""
     cfg, out = gpt2["cfg"], {}
-    _heading("prefill, GPT-2 small, logits of the last position (tokens/s)")
+    heading("prefill, GPT-2 small, logits of the last position (tokens/s)")
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", BF16)):
         models = {
             "oneblock": gpt2["ours"].to(dtype),
@@ -236,7 +237,7 @@ def bench_decode(gpt2: dict[str, Any], rounds: int, *, quick: bool) -> dict[str,
             prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
         ),
     }
-    _heading(f"greedy decode, GPT-2 small, B=1, {new} new tokens after {PROMPT} (tokens/s, prompt included)")
+    heading(f"greedy decode, GPT-2 small, B=1, {new} new tokens after {PROMPT} (tokens/s, prompt included)")
     with torch.inference_mode():
         same = calls["oneblock fp32"]().tolist() == calls["transformers fp32"]().tolist()  # before timing
         sequence = calls["oneblock fp32"]()
@@ -318,65 +319,12 @@ def _accuracy(ours: torch.nn.Module, int8: torch.nn.Module, sequence: torch.Tens
     }
 
 
-def bench_bert(rounds: int) -> dict[str, Any]:
-    import transformers
-
-    torch.manual_seed(0)
-    hf = transformers.BertModel(transformers.BertConfig(attn_implementation="sdpa"), add_pooling_layer=False).eval()
-    ours = ob.from_hf(hf)
-    b, t = 8, 128
-    x = _tokens(b, t, hf.config.vocab_size, seed=2)
-    lengths = torch.tensor([128, 120, 110, 100, 96, 80, 64, 128])
-    mask = torch.arange(t)[None] < lengths[:, None]  # (B, T) right padding
-    calls = {
-        "oneblock": lambda: ours(x, padding_mask=mask),
-        "transformers": lambda: hf(input_ids=x, attention_mask=mask.long()).last_hidden_state,
-    }
-    with torch.inference_mode():
-        diff = (calls["oneblock"]() - calls["transformers"]())[mask].abs().max().item()
-    times = interleaved(calls, rounds=rounds, budget=BUDGET * 30)
-    rate = {name: b * t / s["median"] for name, s in times.items()}
-    _heading("BERT-base encoder, B=8, T=128 padded batch (tokens/s)")
-    print(
-        f"  oneblock {rate['oneblock']:.0f}  transformers {rate['transformers']:.0f}   "
-        f"x{speedup(times, 'oneblock', 'transformers'):.2f}; max |diff| {diff:.1e}"
-    )
-    return {"tokens_per_s": rate, "speedup": speedup(times, "oneblock", "transformers"), "max_abs_diff": diff}
-
-
-def bench_minilm(rounds: int) -> dict[str, Any]:
-    from sentence_transformers import SentenceTransformer
-
-    from oneblock.inference.embedding import default_model_dir, load_sentence_model
-
-    directory = default_model_dir()
-    ours = load_sentence_model(directory)
-    st = SentenceTransformer(str(directory), device="cpu")
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards"]
-    words += ["quietly", "judge", "boxing", "matches"]
-    texts = [" ".join(words[(i * 7) % len(words) :] + words[: (i * 3) % 11]) for i in range(128)]
-    calls = {
-        "oneblock": lambda: ours.encode(texts, batch_size=32),
-        "sentence-transformers": lambda: st.encode(texts, batch_size=32, convert_to_tensor=True),
-    }
-    with torch.inference_mode():
-        diff = (calls["oneblock"]() - calls["sentence-transformers"]().cpu()).abs().max().item()
-    times = interleaved(calls, rounds=rounds, budget=BUDGET * 30)
-    rate = {name: len(texts) / s["median"] for name, s in times.items()}
-    _heading("all-MiniLM-L6-v2 sentence embeddings, 128 texts, batch 32 (texts/s)")
-    print(
-        f"  oneblock {rate['oneblock']:.0f}  sentence-transformers {rate['sentence-transformers']:.0f}   "
-        f"x{speedup(times, 'oneblock', 'sentence-transformers'):.2f}; max |diff| {diff:.1e}"
-    )
-    return {"texts_per_s": rate, "speedup": speedup(times, "oneblock", "sentence-transformers"), "max_abs_diff": diff}
-
-
 def bench_kernels(quick: bool) -> dict[str, Any]:
     """SmolLM2's block products, oneblock beside test-backend-ops (``bench_kernels.py``), in this run."""
     import bench_kernels as kernels_bench
     import llamacpp_tools
 
-    _heading(f"SmolLM2 block products, {torch.get_num_threads()} threads (benchmarks/bench_kernels.py)")
+    heading(f"SmolLM2 block products, {torch.get_num_threads()} threads (benchmarks/bench_kernels.py)")
     if llamacpp_tools.tool("test-backend-ops") is None:
         print(f"  llama.cpp: skipped, no test-backend-ops in {llamacpp_tools.tools_dir()} (make bench-llamacpp)")
     try:
@@ -398,7 +346,7 @@ def bench_smollm2(quick: bool) -> dict[str, Any]:
     """SmolLM2 in cold processes against llama.cpp and transformers (``bench_smollm2.py``), in this run."""
     import bench_smollm2 as smollm2
 
-    _heading("SmolLM2 (benchmarks/bench_smollm2.py)")
+    heading("SmolLM2 (benchmarks/bench_smollm2.py)")
     if not smollm2.llamacpp_installed():
         print("  llama.cpp: skipped, llama-cpp-python is not installed (make bench-llamacpp builds it)")
     try:
@@ -412,67 +360,6 @@ def bench_smollm2(quick: bool) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- targets
-
-
-def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each goal: the measured value, the threshold and whether it is met."""
-    rows: list[dict[str, Any]] = []
-
-    def add(name: str, value: float | None, threshold: float, unit: str = "x") -> None:
-        if value is not None:
-            met = value >= threshold
-            rows.append({"target": name, "value": value, "threshold": threshold, "unit": unit, "met": met})
-
-    pre = report.get("prefill", {})
-    for key, entry in pre.items():
-        up = entry["speedup"]
-        if key.startswith("fp32"):
-            add(f"prefill {key}: vs transformers fp32", up["transformers"], 1.15)
-            add(f"prefill {key}: vs nanoGPT fp32", up["nanogpt"], 1.0)
-            add(f"prefill {key}: fraction of fp32 matmul ceiling", entry["fraction_of_matmul_peak"], 0.90, "%")
-        elif AMX:  # the bf16 targets are set for CPUs with AMX tiles; elsewhere bf16 products run slower than fp32
-            add(f"prefill {key}: vs transformers fp32", up.get("transformers fp32"), 3.5)
-            add(f"prefill {key}: vs transformers bf16", up["transformers"], 1.15)
-    dec = report.get("decode")
-    if dec:
-        up = dec["speedup_vs_transformers_fp32"]
-        add("decode fp32: vs transformers generate", up["oneblock fp32"], 1.5)
-        add("decode fp32: fraction of bandwidth bound", dec["fraction_of_bandwidth_bound"], 0.75, "%")
-        add("decode int8: vs transformers fp32 generate", up["oneblock int8"], 3.0)
-        add("decode int8: top-1 agreement with fp32, teacher-forced", dec["int8_accuracy"]["top1_agreement"], 0.99, "%")
-        add("decode q8_0: vs transformers fp32 generate", up["oneblock q8_0"], 3.0)
-        add("decode q8_0: top-1 agreement with fp32, teacher-forced", dec["q8_0_accuracy"]["top1_agreement"], 0.99, "%")
-    bert = report.get("bert")
-    if bert:
-        add("BERT-base: vs transformers", bert["speedup"], 1.15)
-    for row in (report.get("kernels") or {}).get("rows", []):
-        if "ratio" in row:
-            add(f"kernel {row['product']} {row['format']} M={row['M']}: vs test-backend-ops", row["ratio"], 1.0)
-    for row in (report.get("smollm2") or {}).get("targets", []):
-        value, threshold = row["value"], row["threshold"]
-        # "at most x2" is met when value <= 2; stored as the inverse so every row reads "value >= threshold"
-        inverse = row["sense"] == "<="
-        rows.append({**row, "unit": "x", "value": 1 / value if inverse else value,
-                     "threshold": 1 / threshold if inverse else threshold})  # fmt: skip
-    if not AMX:
-        print("\nbf16 prefill targets: not applicable, this CPU has no AMX (amx_bf16 missing from /proc/cpuinfo)")
-    return rows
-
-
-def _print_targets(rows: list[dict[str, Any]]) -> None:
-    _heading("targets")
-    for row in rows:
-        value = f"{row['value']:.0%}" if row["unit"] == "%" else f"x{row['value']:.2f}"
-        need = f"{row['threshold']:.0%}" if row["unit"] == "%" else f"x{row['threshold']:.2f}"
-        if row.get("sense") == "<=":  # shown as measured: oneblock / llama.cpp, at most the threshold
-            value, need = f"x{1 / row['value']:.2f}", f"<= x{1 / row['threshold']:.2f}"
-            print(f"  {'met ' if row['met'] else 'MISS'}  {row['target']:52s} {value:>7s}  ({need})")
-            continue
-        print(f"  {'met ' if row['met'] else 'MISS'}  {row['target']:52s} {value:>7s}  (>= {need})")
-
-
-def _heading(text: str) -> None:
-    print(f"\n{text}", flush=True)
 
 
 if __name__ == "__main__":
