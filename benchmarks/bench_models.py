@@ -123,6 +123,27 @@ def weight_bytes_per_token(path: Path) -> int:
     return sum(n for name, n in sizes.items() if tied or name != "token_embd.weight")
 
 
+def cache_bytes(path: Path, positions: int) -> int:
+    """Bytes of the float32 key/value cache that holds ``positions`` positions of the file's model."""
+    from oneblock.io.gguf.layout import read_layout
+    from oneblock.io.gguf.load import config_from_layout
+
+    cfg = config_from_layout(read_layout(path))
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * positions * 4
+
+
+def torch_rss() -> int:
+    """Peak resident bytes of a process that has done ``import torch`` and nothing else: what the memory bound
+    counts from."""
+    code = "import torch, oneblock.inference.process as p; print(p.peak_rss_bytes())"
+    return int(_run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(SRC)}))
+
+
+def memory_bound(file_bytes: int, cache: int, base: int) -> int:
+    """The most resident memory a run may peak at: ``import torch`` plus the file and its key/value cache, + 10%."""
+    return base + (file_bytes + cache) * 11 // 10
+
+
 def oneblock_once(path: Path, prompt: str, new: int, threads: int) -> dict[str, float]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(SRC)}
     argv = [sys.executable, "-m", "oneblock", "generate", "--model", str(path), "--prompt", prompt, "--greedy"]
@@ -175,8 +196,10 @@ def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_token
     prompts = {shape: prompt_of(GGUFTokenizer.from_gguf(path), prompt_tokens) for shape, path in first.items()}
     samples: dict[str, dict[str, list]] = {f"{s}/{k}": {} for s, k, _ in files}
     bandwidth: list[float] = []
+    base: list[int] = []
     for r in range(rounds):
         bandwidth.append(read_bandwidth(1024, rounds=3)["best"])
+        base.append(torch_rss())
         for shape, kind, path in files:
             key = f"{shape}/{kind}"
             text, length = prompts[shape]  # both engines read a prompt of the same length
@@ -187,13 +210,17 @@ def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_token
             print(f"round {r + 1}: {key} {json.dumps({k: v for k, v in figures.items() if k != 'oneblock_reason'})}")
     result: dict[str, Any] = {
         "cpu": cpu_description(), "machine": platform.machine(), "threads": threads, "new": new,
-        "prompt_tokens": prompt_tokens, "bandwidth_bytes_per_s": statistics.median(bandwidth), "files": {},
+        "prompt_tokens": prompt_tokens, "bandwidth_bytes_per_s": statistics.median(bandwidth),
+        "torch_rss": statistics.median(base), "files": {},
     }  # fmt: skip
     for shape, kind, path in files:
         key = f"{shape}/{kind}"
         med = {k: (statistics.median(v) if isinstance(v[0], (int, float)) else v[0]) for k, v in samples[key].items()}
         per_token = weight_bytes_per_token(path)
         med |= {"file_bytes": path.stat().st_size, "weight_bytes_per_token": per_token}
+        positions = int(med["oneblock_prompt_tokens"]) + new - 1  # the last new token is never fed back
+        med["cache_bytes"] = cache_bytes(path, positions)
+        med["rss_bound"] = memory_bound(med["file_bytes"], med["cache_bytes"], result["torch_rss"])
         for engine in ("oneblock", "llamacpp"):
             if f"{engine}_decode" in med:
                 med[f"{engine}_bound_fraction"] = med[f"{engine}_decode"] * per_token / result["bandwidth_bytes_per_s"]
@@ -204,8 +231,10 @@ def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_token
 def report(result: dict) -> str:
     lines = [
         f"CPU: {result['cpu']}; {result['threads']} threads; read bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f}"
-        f" GB/s; decode {result['new']} tokens, prefill {result['prompt_tokens']}",
-        "| file | MB | decode ours / llama.cpp (tok/s) | ratio | of the bound | prefill ratio | RSS / file | step |",
+        f" GB/s; decode {result['new']} tokens, prefill {result['prompt_tokens']}; the memory bound is `import torch`"
+        f" ({result['torch_rss'] / 1e6:.0f} MB) plus the file and its key/value cache, + 10%",
+        "| file | MB | decode ours / llama.cpp (tok/s) | ratio | of the bound | prefill ratio | peak RSS / bound MB "
+        "| step |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for key, m in result["files"].items():
@@ -215,11 +244,11 @@ def report(result: dict) -> str:
         bound = f"{m['oneblock_bound_fraction']:.0%}"
         if "llamacpp_bound_fraction" in m:
             bound += f" / {m['llamacpp_bound_fraction']:.0%}"
-        rss = m["oneblock_rss"] / m["file_bytes"]
+        rss = f"{m['oneblock_rss'] / 1e6:,.0f} / {m['rss_bound'] / 1e6:,.0f}"
         step = m["oneblock_step"] + (f" ({m['oneblock_reason']})" if m.get("oneblock_reason") else "")
         lines.append(
             f"| {key} | {m['file_bytes'] / 1e6:.0f} | {ours:.1f} / {theirs or 0:.1f} | {ratio} | {bound} | {pre} | "
-            f"{rss:.2f} | {step} |"
+            f"{rss} | {step} |"
         )
     return "\n".join(lines)
 
