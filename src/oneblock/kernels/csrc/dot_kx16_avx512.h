@@ -111,11 +111,13 @@ OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
 }
 
 // Q6_K's 4 codes of 16 rows for quarter `quarter` of a half: the nibble (quarter / 2) of ql chunk `ql`, topped by bit
-// pair `quarter` of qh chunk `qh`, in [0, 63].
+// pair `quarter` of qh chunk `qh`, in [0, 63]. The pair is shifted to bits 4-5 (it is there for quarter 2) and
+// masked, and one ternary-logic op keeps the nibble's bits below it: three operations for most quarters.
 OB_TARGET inline __m512i q6_k_codes(__m512i ql, __m512i qh, int quarter) {
-  const __m512i low = _mm512_and_si512(quarter >= 2 ? _mm512_srli_epi16(ql, 4) : ql, _mm512_set1_epi8(0x0F));
-  const __m512i top = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * quarter), _mm512_set1_epi8(0x03));
-  return _mm512_or_si512(low, _mm512_slli_epi16(top, 4));
+  const __m512i low = quarter >= 2 ? _mm512_srli_epi16(ql, 4) : ql;
+  const __m512i pair = quarter == 2 ? qh : quarter < 2 ? _mm512_slli_epi16(qh, 4 - 2 * quarter) : _mm512_srli_epi16(qh, 2);
+  const __m512i top = _mm512_and_si512(pair, _mm512_set1_epi8(0x30));
+  return _mm512_ternarylogic_epi32(low, top, _mm512_set1_epi8(0x0F), 0xEC);  // (low & 0x0F) | top
 }
 
 // One Q6_Kx16 group against R activation rows (Q8_K). Sub-block s (16 values) of half h = s / 8 takes ql bytes
@@ -135,7 +137,8 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
     for (int h = 0; h < 2; ++h) {
       for (int half_sub = 0; half_sub < 2; ++half_sub) {  // the first or second 16 values of each quarter
         const uint8_t* triples = blk + L::kCodes + 3 * (8 * h + 4 * half_sub) * kChunkBytes;
-        for (int quarter = 0; quarter < 4; ++quarter) {
+#pragma GCC unroll 4
+        for (int quarter = 0; quarter < 4; ++quarter) {  // unrolled: each quarter's shifts by constants
           const int s = 8 * h + 2 * quarter + half_sub;
           __m512i codes[4];
           for (int i = 0; i < 4; ++i) {
