@@ -59,6 +59,13 @@ OB_TARGET inline __m512i pair_dot_add(__m512i acc, __m512i p, __m512i m) {
 #endif
 }
 
+// The int16 pair at p, as one 32-bit word in every lane.
+OB_TARGET inline __m512i pair_at(const int16_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, sizeof(word));
+  return _mm512_set1_epi32(word);
+}
+
 // Lane `lane` of `words` (8 int32, each an int16 pair) in every lane.
 OB_TARGET inline __m512i lane_of(__m256i words, int lane) {
   return _mm512_permutexvar_epi32(_mm512_set1_epi32(lane), _mm512_castsi256_si512(words));
@@ -166,22 +173,22 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
         }
       }
     }
-    __m512i even[4], odd[4];  // scale chunk t's int8 scales as int16: sub-blocks (4t, 4t + 2) and (4t + 1, 4t + 3)
+    // Scale chunk t's int8 scales as int16 pairs, sub-blocks (4t, 4t + 1) and (4t + 2, 4t + 3): the order the
+    // activations' sums of 16 are stored in, so that each row reads its pairs as 32-bit words from memory.
+    const __m512i swap = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15));
+    __m512i first[4], second[4];
     for (int t = 0; t < 4; ++t) {
-      const __m512i word = _mm512_loadu_si512(blk + L::kSubScales + t * kChunkBytes);
-      even[t] = _mm512_srai_epi16(_mm512_slli_epi16(word, 8), 8);
-      odd[t] = _mm512_srai_epi16(word, 8);
+      const __m512i word = _mm512_shuffle_epi8(_mm512_loadu_si512(blk + L::kSubScales + t * kChunkBytes), swap);
+      first[t] = _mm512_srai_epi16(_mm512_slli_epi16(word, 8), 8);
+      second[t] = _mm512_srai_epi16(word, 8);
     }
     const __m512 dw = scales16(blk + L::kScales);
-    const __m256i order = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
     for (int r = 0; r < R; ++r) {
-      // The activations' 16 sums as int16 pairs: (4t, 4t + 2) in lane 2t, (4t + 1, 4t + 3) in lane 2t + 1.
-      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r].bsums + b * (QK_K / 16)));
-      const __m256i sums = _mm256_shuffle_epi8(bs, order);
+      const int16_t* sums = a[r].bsums + b * (QK_K / 16);  // the activations' 16 sums: pair j is (2j, 2j + 1)
       __m512i offset = _mm512_setzero_si512();  // per lane: the sum over s of scale s times activation sum s
       for (int t = 0; t < 4; ++t) {
-        offset = pair_dot_add(offset, even[t], lane_of(sums, 2 * t));
-        offset = pair_dot_add(offset, odd[t], lane_of(sums, 2 * t + 1));
+        offset = pair_dot_add(offset, first[t], pair_at(sums + 4 * t));
+        offset = pair_dot_add(offset, second[t], pair_at(sums + 4 * t + 2));
       }
       const __m512i exact = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(offset, 5));
       const __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])));
