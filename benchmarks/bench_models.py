@@ -14,10 +14,10 @@ downloaded; ``make bench-llamacpp`` builds the tools.
 ``run`` decodes each file in interleaved rounds, nothing else running: ``oneblock generate --json`` (greedy, the
 prompt's tokens then ``--new`` tokens) against ``llama-bench -p P -n 0`` (prefill) and ``llama-bench -p 0 -n N -d P``
 (decode after as many positions as the prompt, where oneblock decodes) on the same threads, and in the same
-rounds the machine's read bandwidth (``machine.read_bandwidth``). It reports decode and prefill tokens/s of each,
-their ratios, oneblock's peak RSS beside the file's size, and the bandwidth bound: the bytes of weights a decoded
-token reads (every matrix and the head; the token table only where it is the head) times tokens/s, over the
-measured bandwidth.
+rounds the machine's read bandwidth (``machine.read_bandwidth``). It reports decode and prefill tokens/s of each
+(medians), their ratios (the median of each round's ratio), oneblock's peak RSS beside its memory bound, and the
+bandwidth bound: the bytes of weights a decoded token reads (every matrix and the head; the token table only where
+it is the head) times tokens/s, over the measured bandwidth.
 """
 
 from __future__ import annotations
@@ -185,6 +185,15 @@ def prompt_of(tokenizer: Any, tokens: int) -> tuple[str, int]:
     return text, len(tokenizer.encode(text))
 
 
+def round_ratio(samples: dict[str, list], what: str) -> float | None:
+    """The median over rounds of oneblock's figure over llama.cpp's in the same round: each round's pair ran
+    minutes apart, so a slow spell of a shared machine moves both sides of one ratio rather than one side of the
+    medians' ratio."""
+    ours, theirs = samples.get(f"oneblock_{what}", []), samples.get(f"llamacpp_{what}", [])
+    ratios = [a / b for a, b in zip(ours, theirs, strict=False) if b]
+    return statistics.median(ratios) if ratios else None
+
+
 def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_tokens: int, threads: int) -> dict:
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
@@ -218,6 +227,7 @@ def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_token
         med = {k: (statistics.median(v) if isinstance(v[0], (int, float)) else v[0]) for k, v in samples[key].items()}
         per_token = weight_bytes_per_token(path)
         med |= {"file_bytes": path.stat().st_size, "weight_bytes_per_token": per_token}
+        med |= {f"{what}_ratio": round_ratio(samples[key], what) for what in ("decode", "prefill")}
         positions = int(med["oneblock_prompt_tokens"]) + new - 1  # the last new token is never fed back
         med["cache_bytes"] = cache_bytes(path, positions)
         med["rss_bound"] = memory_bound(med["file_bytes"], med["cache_bytes"], result["torch_rss"])
@@ -239,8 +249,8 @@ def report(result: dict) -> str:
     ]
     for key, m in result["files"].items():
         ours, theirs = m["oneblock_decode"], m.get("llamacpp_decode")
-        ratio = f"{ours / theirs:.2f}x" if theirs else "-"
-        pre = f"{m['oneblock_prefill'] / m['llamacpp_prefill']:.2f}x" if m.get("llamacpp_prefill") else "-"
+        ratio = f"{m['decode_ratio']:.2f}x" if m.get("decode_ratio") else "-"
+        pre = f"{m['prefill_ratio']:.2f}x" if m.get("prefill_ratio") else "-"
         bound = f"{m['oneblock_bound_fraction']:.0%}"
         if "llamacpp_bound_fraction" in m:
             bound += f" / {m['llamacpp_bound_fraction']:.0%}"

@@ -31,3 +31,11 @@ def test_the_memory_bound_counts_the_cache_oneblock_allocates() -> None:
     assert bench_models.cache_bytes(smollm2_gguf_path(), 100) == held == 2 * 30 * 3 * 64 * 100 * 4
     assert bench_models.memory_bound(1000, 200, 50) == 50 + 1320  # torch's share, then the file and cache + 10%
     assert 50e6 < bench_models.torch_rss() < 2e9  # a process that imported torch, measured as oneblock measures
+
+
+def test_ratios_are_the_median_of_each_rounds_ratio() -> None:
+    samples = {"oneblock_decode": [30.0, 60.0, 50.0], "llamacpp_decode": [20.0, 60.0, 40.0]}
+    assert bench_models.round_ratio(samples, "decode") == 1.25  # rounds: 1.5, 1.0, 1.25; medians' ratio: 1.25 too
+    samples = {"oneblock_prefill": [100.0, 300.0, 200.0], "llamacpp_prefill": [50.0, 290.0, 210.0]}
+    assert bench_models.round_ratio(samples, "prefill") == 300.0 / 290.0  # the medians' ratio would be 0.95
+    assert bench_models.round_ratio({"oneblock_decode": [1.0]}, "decode") is None  # llama.cpp not built
