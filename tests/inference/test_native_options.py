@@ -91,6 +91,24 @@ def test_heads_attending_together_equal_the_python_step(option):
     assert relative(scalar, python) <= bound
 
 
+@pytest.mark.parametrize("option", ["sliding-window", "gemma2", "qk_norm"])
+def test_heads_weighed_with_avx512_equal_the_avx2_path_bit_for_bit(option):
+    """Where the block kernels run AVX-512, a group's values are weighed for all its heads at once (heads of 16 and
+    32 features here): the logits equal those of the AVX2 path bit for bit, on a CPU without AVX-512 trivially."""
+    model = build(option, sizes=WIDE_HEADS)
+    isa = torch.ops.oneblock.isa()
+    supported = torch.ops.oneblock.isa_supported
+    wide = [name for name in ("avx512", "avx512_vnni") if supported(kernels.ops.ISAS.index(name))]
+    try:
+        kernels.ops.set_isa("avx2")
+        narrow, _ = decode_both(model, PROMPTS[1], steps=12)
+        for name in wide:
+            kernels.ops.set_isa(name)
+            assert torch.equal(decode_both(model, PROMPTS[1], steps=12)[0], narrow), name
+    finally:
+        kernels.ops.set_isa(isa)
+
+
 @pytest.mark.parametrize("option", ["sliding-window", "gemma2", "gemma3"])
 def test_the_window_changes_the_logits(option):
     """The local layer's window matters to these models: without it the logits differ (so the test above sees it)."""

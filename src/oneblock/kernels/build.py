@@ -43,6 +43,7 @@ SOURCES = (
     "decode_lora.cpp",
     "step_math.cpp",
     "attend_avx2.cpp",
+    "weigh_avx512.cpp",
     "interleave.cpp",
     "quantize_avx512.cpp",
 )

@@ -117,21 +117,49 @@ constexpr WeighFn kWeigh[9] = {nullptr, weigh<1>, weigh<2>, weigh<3>, weigh<4>, 
 
 }  // namespace
 
-OB_AVX2 void attend_heads_avx2(const float* q, int rep, const float* keys, const float* values, int64_t n,
-                               const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
-                               float cap, float* scores, float* out) {
+namespace {
+
+// Each head's scores (soft-capped where `cap` > 0) become its softmax numerators; returns nothing, writes each head's
+// 1 / sum into inv (rep,).
+OB_AVX2 void numerators(const float* q, int rep, const float* keys, int64_t n, const float* keys2, int64_t n2,
+                        int64_t d_head, float scale, float cap, float* scores, float* inv) {
   const int64_t all = n + n2;
   scores_of(q, rep, keys, n, d_head, scale, scores, all);
   scores_of(q, rep, keys2, n2, d_head, scale, scores + n, all);
   for (int h = 0; h < rep; ++h) {
     float* s = scores + h * all;
     if (cap > 0.0f) softcap(s, all, cap);
-    const float inv = 1.0f / exponentials(s, all);
+    inv[h] = 1.0f / exponentials(s, all);
+  }
+}
+
+}  // namespace
+
+OB_AVX2 void attend_heads_avx2(const float* q, int rep, const float* keys, const float* values, int64_t n,
+                               const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
+                               float cap, float* scores, float* out) {
+  const int64_t all = n + n2;
+  float* inv = scores + rep * all;
+  numerators(q, rep, keys, n, keys2, n2, d_head, scale, cap, scores, inv);
+  for (int h = 0; h < rep; ++h) {
     for (int64_t c = 0; c < d_head; c += 64) {  // 64 features (8 registers) at a time
       const int64_t lanes = std::min<int64_t>(64, d_head - c) / 8;
-      kWeigh[lanes](s, values + c, n, values2 + c, n2, d_head, inv, out + h * d_head + c);
+      kWeigh[lanes](scores + h * all, values + c, n, values2 + c, n2, d_head, inv[h], out + h * d_head + c);
     }
   }
+}
+
+OB_AVX2 void attend_heads_avx512(const float* q, int rep, const float* keys, const float* values, int64_t n,
+                                 const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
+                                 float cap, float* scores, float* out) {
+  if (d_head % 16 != 0) {
+    attend_heads_avx2(q, rep, keys, values, n, keys2, values2, n2, d_head, scale, cap, scores, out);
+    return;
+  }
+  const int64_t all = n + n2;
+  float* inv = scores + rep * all;
+  numerators(q, rep, keys, n, keys2, n2, d_head, scale, cap, scores, inv);
+  weigh_heads_avx512(scores, rep, all, values, n, values2, n2, d_head, inv, out);
 }
 
 }  // namespace oneblock

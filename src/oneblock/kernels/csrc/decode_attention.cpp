@@ -77,8 +77,8 @@ void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g,
   const float* values = c.values[at] + g * cap * dh;
   const int64_t n = col - start + 1, first = start % cap;
   const int64_t n1 = std::min(n, cap - first), n2 = n - n1;  // n2 > 0: the window wraps past the ring's end
-  float* scores = room(scratch, rep * (n + dh) + dh);
-  float* qs = scores + rep * n;  // (rep, dh): the group's queries side by side, normalized and rotated
+  float* scores = room(scratch, rep * (n + 1 + dh) + dh);  // (rep, n) scores, then each head's 1 / sum
+  float* qs = scores + rep * (n + 1);  // (rep, dh): the group's queries side by side, normalized and rotated
   float* normed = qs + rep * dh;
   const float* queries = qkv_row + g * rep * dh;  // as projected, when neither normalized nor rotated
   if (layer.q_norm_w != nullptr || layer.rope_cos != nullptr) {

@@ -332,7 +332,7 @@ Call read_call(const Plan& p, const at::Tensor& tokens, const at::Tensor& positi
                   " here) may hold fewer than its columns");
     }
   }
-  c.math = float_math(dot_kernel(kQ8_0) == dot_q8_0_scalar);  // the float routines follow ONEBLOCK_KERNELS
+  c.math = float_math(current_isa());  // the float routines follow ONEBLOCK_KERNELS
   return c;
 }
 

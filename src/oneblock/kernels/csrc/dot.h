@@ -54,6 +54,9 @@ extern float g_half[1 << 16];
 // The kernel of block format `fmt` for the instruction set in use (ops.cpp; set_isa switches it).
 DotFn dot_kernel(int64_t fmt);
 
+// The instruction set in use (an Isa), chosen at load or by set_isa (ops.cpp).
+int current_isa();
+
 // Quantizes one (K,) float32 row into `q` (K,) codes, `d` (K/32,) scales and, if `s` is not null, the Q8_1 sums.
 void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d, float* s);
 

@@ -343,6 +343,8 @@ void quantize_row_q8_k(const float* x, int64_t k, int8_t* q, float* d, int16_t* 
   quantize_row_q8_k_scalar(x, k, q, d, bsums);
 }
 
+int current_isa() { return g_isa.load(std::memory_order_relaxed); }
+
 DotFn dot_kernel(int64_t fmt) {
   const int column = kernel_column(fmt);
   return column < 0 ? nullptr : kKernels[g_isa.load(std::memory_order_relaxed)][column];

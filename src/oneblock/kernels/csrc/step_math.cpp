@@ -71,11 +71,12 @@ OB_AVX2 void axpy_avx2(float a, const float* v, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * v[i];
 }
 
-FloatMath float_math(bool scalar) {
+FloatMath float_math(int isa) {
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (scalar || !avx2) return {float_dot_scalar, axpy_scalar, nullptr};
-  return {float_dot_avx2, axpy_avx2, attend_heads_avx2};
+  if (isa == 0 || !avx2) return {float_dot_scalar, axpy_scalar, nullptr};
+  const bool avx512 = isa >= 2 && __builtin_cpu_supports("avx512f");
+  return {float_dot_avx2, axpy_avx2, avx512 ? attend_heads_avx512 : attend_heads_avx2};
 }
 
 // -- the passes over one row, written once on top of the routines above ----------------------------------------

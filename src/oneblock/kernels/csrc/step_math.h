@@ -31,7 +31,8 @@ void axpy_avx2(float a, const float* v, float* y, int64_t n);
 
 // The `rep` query heads (rep, d_head) of one key/value head over n keys and values (n, d_head) then n2 more at
 // keys2 and values2: out (rep, d_head), each head's `attend` computed together (attend_avx2.cpp); d_head a
-// multiple of 8, `scores` scratch for rep * (n + n2) floats.
+// multiple of 8, `scores` scratch for rep * (n + n2 + 1) floats. The AVX-512 variant weighs the values of every head
+// at once where d_head is a multiple of 16 (weigh_avx512.cpp), with the same result bit for bit.
 using AttendHeadsFn = void (*)(const float* q, int rep, const float* keys, const float* values, int64_t n,
                                const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
                                float cap, float* scores, float* out);
@@ -39,6 +40,13 @@ using AttendHeadsFn = void (*)(const float* q, int rep, const float* keys, const
 void attend_heads_avx2(const float* q, int rep, const float* keys, const float* values, int64_t n, const float* keys2,
                        const float* values2, int64_t n2, int64_t d_head, float scale, float cap, float* scores,
                        float* out);
+void attend_heads_avx512(const float* q, int rep, const float* keys, const float* values, int64_t n,
+                         const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale, float cap,
+                         float* scores, float* out);
+// out (rep, d_head) = inv[h] * sum_j p[h * stride + j] v_j over the n values then the n2 at values2 (d_head a
+// multiple of 16; weigh_avx512.cpp).
+void weigh_heads_avx512(const float* p, int rep, int64_t stride, const float* values, int64_t n,
+                        const float* values2, int64_t n2, int64_t d_head, const float* inv, float* out);
 
 // The float routines of one instruction set (`heads` null where each head attends alone, by `attend`).
 struct FloatMath {
@@ -47,8 +55,9 @@ struct FloatMath {
   AttendHeadsFn heads;
 };
 
-// The scalar routines when the block kernels run scalar (ONEBLOCK_KERNELS=scalar), else AVX2 where the CPU has it.
-FloatMath float_math(bool scalar);
+// The routines of the instruction set the block kernels run on (ONEBLOCK_KERNELS, set_isa; 0 scalar, 1 AVX2, 2 and 3
+// AVX-512): scalar, else AVX2 where the CPU has it, the grouped heads' values weighed with AVX-512 from 2 on.
+FloatMath float_math(int isa);
 
 enum Activation : int64_t { kGelu = 0, kGeluTanh = 1, kRelu = 2, kSilu = 3 };
 

@@ -1,0 +1,62 @@
+// The weighted sums of values of the query heads of one key/value head, all heads at once (AVX-512F): each value
+// row is read once for every head instead of once per head. For every output feature the products are added in the
+// order of the keys, one fused multiply-add each, then scaled by the head's 1 / sum: what attend_avx2.cpp's `weigh`
+// computes, bit for bit, in registers twice as wide.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "step_math.h"
+
+#define OB_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+namespace oneblock {
+namespace {
+
+// out[h][0 .. 16L) = inv[h] * sum_j p[h * stride + j] v_j[0 .. 16L) for H heads, over the n values then the n2 more.
+template <int H, int L>
+OB_AVX512 void weigh(const float* p, int64_t stride, const float* values, int64_t n, const float* values2, int64_t n2,
+                     int64_t dh, const float* inv, float* out) {
+  __m512 acc[H][L];
+  for (int h = 0; h < H; ++h) {
+    for (int i = 0; i < L; ++i) acc[h][i] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < n + n2; ++j) {
+    const float* v = j < n ? values + j * dh : values2 + (j - n) * dh;
+    __m512 row[L];
+    for (int i = 0; i < L; ++i) row[i] = _mm512_loadu_ps(v + 16 * i);
+    for (int h = 0; h < H; ++h) {
+      const __m512 ph = _mm512_set1_ps(p[h * stride + j]);
+      for (int i = 0; i < L; ++i) acc[h][i] = _mm512_fmadd_ps(row[i], ph, acc[h][i]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    for (int i = 0; i < L; ++i) _mm512_storeu_ps(out + h * dh + 16 * i, _mm512_mul_ps(acc[h][i], _mm512_set1_ps(inv[h])));
+  }
+}
+
+using WeighFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, int64_t, int64_t, const float*,
+                         float*);
+// [heads - 1][registers - 1]: up to 4 heads of up to 64 features (16 accumulators) at a time.
+constexpr WeighFn kWeigh[4][4] = {
+    {weigh<1, 1>, weigh<1, 2>, weigh<1, 3>, weigh<1, 4>},
+    {weigh<2, 1>, weigh<2, 2>, weigh<2, 3>, weigh<2, 4>},
+    {weigh<3, 1>, weigh<3, 2>, weigh<3, 3>, weigh<3, 4>},
+    {weigh<4, 1>, weigh<4, 2>, weigh<4, 3>, weigh<4, 4>},
+};
+
+}  // namespace
+
+void weigh_heads_avx512(const float* p, int rep, int64_t stride, const float* values, int64_t n,
+                        const float* values2, int64_t n2, int64_t d_head, const float* inv, float* out) {
+  for (int h0 = 0; h0 < rep; h0 += 4) {
+    const int heads = std::min(4, rep - h0);
+    for (int64_t c = 0; c < d_head; c += 64) {  // 64 features of each head at a time
+      const int64_t lanes = std::min<int64_t>(64, d_head - c) / 16;
+      kWeigh[heads - 1][lanes - 1](p + h0 * stride, stride, values + c, n, values2 + c, n2, d_head, inv + h0,
+                                   out + h0 * d_head + c);
+    }
+  }
+}
+
+}  // namespace oneblock
