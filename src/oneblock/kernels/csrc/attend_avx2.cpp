@@ -115,12 +115,8 @@ OB_AVX2 void weigh(const float* p, const float* values, int64_t n, const float* 
 using WeighFn = void (*)(const float*, const float*, int64_t, const float*, int64_t, int64_t, float, float*);
 constexpr WeighFn kWeigh[9] = {nullptr, weigh<1>, weigh<2>, weigh<3>, weigh<4>, weigh<5>, weigh<6>, weigh<7>, weigh<8>};
 
-}  // namespace
-
-namespace {
-
-// Each head's scores (soft-capped where `cap` > 0) become its softmax numerators; returns nothing, writes each head's
-// 1 / sum into inv (rep,).
+// Each head's scaled scores (rep, n + n2), soft-capped where `cap` > 0, become its softmax numerators in place;
+// inv (rep,) gets each head's 1 / their sum.
 OB_AVX2 void numerators(const float* q, int rep, const float* keys, int64_t n, const float* keys2, int64_t n2,
                         int64_t d_head, float scale, float cap, float* scores, float* inv) {
   const int64_t all = n + n2;
