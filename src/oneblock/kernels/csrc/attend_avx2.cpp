@@ -129,14 +129,18 @@ OB_AVX2 void numerators(const float* q, int rep, const float* keys, int64_t n, c
   }
 }
 
-}  // namespace
-
-OB_AVX2 void attend_heads_avx2(const float* q, int rep, const float* keys, const float* values, int64_t n,
-                               const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
-                               float cap, float* scores, float* out) {
+// The heads' scores, their softmax and the weighted values; `wide`: the values weighed for several heads at once
+// with AVX-512 (d_head a multiple of 16), the same result bit for bit.
+OB_AVX2 void attend_heads(const float* q, int rep, const float* keys, const float* values, int64_t n,
+                          const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale, float cap,
+                          float* scores, float* out, bool wide) {
   const int64_t all = n + n2;
   float* inv = scores + rep * all;
   numerators(q, rep, keys, n, keys2, n2, d_head, scale, cap, scores, inv);
+  if (wide) {
+    weigh_heads_avx512(scores, rep, all, values, n, values2, n2, d_head, inv, out);
+    return;
+  }
   for (int h = 0; h < rep; ++h) {
     for (int64_t c = 0; c < d_head; c += 64) {  // 64 features (8 registers) at a time
       const int64_t lanes = std::min<int64_t>(64, d_head - c) / 8;
@@ -145,17 +149,18 @@ OB_AVX2 void attend_heads_avx2(const float* q, int rep, const float* keys, const
   }
 }
 
+}  // namespace
+
+OB_AVX2 void attend_heads_avx2(const float* q, int rep, const float* keys, const float* values, int64_t n,
+                               const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
+                               float cap, float* scores, float* out) {
+  attend_heads(q, rep, keys, values, n, keys2, values2, n2, d_head, scale, cap, scores, out, false);
+}
+
 OB_AVX2 void attend_heads_avx512(const float* q, int rep, const float* keys, const float* values, int64_t n,
                                  const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
                                  float cap, float* scores, float* out) {
-  if (d_head % 16 != 0) {
-    attend_heads_avx2(q, rep, keys, values, n, keys2, values2, n2, d_head, scale, cap, scores, out);
-    return;
-  }
-  const int64_t all = n + n2;
-  float* inv = scores + rep * all;
-  numerators(q, rep, keys, n, keys2, n2, d_head, scale, cap, scores, inv);
-  weigh_heads_avx512(scores, rep, all, values, n, values2, n2, d_head, inv, out);
+  attend_heads(q, rep, keys, values, n, keys2, values2, n2, d_head, scale, cap, scores, out, d_head % 16 == 0);
 }
 
 }  // namespace oneblock

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dot.h"
 #include "sum_avx2.h"
 
 #define OB_AVX2 __attribute__((target("avx2,fma")))
@@ -74,8 +75,8 @@ OB_AVX2 void axpy_avx2(float a, const float* v, float* y, int64_t n) {
 FloatMath float_math(int isa) {
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (isa == 0 || !avx2) return {float_dot_scalar, axpy_scalar, nullptr};
-  const bool avx512 = isa >= 2 && __builtin_cpu_supports("avx512f");
+  if (isa == kScalar || !avx2) return {float_dot_scalar, axpy_scalar, nullptr};
+  const bool avx512 = isa >= kAvx512 && __builtin_cpu_supports("avx512f");
   return {float_dot_avx2, axpy_avx2, avx512 ? attend_heads_avx512 : attend_heads_avx2};
 }
 

@@ -55,8 +55,8 @@ struct FloatMath {
   AttendHeadsFn heads;
 };
 
-// The routines of the instruction set the block kernels run on (ONEBLOCK_KERNELS, set_isa; 0 scalar, 1 AVX2, 2 and 3
-// AVX-512): scalar, else AVX2 where the CPU has it, the grouped heads' values weighed with AVX-512 from 2 on.
+// The routines of the instruction set the block kernels run on (an Isa of dot.h: ONEBLOCK_KERNELS, set_isa): scalar,
+// else AVX2 where the CPU has it, the grouped heads' values weighed with AVX-512 from kAvx512 on.
 FloatMath float_math(int isa);
 
 enum Activation : int64_t { kGelu = 0, kGeluTanh = 1, kRelu = 2, kSilu = 3 };
