@@ -15,7 +15,7 @@ from test_k_quants import activations, isa, native, paths, random_blocks  # noqa
 
 from oneblock import kernels
 from oneblock.kernels import fallback, ops, reference, tiles
-from oneblock.kernels.formats import FORMATS
+from oneblock.kernels.formats import BY_TYPE, FORMATS
 from oneblock.layers.quantized import BlockLinear
 
 M = fallback.GEMM_ROWS + 9  # past the threshold; 8-row steps and a remainder of 1
@@ -88,3 +88,28 @@ def test_block_linear_takes_the_integer_kernels_for_an_interleaved_matrix_inside
     with tiles.prompt_tiles(torch.int8):
         exact = torch.ops.oneblock.block_mm(x, mixed.blocks, mixed.ggml_type)
         assert torch.equal(mixed(x.requires_grad_()), exact)  # training keeps the exact tiles
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_k"])
+def test_the_product_written_into_a_tensor_equals_the_one_returned(fmt, isa):  # noqa: F811
+    x = activations(M, 512, seed=6)
+    k_quant = FORMATS[fmt].block == 256
+    blocks = random_blocks(fmt, 48, 512, seed=5) if k_quant else kernels.quantize(torch.randn(48, 512), fmt)
+    interleaved = (kernels.interleave(blocks, fmt), kernels.get_format(f"{fmt}x16").ggml_type)
+    for matrix, code in ((blocks, FORMATS[fmt].ggml_type), interleaved):
+        for path in paths() or ["torch"]:
+            if native():
+                ops.set_isa(path)
+            out = torch.full((M, 48), float("nan"))
+            torch.ops.oneblock.block_mm_int8_out(x, matrix, code, out)
+            assert torch.equal(out, torch.ops.oneblock.block_mm_int8(x, matrix, code)), path
+        written = torch.empty(M, 48)
+        ops._block_mm_int8_out_torch(x, matrix, code, written)  # the Python-defined op's body
+        assert torch.equal(written, fallback.block_mm(x, matrix, BY_TYPE[code], integer=True))
+
+
+@pytest.mark.skipif("not native()")
+def test_a_tensor_of_the_wrong_shape_is_refused(case):
+    x, blocks = case("q4_0", M, 32, 96)
+    with pytest.raises(RuntimeError, match=r"out must be a contiguous \(41, 32\) float32 tensor"):
+        torch.ops.oneblock.block_mm_int8_out(x, blocks, FORMATS["q4_0"].ggml_type, torch.empty(M, 31))

@@ -5,6 +5,7 @@ Either way the operators are::
     oneblock::block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor        # (M, K) x (N, K/32 nbytes) -> (M, N)
     oneblock::block_mm_bf16(Tensor x, Tensor blocks, int fmt) -> Tensor   # the same, bfloat16 tiles from 32 rows
     oneblock::block_mm_int8(Tensor x, Tensor blocks, int fmt) -> Tensor   # the same, integer kernels at every M
+    oneblock::block_mm_int8_out(Tensor x, Tensor blocks, int fmt, Tensor(a!) out) -> ()   # written into out
     oneblock::dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor   # -> (*rows.shape, K)
 
 with ``fmt`` the GGUF type id. Their fake (meta) implementations and the backward of ``block_mm`` are registered
@@ -109,6 +110,10 @@ def _block_mm_int8_torch(x: Tensor, blocks: Tensor, fmt: int) -> Tensor:
     return fallback.block_mm(x, blocks, BY_TYPE[fmt], integer=True)
 
 
+def _block_mm_int8_out_torch(x: Tensor, blocks: Tensor, fmt: int, out: Tensor) -> None:
+    out.copy_(fallback.block_mm(x, blocks, BY_TYPE[fmt], integer=True))
+
+
 def _dequantize_rows_torch(blocks: Tensor, rows: Tensor, fmt: int) -> Tensor:
     return fallback.dequantize_rows(blocks, rows, BY_TYPE[fmt])
 
@@ -119,10 +124,12 @@ def _define_python_ops() -> None:
     lib.define("block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor")
     lib.define("block_mm_bf16(Tensor x, Tensor blocks, int fmt) -> Tensor")
     lib.define("block_mm_int8(Tensor x, Tensor blocks, int fmt) -> Tensor")
+    lib.define("block_mm_int8_out(Tensor x, Tensor blocks, int fmt, Tensor(a!) out) -> ()")
     lib.define("dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor")
     lib.impl("block_mm", _block_mm_torch, "CPU")
     lib.impl("block_mm_bf16", _block_mm_bf16_torch, "CPU")
     lib.impl("block_mm_int8", _block_mm_int8_torch, "CPU")
+    lib.impl("block_mm_int8_out", _block_mm_int8_out_torch, "CPU")
     lib.impl("dequantize_rows", _dequantize_rows_torch, "CPU")
     _python_lib = lib  # the definitions live as long as this object
 
@@ -134,12 +141,17 @@ def _register_python_side() -> None:
     torch.library.register_fake("oneblock::block_mm", _block_mm_fake)
     torch.library.register_fake("oneblock::block_mm_bf16", _block_mm_fake)
     torch.library.register_fake("oneblock::block_mm_int8", _block_mm_fake)
+    torch.library.register_fake("oneblock::block_mm_int8_out", _block_mm_out_fake)
     torch.library.register_fake("oneblock::dequantize_rows", _dequantize_rows_fake)
     torch.library.register_autograd("oneblock::block_mm", _block_mm_backward, setup_context=_block_mm_setup)
 
 
 def _block_mm_fake(x: Tensor, blocks: Tensor, fmt: int) -> Tensor:
     return x.new_empty(x.shape[0], blocks.shape[0])  # (M, N)
+
+
+def _block_mm_out_fake(x: Tensor, blocks: Tensor, fmt: int, out: Tensor) -> None:
+    return None
 
 
 def _dequantize_rows_fake(blocks: Tensor, rows: Tensor, fmt: int) -> Tensor:

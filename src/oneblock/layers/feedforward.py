@@ -17,6 +17,7 @@ from oneblock.layers.activations import make_activation
 from oneblock.layers.fusion import split_linear, stack_linears
 from oneblock.layers.lowrank import project_all
 from oneblock.layers.quantized import BlockLinear
+from oneblock.layers.scratch import scratch
 
 
 class FeedForward(nn.Module):
@@ -50,16 +51,29 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.w13 is not None:
-            gate, up = self.w13(x).chunk(2, dim=-1)  # (B, T, 2 d_ff) -> (B, T, d_ff) x 2
-            return self.w2(self._gated(gate, up))  # (B, T, C)
+            gate, up = self._gate_up(x).chunk(2, dim=-1)  # (B, T, 2 d_ff) -> (B, T, d_ff) x 2
+            return self.w2(self._gated(gate, up, own_gate=isinstance(self.w2, BlockLinear)))  # (B, T, C)
         if self.kind != "mlp":
             gate, up = project_all((self.w1, self.w3), x)  # (B, T, d_ff) x 2; one node when both are adapted
             return self.w2(self._gated(gate, up))  # (B, T, C)
         return self.w2(self.act(self.w1(x)))  # (B, T, d_ff) -> (B, T, C)
 
-    def _gated(self, gate: Tensor, up: Tensor) -> Tensor:
+    def _gate_up(self, x: Tensor) -> Tensor:
+        """``w13(x)``, (B, T, 2 d_ff); a block matrix's prompt product is written into the thread's scratch
+        buffer, which nothing else holds until the next block's (``w2`` has read it by then)."""
+        w13 = self.w13
+        assert w13 is not None
+        if isinstance(w13, BlockLinear) and w13.writes_into(x):
+            return w13.into(x, scratch(*x.shape[:-1], w13.out_features))
+        return w13(x)
+
+    def _gated(self, gate: Tensor, up: Tensor, *, own_gate: bool = False) -> Tensor:
         """``act(gate) * up``, (B, T, d_ff). Without gradients the product is written into the activation's output
-        (a tensor of its own, never ``gate``): one (B, T, d_ff) temporary fewer at the peak of a long prompt."""
+        (a tensor of its own, never ``gate``): one (B, T, d_ff) temporary fewer at the peak of a long prompt. With
+        ``own_gate`` (``gate`` a slice of a product nothing else holds) SwiGLU writes it into ``gate`` itself: no
+        temporary at all, the result a column slice the block kernels read in place."""
+        if own_gate and self.kind == "swiglu" and not torch.is_grad_enabled() and gate.dtype == up.dtype:
+            return F.silu(gate, inplace=True).mul_(up)
         hidden = F.silu(gate) if self.kind == "swiglu" else self.act(gate)
         if torch.is_grad_enabled() or hidden is gate or hidden.dtype != torch.promote_types(hidden.dtype, up.dtype):
             return hidden * up

@@ -117,8 +117,8 @@ class BlockLinear(nn.Module):
         k = self.in_features
         if x.shape[-1] != k:
             raise InputError(f"BlockLinear expects inputs of width {k}; got shape {tuple(x.shape)}")
-        rows = x.reshape(-1, k)  # (M, K)
-        if rows.dtype != torch.float32 or not rows.is_contiguous():
+        rows = x.reshape(-1, k)  # (M, K); rows may lie apart (a column slice): the kernels read them in place
+        if rows.dtype != torch.float32 or rows.stride(-1) != 1:
             rows = rows.to(torch.float32).contiguous()
         op = torch.ops.oneblock.block_mm
         if rows.shape[0] >= kernels.GEMM_ROWS and not torch.is_grad_enabled():  # a prompt's pass (tiles.py)
@@ -129,6 +129,31 @@ class BlockLinear(nn.Module):
             y = y + self.bias
         y = y.view(*x.shape[:-1], self.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def writes_into(self, x: Tensor) -> bool:
+        """Whether :meth:`into` applies to ``x``: a prompt's pass on the integer kernels (no gradient, float32 ``x``
+        of at least ``GEMM_ROWS`` rows whose features are adjacent), and no hooks that calling the layer would run."""
+        if torch.is_grad_enabled() or x.dtype != torch.float32 or x.shape[-1] != self.in_features or x.stride(-1) != 1:
+            return False
+        if x.numel() < kernels.GEMM_ROWS * self.in_features or self._forward_hooks or self._forward_pre_hooks:
+            return False
+        return not _global_hooks() and products_for(self.fmt in kernels.INTERLEAVED) == torch.int8
+
+    def into(self, x: Tensor, out: Tensor) -> Tensor:
+        """``forward(x)`` written into ``out``, a contiguous float32 tensor of ``x.shape[:-1] + (N,)`` (a buffer of
+        :mod:`oneblock.layers.scratch`), where :meth:`writes_into` says so.
+
+        Raises:
+            InputError: where :meth:`writes_into` is false.
+        """
+        if not self.writes_into(x):
+            raise InputError("BlockLinear.into takes a prompt's float32 rows without gradients; call the layer instead")
+        rows = x.reshape(-1, self.in_features)  # (M, K)
+        y = out.view(rows.shape[0], self.out_features)
+        torch.ops.oneblock.block_mm_int8_out(rows, self.blocks, self.ggml_type, y)
+        if self.bias is not None:
+            y += self.bias
+        return out
 
     def split_rows(self, sizes: Sequence[int]) -> list[BlockLinear]:
         """Split the layer by output rows: ``len(sizes)`` layers whose outputs are this one's column slices.
@@ -175,6 +200,12 @@ class BlockLinear(nn.Module):
     def extra_repr(self) -> str:
         bias = ", bias" if self.bias is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}{bias}"
+
+
+def _global_hooks() -> bool:
+    """Whether hooks registered for every module (``nn.modules.module.register_module_forward_hook``) exist."""
+    module = nn.modules.module
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
 
 
 class BlockEmbedding(nn.Module):

@@ -20,6 +20,7 @@
 // back; below kGemmRows rows it is block_mm exactly. A prompt's pass takes it where it is faster (see tiles.py).
 //
 //   oneblock::block_mm_int8(Tensor x, Tensor blocks, int fmt) -> Tensor       the integer kernels at every M
+//   oneblock::block_mm_int8_out(Tensor x, Tensor blocks, int fmt, Tensor(a!) out) -> ()   the same, into `out`
 //
 // never takes the dense path: each row's result is the row's alone. Over the interleaved layouts, whose group
 // kernels unpack a sub-block once for 8 activation rows, it is a prompt's fastest path where the CPU has AVX-512
@@ -230,16 +231,20 @@ void rows_file_layout(DotFn dot, const uint8_t* w, int64_t row_bytes, const ActR
 // What block_mm_any does from kGemmRows activation rows up: float32 tiles, bfloat16 tiles, or the integer kernels.
 enum class Rows { kFloat, kBf16, kInteger };
 
-at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t fmt, Rows many) {
+// `into`: an (M, N) float32 contiguous tensor to write the product into (the integer path only), else a new one.
+at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t fmt, Rows many,
+                        const at::Tensor* into = nullptr) {
   const int column = kernel_column(fmt);
   TORCH_CHECK(column >= 0, "oneblock::block_mm: unknown format id ", fmt);
   const int64_t nbytes = block_bytes(file_format(fmt));
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "oneblock::block_mm: x must be (M, K) float32");
   TORCH_CHECK(blocks_in.dim() == 2 && blocks_in.scalar_type() == at::kByte,
               "oneblock::block_mm: blocks must be (N, K/32 * nbytes) uint8");
-  const at::Tensor x = x_in.contiguous();
+  // Rows apart in memory (a column slice, such as the gated feed-forward's half of a stacked product) are read
+  // where they lie: a copy only for elements that are not adjacent within a row.
+  const at::Tensor x = x_in.stride(1) == 1 && x_in.stride(0) >= x_in.size(1) ? x_in : x_in.contiguous();
   const at::Tensor blocks = blocks_in.contiguous();
-  const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0);
+  const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0), ld = x.stride(0);
   const int64_t qk = block_values(file_format(fmt));
   TORCH_CHECK(k % qk == 0 && blocks.size(1) == k / qk * nbytes, "oneblock::block_mm: x has K = ", k,
               " but the blocks hold rows of ", blocks.size(1), " bytes (", nbytes, " per ", qk, " values)");
@@ -248,9 +253,14 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
               kGroupRows, " rows; got ", n);
   const int64_t nb = k / qk, row_bytes = blocks.size(1);
   if (m >= kGemmRows && n > 0 && k > 0 && many != Rows::kInteger) {
-    return block_mm_dense(x, blocks.data_ptr<uint8_t>(), row_bytes, n, fmt, many == Rows::kBf16);
+    return block_mm_dense(x.contiguous(), blocks.data_ptr<uint8_t>(), row_bytes, n, fmt, many == Rows::kBf16);
   }
-  at::Tensor out = at::empty({m, n}, x.options());
+  if (into != nullptr) {
+    TORCH_CHECK(into->scalar_type() == at::kFloat && into->dim() == 2 && into->size(0) == m && into->size(1) == n &&
+                    into->is_contiguous(),
+                "oneblock::block_mm_int8_out: out must be a contiguous (", m, ", ", n, ") float32 tensor");
+  }
+  at::Tensor out = into != nullptr ? *into : at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return out;
   if (k == 0) return out.zero_();
 
@@ -275,10 +285,10 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
   const auto quantize = [=](int64_t begin, int64_t end) {  // the pointers, not the calling thread's buffers
     for (int64_t i = begin; i < end; ++i) {
       if (k_quant) {
-        quantize_row_q8_k(xs + i * k, k, qs + i * k, ds + i * nb, bss + i * k / 16);
+        quantize_row_q8_k(xs + i * ld, k, qs + i * k, ds + i * nb, bss + i * k / 16);
         rows_of[i] = {qs + i * k, ds + i * nb, nullptr, bss + i * k / 16};
       } else {
-        quantize_row_q8(xs + i * k, k, qs + i * k, ds + i * nb, ss ? ss + i * nb : nullptr);
+        quantize_row_q8(xs + i * ld, k, qs + i * k, ds + i * nb, ss ? ss + i * nb : nullptr);
         rows_of[i] = {qs + i * k, ds + i * nb, ss ? ss + i * nb : nullptr};
       }
     }
@@ -323,6 +333,10 @@ at::Tensor block_mm_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t 
   return block_mm_any(x, blocks, fmt, Rows::kInteger);
 }
 
+void block_mm_int8_out(const at::Tensor& x, const at::Tensor& blocks, int64_t fmt, at::Tensor out) {
+  block_mm_any(x, blocks, fmt, Rows::kInteger, &out);
+}
+
 std::string isa() { return kIsaNames[g_isa.load()]; }
 std::string best_isa() { return kIsaNames[best()]; }
 bool isa_supported(int64_t isa) { return supported(static_cast<int>(isa)); }
@@ -356,6 +370,7 @@ TORCH_LIBRARY(oneblock, m) {
   m.def("block_mm(Tensor x, Tensor blocks, int fmt) -> Tensor");
   m.def("block_mm_bf16(Tensor x, Tensor blocks, int fmt) -> Tensor");
   m.def("block_mm_int8(Tensor x, Tensor blocks, int fmt) -> Tensor");
+  m.def("block_mm_int8_out(Tensor x, Tensor blocks, int fmt, Tensor(a!) out) -> ()");
   m.def("dequantize_rows(Tensor blocks, Tensor rows, int fmt) -> Tensor");
   m.def("isa() -> str", &oneblock::isa);
   m.def("best_isa() -> str", &oneblock::best_isa);
@@ -367,5 +382,6 @@ TORCH_LIBRARY_IMPL(oneblock, CPU, m) {
   m.impl("block_mm", &oneblock::block_mm);
   m.impl("block_mm_bf16", &oneblock::block_mm_bf16);
   m.impl("block_mm_int8", &oneblock::block_mm_int8);
+  m.impl("block_mm_int8_out", &oneblock::block_mm_int8_out);
   m.impl("dequantize_rows", &oneblock::dequantize_rows);
 }
