@@ -125,3 +125,17 @@ def test_the_kernels_read_rows_that_lie_apart():
         for rows in (slice(None), slice(0, 3)):  # a prompt's rows; a decoding step's
             got = op(apart[rows], layer.blocks, layer.ggml_type)
             assert torch.equal(got, op(together[rows], layer.blocks, layer.ggml_type))
+
+
+@native
+def test_what_a_hook_keeps_is_not_overwritten_by_the_next_block():
+    ffn = _ffn()
+    for module in (ffn.w13, ffn.w2):
+        seen: list[torch.Tensor] = []
+        handle = module.register_forward_pre_hook(lambda _, args, seen=seen: seen.append(args[0]))
+        with torch.no_grad(), tiles.prompt_tiles(torch.int8):
+            ffn(torch.randn(1, M, C))
+            first = seen[0].clone()
+            ffn(torch.randn(1, M, C))  # another block's product, where the buffer would be reused
+        handle.remove()
+        assert torch.equal(seen[0], first)

@@ -50,22 +50,24 @@ class FeedForward(nn.Module):
         self.w13: nn.Module | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.w13 is not None:
-            gate, up = self._gate_up(x).chunk(2, dim=-1)  # (B, T, 2 d_ff) -> (B, T, d_ff) x 2
-            return self.w2(self._gated(gate, up, own_gate=isinstance(self.w2, BlockLinear)))  # (B, T, C)
+        w13 = self.w13
+        if isinstance(w13, BlockLinear) and self._through_scratch(w13, x):
+            gate, up = w13.into(x, scratch(*x.shape[:-1], w13.out_features)).chunk(2, dim=-1)
+            return self.w2(self._gated(gate, up, own_gate=True))  # (B, T, C); w2 reads the gate half in place
+        if w13 is not None:
+            gate, up = w13(x).chunk(2, dim=-1)  # (B, T, 2 d_ff) -> (B, T, d_ff) x 2
+            return self.w2(self._gated(gate, up))  # (B, T, C)
         if self.kind != "mlp":
             gate, up = project_all((self.w1, self.w3), x)  # (B, T, d_ff) x 2; one node when both are adapted
             return self.w2(self._gated(gate, up))  # (B, T, C)
         return self.w2(self.act(self.w1(x)))  # (B, T, d_ff) -> (B, T, C)
 
-    def _gate_up(self, x: Tensor) -> Tensor:
-        """``w13(x)``, (B, T, 2 d_ff); a block matrix's prompt product is written into the thread's scratch
-        buffer, which nothing else holds until the next block's (``w2`` has read it by then)."""
-        w13 = self.w13
-        assert w13 is not None
-        if isinstance(w13, BlockLinear) and w13.writes_into(x):
-            return w13.into(x, scratch(*x.shape[:-1], w13.out_features))
-        return w13(x)
+    def _through_scratch(self, w13: BlockLinear, x: Tensor) -> bool:
+        """Whether the stacked product of a prompt's rows goes into the thread's scratch buffer
+        (:mod:`oneblock.layers.scratch`): both matrices in a block format on the integer kernels, and no hook on
+        either that could keep a view of the buffer past this block."""
+        w2 = self.w2
+        return isinstance(w2, BlockLinear) and not w2.hooked() and w13.writes_into(x)
 
     def _gated(self, gate: Tensor, up: Tensor, *, own_gate: bool = False) -> Tensor:
         """``act(gate) * up``, (B, T, d_ff). Without gradients the product is written into the activation's output

@@ -135,9 +135,15 @@ class BlockLinear(nn.Module):
         of at least ``GEMM_ROWS`` rows whose features are adjacent), and no hooks that calling the layer would run."""
         if torch.is_grad_enabled() or x.dtype != torch.float32 or x.shape[-1] != self.in_features or x.stride(-1) != 1:
             return False
-        if x.numel() < kernels.GEMM_ROWS * self.in_features or self._forward_hooks or self._forward_pre_hooks:
+        if x.numel() < kernels.GEMM_ROWS * self.in_features or self.hooked():
             return False
-        return not _global_hooks() and products_for(self.fmt in kernels.INTERLEAVED) == torch.int8
+        return products_for(self.fmt in kernels.INTERLEAVED) == torch.int8
+
+    def hooked(self) -> bool:
+        """Whether calling the layer runs forward hooks: its own or those registered for every module."""
+        module = nn.modules.module
+        hooks = (self._forward_hooks, self._forward_pre_hooks)
+        return any(hooks) or bool(module._global_forward_hooks or module._global_forward_pre_hooks)
 
     def into(self, x: Tensor, out: Tensor) -> Tensor:
         """``forward(x)`` written into ``out``, a contiguous float32 tensor of ``x.shape[:-1] + (N,)`` (a buffer of
@@ -200,12 +206,6 @@ class BlockLinear(nn.Module):
     def extra_repr(self) -> str:
         bias = ", bias" if self.bias is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}{bias}"
-
-
-def _global_hooks() -> bool:
-    """Whether hooks registered for every module (``nn.modules.module.register_module_forward_hook``) exist."""
-    module = nn.modules.module
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
 
 
 class BlockEmbedding(nn.Module):
