@@ -57,6 +57,7 @@ HEADERS = (
     "dot_kx16_avx512.h",
     "decode_step.h",
     "step_math.h",
+    "exp_avx2.h",
     "sum_avx2.h",
 )
 # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the scalar path rounds exactly as
