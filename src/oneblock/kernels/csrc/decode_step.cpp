@@ -266,13 +266,7 @@ void step(const Plan& p, const Call& c, Workspace& ws, float* logits, int64_t th
         }
         for (int64_t r = 0; r < rows; ++r) {
           const float* in = ff + r * nff;
-          if (p.act == kSilu) {
-            c.math.silu(in + j0, p.ffn == 1 ? in + F + j0 : nullptr, h + r * F + j0, j1 - j0);
-          } else {
-            for (int64_t j = j0; j < j1; ++j) {
-              h[r * F + j] = p.ffn == 1 ? activation(p.act, in[j]) * in[F + j] : activation(p.act, in[j]);
-            }
-          }
+          c.math.activate(p.act, in + j0, p.ffn == 1 ? in + F + j0 : nullptr, h + r * F + j0, j1 - j0);
           quantize_range(hin, layer.down, F, r, j0, j1);
         }
       });

@@ -73,31 +73,50 @@ OB_AVX2 void axpy_avx2(float a, const float* v, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * v[i];
 }
 
-void silu_scalar(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = up != nullptr ? activation(kSilu, gate[i]) * up[i] : activation(kSilu, gate[i]);
+void activate_scalar(int64_t kind, const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = up != nullptr ? activation(kind, gate[i]) * up[i] : activation(kind, gate[i]);
 }
 
-// x / (1 + e^-x) 8 at a time, from t = e^-|x| (exp256's domain): x / (1 + t) for x >= 0, x t / (1 + t) below.
-OB_AVX2 void silu_avx2(const float* gate, const float* up, float* out, int64_t n) {
-  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
+// x sigmoid(z) for 8 values, z = x (SiLU) or 2 sqrt(2 / pi) (x + 0.044715 x^3) (tanh-GELU: 0.5 x (1 + tanh(z / 2))),
+// from t = e^-|z| (exp256's domain): x / (1 + t) for z >= 0, x t / (1 + t) below, so that no 1 - t cancels.
+OB_AVX2 inline __m256 x_sigmoid(__m256 x, bool gelu) {
+  __m256 z = x;
+  if (gelu) {
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    z = _mm256_mul_ps(_mm256_set1_ps(2.0f * 0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), cube, x));
+  }
+  const __m256 t = exp256(_mm256_or_ps(z, _mm256_set1_ps(-0.0f)));  // -|z|
+  const __m256 top = _mm256_blendv_ps(x, _mm256_mul_ps(x, t), _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ));
+  return _mm256_div_ps(top, _mm256_add_ps(_mm256_set1_ps(1.0f), t));
+}
+
+OB_AVX2 void activate_avx2(int64_t kind, const float* gate, const float* up, float* out, int64_t n) {
+  if (kind != kSilu && kind != kGeluTanh) return activate_scalar(kind, gate, up, out, n);
+  const bool gelu = kind == kGeluTanh;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(gate + i);
-    const __m256 t = exp256(_mm256_or_ps(x, sign));  // -|x|
-    const __m256 top = _mm256_blendv_ps(x, _mm256_mul_ps(x, t), _mm256_cmp_ps(x, zero, _CMP_LT_OQ));
-    __m256 y = _mm256_div_ps(top, _mm256_add_ps(one, t));
+    __m256 y = x_sigmoid(_mm256_loadu_ps(gate + i), gelu);
     if (up != nullptr) y = _mm256_mul_ps(y, _mm256_loadu_ps(up + i));
     _mm256_storeu_ps(out + i, y);
   }
-  silu_scalar(gate + i, up != nullptr ? up + i : nullptr, out + i, n - i);
+  if (i < n) {  // the last few values through the same vector step, so that every value is computed alike
+    const int tail = static_cast<int>(n - i);
+    float g[8] = {}, u[8] = {}, o[8];
+    std::copy(gate + i, gate + n, g);
+    if (up != nullptr) std::copy(up + i, up + n, u);
+    __m256 y = x_sigmoid(_mm256_loadu_ps(g), gelu);
+    if (up != nullptr) y = _mm256_mul_ps(y, _mm256_loadu_ps(u));
+    _mm256_storeu_ps(o, y);
+    std::copy(o, o + tail, out + i);
+  }
 }
 
 FloatMath float_math(int isa) {
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (isa == kScalar || !avx2) return {float_dot_scalar, axpy_scalar, nullptr, silu_scalar};
+  if (isa == kScalar || !avx2) return {float_dot_scalar, axpy_scalar, nullptr, activate_scalar};
   const bool avx512 = isa >= kAvx512 && __builtin_cpu_supports("avx512f");
-  return {float_dot_avx2, axpy_avx2, avx512 ? attend_heads_avx512 : attend_heads_avx2, silu_avx2};
+  return {float_dot_avx2, axpy_avx2, avx512 ? attend_heads_avx512 : attend_heads_avx2, activate_avx2};
 }
 
 // -- the passes over one row, written once on top of the routines above ----------------------------------------

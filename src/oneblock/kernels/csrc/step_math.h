@@ -48,19 +48,20 @@ void attend_heads_avx512(const float* q, int rep, const float* keys, const float
 void weigh_heads_avx512(const float* p, int rep, int64_t stride, const float* values, int64_t n,
                         const float* values2, int64_t n2, int64_t d_head, const float* inv, float* out);
 
-// out[i] = silu(gate[i]) * up[i] over n values (`up` null: silu(gate[i])): `activation`'s SiLU, the AVX2 variant
-// within a few ulp of it (a polynomial exponential, step_math.cpp).
-using SiluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
+// out[i] = act(gate[i]) * up[i] over n values (`up` null: act(gate[i])), `act` one of `activation`'s. The AVX2 variant
+// computes SiLU and tanh-GELU 8 values at a time as x sigmoid(z), within a few ulp of the exact functions
+// (step_math.cpp), the others as the scalar one.
+using ActivateFn = void (*)(int64_t kind, const float* gate, const float* up, float* out, int64_t n);
 
-void silu_scalar(const float* gate, const float* up, float* out, int64_t n);
-void silu_avx2(const float* gate, const float* up, float* out, int64_t n);
+void activate_scalar(int64_t kind, const float* gate, const float* up, float* out, int64_t n);
+void activate_avx2(int64_t kind, const float* gate, const float* up, float* out, int64_t n);
 
 // The float routines of one instruction set (`heads` null where each head attends alone, by `attend`).
 struct FloatMath {
   FloatDotFn dot;
   AxpyFn axpy;
   AttendHeadsFn heads;
-  SiluFn silu;
+  ActivateFn activate;
 };
 
 // The routines of the instruction set the block kernels run on (an Isa of dot.h: ONEBLOCK_KERNELS, set_isa): scalar,
