@@ -90,24 +90,23 @@ OB_AVX2 inline __m256 x_sigmoid(__m256 x, bool gelu) {
   return _mm256_div_ps(top, _mm256_add_ps(_mm256_set1_ps(1.0f), t));
 }
 
+// out[0, 8) = x sigmoid(z) of gate[0, 8), times up[0, 8) unless up is null.
+OB_AVX2 inline void activate8(const float* gate, const float* up, float* out, bool gelu) {
+  const __m256 y = x_sigmoid(_mm256_loadu_ps(gate), gelu);
+  _mm256_storeu_ps(out, up != nullptr ? _mm256_mul_ps(y, _mm256_loadu_ps(up)) : y);
+}
+
 OB_AVX2 void activate_avx2(int64_t kind, const float* gate, const float* up, float* out, int64_t n) {
   if (kind != kSilu && kind != kGeluTanh) return activate_scalar(kind, gate, up, out, n);
   const bool gelu = kind == kGeluTanh;
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 y = x_sigmoid(_mm256_loadu_ps(gate + i), gelu);
-    if (up != nullptr) y = _mm256_mul_ps(y, _mm256_loadu_ps(up + i));
-    _mm256_storeu_ps(out + i, y);
-  }
+  for (; i + 8 <= n; i += 8) activate8(gate + i, up != nullptr ? up + i : nullptr, out + i, gelu);
   if (i < n) {  // the last few values through the same vector step, so that every value is computed alike
-    const int tail = static_cast<int>(n - i);
     float g[8] = {}, u[8] = {}, o[8];
     std::copy(gate + i, gate + n, g);
     if (up != nullptr) std::copy(up + i, up + n, u);
-    __m256 y = x_sigmoid(_mm256_loadu_ps(g), gelu);
-    if (up != nullptr) y = _mm256_mul_ps(y, _mm256_loadu_ps(u));
-    _mm256_storeu_ps(o, y);
-    std::copy(o, o + tail, out + i);
+    activate8(g, up != nullptr ? u : nullptr, o, gelu);
+    std::copy(o, o + (n - i), out + i);
   }
 }
 
