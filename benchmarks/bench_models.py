@@ -2,7 +2,7 @@
 
     python benchmarks/bench_models.py make [--shape S ...] [--types T ...]
     python benchmarks/bench_models.py run [--shape S ...] [--types T ...] [--rounds N] [--new N] [--prompt N]
-                                          [--threads N] [--json PATH]
+                                          [--threads N] [--cache-dtype D] [--json PATH]
 
 ``make`` (``make bench-models``) builds each shape with random weights through transformers (a Llama-3.2-1B shape:
 C 2048, 16 layers, 32 query and 8 key/value heads, FFN 8192, SmolLM2's 49,152-token vocabulary; a Qwen2.5-0.5B
@@ -12,12 +12,13 @@ tied), converts it with llama.cpp's own ``convert_hf_to_gguf.py`` to F16, and qu
 downloaded; ``make bench-llamacpp`` builds the tools.
 
 ``run`` decodes each file in interleaved rounds, nothing else running: ``oneblock generate --json`` (greedy, the
-prompt's tokens then ``--new`` tokens) against ``llama-bench -p P -n 0`` (prefill) and ``llama-bench -p 0 -n N -d P``
-(decode after as many positions as the prompt, where oneblock decodes) on the same threads, and in the same
-rounds the machine's read bandwidth (``machine.read_bandwidth``). It reports decode and prefill tokens/s of each
-(medians), their ratios (the median of each round's ratio), oneblock's peak RSS beside its memory bound, and the
-bandwidth bound: the bytes of weights a decoded token reads (every matrix and the head; the token table only where
-it is the head) times tokens/s, over the measured bandwidth.
+prompt's tokens then ``--new`` tokens, a float16 key/value cache as llama-bench's unless ``--cache-dtype float32``)
+against ``llama-bench -p P -n 0`` (prefill) and ``llama-bench -p 0 -n N -d P`` (decode after as many positions as
+the prompt, where oneblock decodes) on the same threads, and in the same rounds the machine's read bandwidth
+(``machine.read_bandwidth``). It reports decode and prefill tokens/s of each (medians), their ratios (the median of
+each round's ratio), oneblock's peak RSS beside its memory bound, and the bandwidth bound: the bytes of weights a
+decoded token reads (every matrix and the head; the token table only where it is the head) times tokens/s, over
+the measured bandwidth.
 """
 
 from __future__ import annotations
@@ -123,13 +124,16 @@ def weight_bytes_per_token(path: Path) -> int:
     return sum(n for name, n in sizes.items() if tied or name != "token_embd.weight")
 
 
-def cache_bytes(path: Path, positions: int) -> int:
-    """Bytes of the float32 key/value cache that holds ``positions`` positions of the file's model."""
+CACHE_DTYPES = {"float16": 2, "float32": 4}  # bytes per value; float16 is llama-bench's default (-ctk / -ctv f16)
+
+
+def cache_bytes(path: Path, positions: int, dtype: str = "float32") -> int:
+    """Bytes of the key/value cache of ``dtype`` that holds ``positions`` positions of the file's model."""
     from oneblock.io.gguf.layout import read_layout
     from oneblock.io.gguf.load import config_from_layout
 
     cfg = config_from_layout(read_layout(path))
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * positions * 4
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * positions * CACHE_DTYPES[dtype]
 
 
 def torch_rss() -> int:
@@ -144,10 +148,11 @@ def memory_bound(file_bytes: int, cache: int, base: int) -> int:
     return base + (file_bytes + cache) * 11 // 10
 
 
-def oneblock_once(path: Path, prompt: str, new: int, threads: int) -> dict[str, float]:
+def oneblock_once(path: Path, prompt: str, new: int, threads: int, cache_dtype: str) -> dict[str, float]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(SRC)}
     argv = [sys.executable, "-m", "oneblock", "generate", "--model", str(path), "--prompt", prompt, "--greedy"]
     argv += ["--ignore-eos", "--max-new-tokens", str(new), "--threads", str(threads), "--json"]
+    argv += ["--cache-dtype", cache_dtype]
     out = json.loads(_run(argv, env=env))
     return {
         "decode": out["decode_tokens_per_second"],
@@ -194,7 +199,9 @@ def round_ratio(samples: dict[str, list], what: str) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
-def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_tokens: int, threads: int) -> dict:
+def run(
+    shapes: list[str], types: list[str], rounds: int, new: int, prompt_tokens: int, threads: int, cache_dtype: str
+) -> dict:
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
     files = [(shape, kind, ROOT / shape / f"{kind}.gguf") for shape in shapes for kind in types]
@@ -212,15 +219,15 @@ def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_token
         for shape, kind, path in files:
             key = f"{shape}/{kind}"
             text, length = prompts[shape]  # both engines read a prompt of the same length
-            figures = {f"oneblock_{k}": v for k, v in oneblock_once(path, text, new, threads).items()}
+            figures = {f"oneblock_{k}": v for k, v in oneblock_once(path, text, new, threads, cache_dtype).items()}
             figures |= {f"llamacpp_{k}": v for k, v in llamacpp_once(path, length, new, threads).items()}
             for name, value in figures.items():
                 samples[key].setdefault(name, []).append(value)
             print(f"round {r + 1}: {key} {json.dumps({k: v for k, v in figures.items() if k != 'oneblock_reason'})}")
     result: dict[str, Any] = {
         "cpu": cpu_description(), "machine": platform.machine(), "threads": threads, "new": new,
-        "prompt_tokens": prompt_tokens, "bandwidth_bytes_per_s": statistics.median(bandwidth),
-        "torch_rss": statistics.median(base), "files": {},
+        "prompt_tokens": prompt_tokens, "cache_dtype": cache_dtype,
+        "bandwidth_bytes_per_s": statistics.median(bandwidth), "torch_rss": statistics.median(base), "files": {},
     }  # fmt: skip
     for shape, kind, path in files:
         key = f"{shape}/{kind}"
@@ -229,7 +236,7 @@ def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_token
         med |= {"file_bytes": path.stat().st_size, "weight_bytes_per_token": per_token}
         med |= {f"{what}_ratio": round_ratio(samples[key], what) for what in ("decode", "prefill")}
         positions = int(med["oneblock_prompt_tokens"]) + new - 1  # the last new token is never fed back
-        med["cache_bytes"] = cache_bytes(path, positions)
+        med["cache_bytes"] = cache_bytes(path, positions, cache_dtype)
         med["rss_bound"] = memory_bound(med["file_bytes"], med["cache_bytes"], result["torch_rss"])
         for engine in ("oneblock", "llamacpp"):
             if f"{engine}_decode" in med:
@@ -241,8 +248,9 @@ def run(shapes: list[str], types: list[str], rounds: int, new: int, prompt_token
 def report(result: dict) -> str:
     lines = [
         f"CPU: {result['cpu']}; {result['threads']} threads; read bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f}"
-        f" GB/s; decode {result['new']} tokens, prefill {result['prompt_tokens']}; the memory bound is `import torch`"
-        f" ({result['torch_rss'] / 1e6:.0f} MB) plus the file and its key/value cache, + 10%",
+        f" GB/s; decode {result['new']} tokens, prefill {result['prompt_tokens']}; a {result['cache_dtype']} key/value"
+        f" cache; the memory bound is `import torch` ({result['torch_rss'] / 1e6:.0f} MB) plus the file and that cache,"
+        " + 10%",
         "| file | MB | decode ours / llama.cpp (tok/s) | ratio | of the bound | prefill ratio | peak RSS / bound MB "
         "| step |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
@@ -272,12 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--cache-dtype", choices=list(CACHE_DTYPES), default="float16", help="oneblock's cache (llama-bench's: float16)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.action == "make":
         make(args.shape, args.types)
         return 0
-    result = run(args.shape, args.types, args.rounds, args.new, args.prompt, args.threads)
+    result = run(args.shape, args.types, args.rounds, args.new, args.prompt, args.threads, args.cache_dtype)
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

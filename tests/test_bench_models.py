@@ -23,12 +23,17 @@ def test_the_prompt_is_whole_words_of_at_most_the_asked_length_and_says_its_leng
 
 
 def test_the_memory_bound_counts_the_cache_oneblock_allocates() -> None:
+    import torch
+
     from oneblock.inference.smollm2 import load_smollm2
 
     model, _ = load_smollm2()
     cache = model.new_cache(1, max_len=100)
     held = sum(layer.k.nbytes + layer.v.nbytes for layer in cache.layers)
     assert bench_models.cache_bytes(smollm2_gguf_path(), 100) == held == 2 * 30 * 3 * 64 * 100 * 4
+    half = model.new_cache(1, max_len=100, dtype=torch.float16)
+    held = sum(layer.k.nbytes + layer.v.nbytes for layer in half.layers)
+    assert bench_models.cache_bytes(smollm2_gguf_path(), 100, "float16") == held == 2 * 30 * 3 * 64 * 100 * 2
     assert bench_models.memory_bound(1000, 200, 50) == 50 + 1320  # torch's share, then the file and cache + 10%
     assert 50e6 < bench_models.torch_rss() < 2e9  # a process that imported torch, measured as oneblock measures
 

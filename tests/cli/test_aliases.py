@@ -195,6 +195,7 @@ def test_generate_needs_a_model(capsys):
     [
         (["--exact", "--int8"], "--exact runs the float32 model, and --int8 rounds it"),
         (["--exact", "--cache-dtype", "bfloat16"], "--cache-dtype bfloat16 rounds it"),
+        (["--exact", "--cache-dtype", "float16"], "--cache-dtype float16 rounds it"),
         (["--exact", "--bf16"], "argument --bf16: not allowed with argument --exact"),
         (["--bf16", "--dtype", "float32"], "not allowed with argument --bf16"),
     ],

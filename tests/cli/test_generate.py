@@ -183,6 +183,18 @@ def test_json_reports_load_first_token_decode_rate_and_memory(byte_checkpoint, c
     assert data["decode_tokens_per_second"] > 0 and data["peak_rss_bytes"] > 10_000_000
 
 
+def test_a_float16_cache_decodes_natively_as_the_library_does(byte_checkpoint, capsys):
+    import torch
+
+    path, model = byte_checkpoint
+    argv = ["generate", "--checkpoint", str(path), "--prompt", "abc", "--greedy", "--max-new-tokens", "8", "--json"]
+    assert main([*argv, "--cache-dtype", "float16"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["decode_step"] == "native"
+    want = generate(model, list(b"abc"), 8, greedy=True, cache_dtype=torch.float16)
+    assert data["new_ids"] == want[3:].tolist()
+
+
 def test_a_fifo_model_is_told_as_not_a_regular_file(tmp_path, capsys):
     os.mkfifo(tmp_path / "m.gguf")
     code = main(["generate", "--model", str(tmp_path / "m.gguf"), "--prompt", "x"])

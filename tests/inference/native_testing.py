@@ -32,12 +32,13 @@ def build(family: str, seed: int = 0, sizes: dict | None = None) -> torch.nn.Mod
     return model.eval()
 
 
-def decode_both(model, prompts, steps: int, feed: list[list[int]] | None = None):
+def decode_both(model, prompts, steps: int, feed: list[list[int]] | None = None, cache_dtype=None):
     """The (steps, B, V) logits of the native and the Python step, fed the Python step's greedy tokens (or
-    ``feed``, one list of B ids per step)."""
+    ``feed``, one list of B ids per step), both with caches of ``cache_dtype`` (default the model's)."""
     run = prepare(model, prompts, steps, False, None, None, None, None)
     with torch.inference_mode():
-        native, python = LeanDecode(run), LeanDecode(run, native=False)
+        native = LeanDecode(run, cache_dtype=cache_dtype)
+        python = LeanDecode(run, native=False, cache_dtype=cache_dtype)
         assert native.native is not None and python.native is None
         got, want, fed = [], [], None
         for i in range(steps):
@@ -58,22 +59,22 @@ def kl_to(reference: torch.Tensor, logits: torch.Tensor) -> float:
     return (p.exp() * (p - q)).sum(-1).mean().item()
 
 
-def decode_across_threads_and_isas(model, prompts, steps: int = 6):
+def decode_across_threads_and_isas(model, prompts, steps: int = 6, cache_dtype=None):
     """``prompts`` decoded natively on 1 and 2 threads (asserted bit-equal: chunks go to whichever thread, each
     output is computed alike) and on the scalar instruction set; returns ``(scalar, python)`` logits."""
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one, _ = decode_both(model, prompts, steps=steps)
+        one, _ = decode_both(model, prompts, steps=steps, cache_dtype=cache_dtype)
         torch.set_num_threads(2)
-        two, python = decode_both(model, prompts, steps=steps)
+        two, python = decode_both(model, prompts, steps=steps, cache_dtype=cache_dtype)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
     isa = torch.ops.oneblock.isa()
     try:
         kernels.ops.set_isa("scalar")  # the scalar twins of the block and the float routines
-        scalar, _ = decode_both(model, prompts, steps=steps)
+        scalar, _ = decode_both(model, prompts, steps=steps, cache_dtype=cache_dtype)
     finally:
         kernels.ops.set_isa(isa)
     return scalar, python

@@ -10,6 +10,7 @@ from typing import Any
 from oneblock.cli import lora_options, options, precision
 
 DTYPES = ("float32", "bfloat16")
+CACHE_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_NEW_TOKENS = 50
 PAUSE_COLLECTOR = True  # in a fresh process, no garbage collection until the model is loaded (cli.main)
 
@@ -76,8 +77,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--cache-dtype",
-        choices=DTYPES,
-        help="dtype of the key/value cache (default: the model's; bfloat16 halves a float32 model's cache)",
+        choices=CACHE_DTYPES,
+        help="dtype of the key/value cache (default: the model's). float16 or bfloat16 halves a float32 model's "
+        "cache and the bytes attention reads per token; the native step reads float32 and float16 caches",
     )
     parser.add_argument(
         "--int8",
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         )
     check_text(args.prompt, "--prompt")
     precision.refuse_rounding_beside_exact(
-        args, {"--int8": args.int8, "--cache-dtype bfloat16": args.cache_dtype == "bfloat16"}
+        args, {"--int8": args.int8, f"--cache-dtype {args.cache_dtype}": args.cache_dtype in ("float16", "bfloat16")}
     )
     options.set_threads(args.threads)
     if args.max_new_tokens is not None and args.max_new_tokens < 0:

@@ -162,8 +162,8 @@ class LeanDecode:
             self.python_reason = "the Python step was asked for (native=False)"
         elif backend is not None:
             self.python_reason = "torch.compile compiles the Python step"
-        elif cache_type != torch.float32:
-            self.python_reason = f"the native step keeps a float32 cache, and this one is {cache_type}"
+        elif cache_type not in (torch.float32, torch.float16):
+            self.python_reason = f"the native step keeps a float32 or float16 cache, and this one is {cache_type}"
         else:
             found = NativeStep.plan(model)
             self.native, self.python_reason = (found, None) if isinstance(found, NativeStep) else (None, found)
@@ -199,21 +199,14 @@ class LeanDecode:
         t = run.seen.shape[1]
         if self.native is not None and run.seen.shape[0] == 1 and t < GEMM_ROWS and self.positions is None:
             return self._native_prompt()
-        cache = self.cache
-        narrow = cache.layers[0].k.dtype != self.compute_dtype
-        if narrow:  # the model's layers attend in their own dtype: fill a full-width cache, then narrow it
-            cache = model.new_cache(run.seen.shape[0], max_len=t, chunk=t)
         with prompt_tiles():  # bfloat16 tiles where they are faster (oneblock.kernels.tiles)
             for start, end in spans(0, t, self.prompt_chunk, GEMM_ROWS):
                 hidden = model.run(
                     run.seen[:, start:end],
                     padding_mask=run.mask[:, :end] if run.mask is not None else None,
                     positions=self.positions[:, start:end] if self.positions is not None else None,
-                    cache=cache,
+                    cache=self.cache,
                 )  # (B, end - start, C)
-        if narrow:
-            for wide, layer in zip(cache.layers, self.cache.layers, strict=True):
-                layer.write(0, wide.k[:, :, :t], wide.v[:, :, :t])  # a ring keeps the last columns
         self.end = t
         logits = model.logits(hidden[:, -1])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))

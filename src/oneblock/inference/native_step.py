@@ -332,7 +332,8 @@ class NativeStep:
             positions: (B,) int64 positions of those tokens (rotary angle or learned position row).
             columns: (B,) int64 cache column each row writes; it attends over columns ``starts .. columns``.
             starts: (B,) int64 first real column of each row (left padding before it is never attended).
-            keys, values: per layer one (B, Hkv, capacity, Dh) float32 buffer, or per row and layer
+            keys, values: per layer one (B, Hkv, capacity, Dh) float32 or float16 buffer (all of one dtype; a
+                float16 cache rounds as stored, to nearest even, and widens as read), or per row and layer
                 (``keys[row * L + layer]``) one (1, Hkv, capacity_row, Dh) buffer; column ``c`` at
                 ``c % capacity``, so a local layer's buffer may be a ring of its window (``RingKVCache``).
 
@@ -356,8 +357,8 @@ class NativeStep:
         Args:
             tokens: (T,) int64 ids, T >= 1.
             start: the cache column of the first (the cache holds ``start`` positions).
-            cache: one row's cache, float32, allocated for ``start + T`` positions or more (a local layer's ring:
-                its window and T - 1 columns); it holds ``start + T`` after the call.
+            cache: one row's cache, float32 or float16, allocated for ``start + T`` positions or more (a local
+                layer's ring: its window and T - 1 columns); it holds ``start + T`` after the call.
 
         Raises:
             ConfigError: adapters selected for more than one row.

@@ -105,10 +105,10 @@ class Prefill:
 
     def _native_fits(self, start: int, end: int) -> bool:
         """Whether the native step reads the last chunk: one below ``GEMM_ROWS`` rows (the integer kernels), a
-        float32 cache allocated to hold it (a local layer's ring: its window and the chunk)."""
+        float32 or float16 cache allocated to hold it (a local layer's ring: its window and the chunk)."""
         layers = self.cache.layers
         return (
-            self.native is not None and end - start < GEMM_ROWS and layers[0].k.dtype == torch.float32
+            self.native is not None and end - start < GEMM_ROWS and layers[0].k.dtype in (torch.float32, torch.float16)
             and all(layer.holds(start, end) for layer in layers)
         )  # fmt: skip
 

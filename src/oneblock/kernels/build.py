@@ -44,6 +44,7 @@ SOURCES = (
     "step_math.cpp",
     "attend_avx2.cpp",
     "weigh_avx512.cpp",
+    "half_rows.cpp",
     "interleave.cpp",
     "quantize_avx512.cpp",
 )

@@ -176,8 +176,12 @@ class MultiHeadAttention(nn.Module):
         return norm(flat).view(b, t, h, dh).transpose(1, 2)  # back to (B, h, T, Dh)
 
     def extend(self, k: Tensor, v: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
-        """Append the new keys and values to ``cache``; return every key and value seen, (B, Hkv, S, Dh)."""
-        return (k, v) if cache is None else cache.append(k, v)
+        """Append the new keys and values to ``cache``; return every key and value seen, (B, Hkv, S, Dh), in the
+        dtype of ``k`` (a narrower cache's are rounded as stored and widened as read)."""
+        if cache is None:
+            return k, v
+        keys, values = cache.append(k, v)
+        return keys.to(k.dtype), values.to(v.dtype)
 
     def self_mask(
         self, mask: Tensor | None, q: Tensor, k: Tensor, is_causal: bool, bias: Tensor | None = None

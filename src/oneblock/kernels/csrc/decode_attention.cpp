@@ -51,17 +51,24 @@ void normalize_qk_width(const Plan& p, const Call& c, int64_t l, float* qkv_row)
   rms_norm(c.math, qkv_row + hq, layer.k_width_norm_w, p.eps, hk, qkv_row + hq);
 }
 
-// One (row, kv head): normalize (qk_norm), rotate and store the head's key and value at the row's column.
-// `scratch` holds a normalized key.
+// One (row, kv head): normalize (qk_norm), rotate and store the head's key and value at the row's column, rounded
+// to float16 in a float16 cache. `scratch` holds a normalized key, and the key placed before it is rounded.
 void store(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g, const float* qkv_row, std::vector<float>& scratch) {
   const Layer& layer = p.layers[static_cast<size_t>(l)];
   const size_t at = static_cast<size_t>(r * p.n_layers + l);
   const int64_t dh = p.d_head, cap = c.capacity[at], col = c.columns[r] % cap;  // a ring's column wraps
-  float* keys = c.keys[at] + g * cap * dh;
-  float* values = c.values[at] + g * cap * dh;
+  const int64_t offset = (g * cap + col) * dh;  // the head's column, in values
+  const float* k = qkv_row + (p.heads + g) * dh;
   const float* v = qkv_row + (p.heads + p.kv_heads + g) * dh;
-  place(p, c, layer, r, qkv_row + (p.heads + g) * dh, layer.k_norm_w, room(scratch, dh), keys + col * dh);
-  std::memcpy(values + col * dh, v, static_cast<size_t>(dh) * sizeof(float));
+  if (c.half) {
+    float* placed = room(scratch, 2 * dh);
+    place(p, c, layer, r, k, layer.k_norm_w, placed + dh, placed);
+    c.math.narrow(placed, static_cast<uint16_t*>(c.keys[at]) + offset, dh);
+    c.math.narrow(v, static_cast<uint16_t*>(c.values[at]) + offset, dh);
+    return;
+  }
+  place(p, c, layer, r, k, layer.k_norm_w, room(scratch, dh), static_cast<float*>(c.keys[at]) + offset);
+  std::memcpy(static_cast<float*>(c.values[at]) + offset, v, static_cast<size_t>(dh) * sizeof(float));
 }
 
 // One (row, kv head): the query heads it serves attend over the row's keys (its own stored already), a local
@@ -73,13 +80,29 @@ void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g,
   const int64_t start = layer.window > 0 ? std::max(c.starts[r], col - layer.window + 1) : c.starts[r];
   const size_t at = static_cast<size_t>(r * p.n_layers + l);
   const int64_t cap = c.capacity[at];
-  const float* keys = c.keys[at] + g * cap * dh;
-  const float* values = c.values[at] + g * cap * dh;
   const int64_t n = col - start + 1, first = start % cap;
   const int64_t n1 = std::min(n, cap - first), n2 = n - n1;  // n2 > 0: the window wraps past the ring's end
-  float* scores = room(scratch, rep * (n + 1 + dh) + dh);  // (rep, n) scores, then each head's 1 / sum
+  const int64_t wide = c.half ? 2 * n * dh : 0;  // a float16 cache's keys and values, widened
+  float* scores = room(scratch, rep * (n + 1 + dh) + dh + wide);  // (rep, n) scores, then each head's 1 / sum
   float* qs = scores + rep * (n + 1);  // (rep, dh): the group's queries side by side, normalized and rotated
   float* normed = qs + rep * dh;
+  // The window's keys and values: n1 from column `first` on, then n2 from column 0 (a ring that wraps).
+  const float *k1, *v1, *k2, *v2;
+  if (c.half) {  // widened into scratch, side by side
+    const uint16_t* keys = static_cast<const uint16_t*>(c.keys[at]) + g * cap * dh;
+    const uint16_t* values = static_cast<const uint16_t*>(c.values[at]) + g * cap * dh;
+    float* k = normed + dh;
+    float* v = k + n * dh;
+    c.math.widen(keys + first * dh, k, n1 * dh);
+    c.math.widen(keys, k + n1 * dh, n2 * dh);
+    c.math.widen(values + first * dh, v, n1 * dh);
+    c.math.widen(values, v + n1 * dh, n2 * dh);
+    k1 = k, v1 = v, k2 = k + n1 * dh, v2 = v + n1 * dh;
+  } else {
+    const float* keys = static_cast<const float*>(c.keys[at]) + g * cap * dh;
+    const float* values = static_cast<const float*>(c.values[at]) + g * cap * dh;
+    k1 = keys + first * dh, v1 = values + first * dh, k2 = keys, v2 = values;
+  }
   const float* queries = qkv_row + g * rep * dh;  // as projected, when neither normalized nor rotated
   if (layer.q_norm_w != nullptr || layer.rope_cos != nullptr) {
     for (int64_t i = 0; i < rep; ++i) place(p, c, layer, r, queries + i * dh, layer.q_norm_w, normed, qs + i * dh);
@@ -87,13 +110,11 @@ void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g,
   }
   float* out = att_row + g * rep * dh;
   if (c.math.heads != nullptr && dh % 8 == 0) {  // the group's heads together
-    c.math.heads(queries, static_cast<int>(rep), keys + first * dh, values + first * dh, n1, keys, values, n2, dh,
-                 p.scale, p.attn_softcap, scores, out);
+    c.math.heads(queries, static_cast<int>(rep), k1, v1, n1, k2, v2, n2, dh, p.scale, p.attn_softcap, scores, out);
     return;
   }
   for (int64_t i = 0; i < rep; ++i) {
-    attend(c.math, queries + i * dh, keys + first * dh, values + first * dh, n1, keys, values, n2, dh, p.scale,
-           p.attn_softcap, scores, out + i * dh);
+    attend(c.math, queries + i * dh, k1, v1, n1, k2, v2, n2, dh, p.scale, p.attn_softcap, scores, out + i * dh);
   }
 }
 

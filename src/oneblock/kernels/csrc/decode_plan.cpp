@@ -290,21 +290,25 @@ Call read_call(const Plan& p, const at::Tensor& tokens, const at::Tensor& positi
   c.keys.resize(static_cast<size_t>(rows * L));
   c.values.resize(c.keys.size());
   c.capacity.assign(c.keys.size(), -1);
+  c.half = !keys.empty() && keys[0].scalar_type() == at::kHalf;
+  const at::ScalarType dtype = c.half ? at::kHalf : at::kFloat;
   for (size_t i = 0; i < keys.size(); ++i) {
     for (const at::Tensor* t : {&keys[i], &values[i]}) {
-      TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 4 && t->is_contiguous() &&
+      TORCH_CHECK(t->scalar_type() == dtype && t->dim() == 4 && t->is_contiguous() &&
                       t->size(0) == (per_row ? 1 : rows) && t->size(1) == p.kv_heads && t->size(3) == p.d_head &&
                       t->sizes() == keys[i].sizes(),
-                  kOp, "cache tensors must be contiguous float32 (", per_row ? 1 : rows, ", ", p.kv_heads,
-                  ", capacity, ", p.d_head, "); got ", t->sizes(), " ", t->scalar_type());
+                  kOp, "cache tensors must be contiguous float32 or float16, all of one dtype, (", per_row ? 1 : rows,
+                  ", ", p.kv_heads, ", capacity, ", p.d_head, "); got ", t->sizes(), " ", t->scalar_type(),
+                  " beside ", keys[0].scalar_type());
     }
     const int64_t cap = keys[i].size(2);
     for (int64_t r = per_row ? static_cast<int64_t>(i) / L : 0; r < (per_row ? static_cast<int64_t>(i) / L + 1 : rows);
          ++r) {
       const int64_t l = per_row ? static_cast<int64_t>(i) % L : static_cast<int64_t>(i);
       const int64_t offset = per_row ? 0 : r * keys[i].stride(0);
-      c.keys[static_cast<size_t>(r * L + l)] = keys[i].data_ptr<float>() + offset;
-      c.values[static_cast<size_t>(r * L + l)] = values[i].data_ptr<float>() + offset;
+      const int64_t bytes = offset * static_cast<int64_t>(keys[i].element_size());
+      c.keys[static_cast<size_t>(r * L + l)] = static_cast<uint8_t*>(keys[i].data_ptr()) + bytes;
+      c.values[static_cast<size_t>(r * L + l)] = static_cast<uint8_t*>(values[i].data_ptr()) + bytes;
       c.capacity[static_cast<size_t>(r * L + l)] = cap;
     }
   }

@@ -51,7 +51,8 @@
 //
 //   tokens, positions, columns, starts   (B,) int64 each: token id, position (rotary / learned), cache column
 //                                        written, first cache column attended
-//   keys, values   per layer one (B, Hkv, capacity, Dh) float32 buffer, or per row and layer one (1, Hkv,
+//   keys, values   per layer one (B, Hkv, capacity, Dh) float32 or float16 buffer (all of one dtype; float16
+//                  rounded as stored, widened as read), or per row and layer one (1, Hkv,
 //                  capacity_r, Dh) buffer (keys[r * L + l]); rows sharing one are the tokens of one prompt.
 //                  Column c lives at c % capacity: a layer's capacity exceeds every column (the whole context),
 //                  or, for a local layer, it is a ring (oneblock.layers.kv_cache.RingKVCache) of at least its
@@ -198,9 +199,11 @@ struct Call {
   const int64_t* starts;
   const int64_t* adapters = nullptr;  // per row: its adapter (0: the base), or null without LoRA updates
   // The caches of row r, layer l: keys[r * n_layers + l] and values[...], each (Hkv, capacity[r * n_layers + l],
-  // Dh) float32, column c at c % capacity (a local layer's ring).
-  std::vector<float*> keys, values;
+  // Dh) float32, or float16 where `half` (every cache of a call has one dtype), column c at c % capacity (a local
+  // layer's ring).
+  std::vector<void*> keys, values;
   std::vector<int64_t> capacity;
+  bool half = false;
   // Rows that share a cache (the tokens of one prompt, at their own columns): every row's key and value are
   // written before any row attends, so a row sees the rows before it.
   bool shared_cache = false;

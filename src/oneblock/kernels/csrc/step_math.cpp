@@ -1,5 +1,5 @@
 // The float pieces of the native decode step: scalar twins, then AVX2 (compiled by target attribute, called only
-// where the CPU reports AVX2 and FMA). See step_math.h for what each mirrors in the Python step.
+// where the CPU reports AVX2, FMA and F16C). See step_math.h for what each mirrors in the Python step.
 #include "step_math.h"
 
 #include <immintrin.h>
@@ -112,10 +112,13 @@ OB_AVX2 void activate_avx2(int64_t kind, const float* gate, const float* up, flo
 
 FloatMath float_math(int isa) {
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (isa == kScalar || !avx2) return {float_dot_scalar, axpy_scalar, nullptr, activate_scalar};
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (isa == kScalar || !avx2) {
+    return {float_dot_scalar, axpy_scalar, nullptr, activate_scalar, narrow_scalar, widen_scalar};
+  }
   const bool avx512 = isa >= kAvx512 && __builtin_cpu_supports("avx512f");
-  return {float_dot_avx2, axpy_avx2, avx512 ? attend_heads_avx512 : attend_heads_avx2, activate_avx2};
+  return {float_dot_avx2, axpy_avx2, avx512 ? attend_heads_avx512 : attend_heads_avx2, activate_avx2, narrow_f16c,
+          widen_f16c};
 }
 
 // -- the passes over one row, written once on top of the routines above ----------------------------------------

@@ -56,12 +56,24 @@ using ActivateFn = void (*)(int64_t kind, const float* gate, const float* up, fl
 void activate_scalar(int64_t kind, const float* gate, const float* up, float* out, int64_t n);
 void activate_avx2(int64_t kind, const float* gate, const float* up, float* out, int64_t n);
 
+// out[i] = x[i] rounded to float16 (to nearest even), and back: float16 bits widened to float32 (half_rows.cpp);
+// the F16C variants convert 8 values at a time, with the same results.
+using NarrowFn = void (*)(const float* x, uint16_t* out, int64_t n);
+using WidenFn = void (*)(const uint16_t* x, float* out, int64_t n);
+
+void narrow_scalar(const float* x, uint16_t* out, int64_t n);
+void widen_scalar(const uint16_t* x, float* out, int64_t n);
+void narrow_f16c(const float* x, uint16_t* out, int64_t n);
+void widen_f16c(const uint16_t* x, float* out, int64_t n);
+
 // The float routines of one instruction set (`heads` null where each head attends alone, by `attend`).
 struct FloatMath {
   FloatDotFn dot;
   AxpyFn axpy;
   AttendHeadsFn heads;
   ActivateFn activate;
+  NarrowFn narrow;
+  WidenFn widen;
 };
 
 // The routines of the instruction set the block kernels run on (an Isa of dot.h: ONEBLOCK_KERNELS, set_isa): scalar,
