@@ -16,6 +16,7 @@ from native_testing import FAMILIES, SMALL, build, decode_across_threads_and_isa
 
 import oneblock as ob
 from oneblock import kernels
+from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.decode import LeanDecode
 from oneblock.inference.generation import generate
 from oneblock.inference.native_step import ENV
@@ -109,6 +110,26 @@ def test_generate_with_a_float16_cache_matches_the_python_step(monkeypatch):
     slow = generate(model, prompt, 16, greedy=True, prompt_padding_mask=mask, cache_dtype=HALF, stats=stats)
     assert stats["decode_step"] == "python"
     assert torch.equal(fast, slow)
+
+
+def test_batched_decoder_with_staggered_float16_slots_matches_its_python_step():
+    model = build_config(WINDOWED["gemma3"], WIDE_HEADS, seed=4)
+    native, python = BatchDecoder(model, cache_dtype=HALF), BatchDecoder(model, native=False, cache_dtype=HALF)
+    assert native.native is not None and python.native is None
+    prompts = [[5, 17, 3, 99, 42], [7, 8], [60, 61, 62, 63, 64, 65, 66]]
+    slots: list[list] = [[], []]
+    fed: list[int] = []
+    for step in range(14):
+        if step in (0, 3, 7):  # a request joins between steps, at its own position
+            for decoder, active in zip((native, python), slots, strict=True):
+                slot, logits = decoder.prefill(prompts[(0, 3, 7).index(step)], max_new=16)
+                assert slot.cache.layers[0].k.dtype == HALF
+                active.append(slot)
+            fed.append(int(logits.argmax()))
+        a, b = native.step(slots[0], fed), python.step(slots[1], fed)
+        assert relative(a, b) <= 2e-4
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+        fed = b.argmax(-1).tolist()
 
 
 def test_a_cache_of_two_dtypes_is_refused():

@@ -25,6 +25,7 @@ DEFAULT_GRACE = 10.0
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_CACHE_BUDGET = 512  # MiB of prompt blocks kept for later prompts
+CACHE_DTYPES = ("float32", "float16")  # the caches the native step reads
 # The longest any of the seconds flags may be: a week, far under what a thread's wait accepts (inf overflows it).
 MAX_SECONDS = 7 * 86400
 KEY_VARIABLE = "ONEBLOCK_API_KEY"
@@ -113,6 +114,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"blocks of 32 tokens, least recently used dropped first; 0 turns it off; default: {DEFAULT_CACHE_BUDGET})",
     )  # fmt: skip
     limits.add_argument(
+        "--cache-dtype", choices=CACHE_DTYPES,
+        help="dtype of the key/value cache (default: the model's). float16 halves a float32 model's cache and the "
+        "bytes attention reads per token, as llama.cpp's default; keys and values are rounded as stored",
+    )  # fmt: skip
+    limits.add_argument(
         "--max-connections", type=int, metavar="N",
         help="open connections at once; more are closed on arrival (default: 4 x (max-batch + max-queue))",
     )  # fmt: skip
@@ -196,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine(
             loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue,
             max_context=args.max_context, adapters=served, prefix_bytes=int(args.cache_budget * 2**20),
+            cache_dtype=_cache_dtype(args.cache_dtype),
         )  # fmt: skip
     except InputError as error:  # the library names its parameters; here they are flags
         flags = {"max_context": "--max-context", "max_batch": "--max-batch", "prefix_bytes": "--cache-budget"}
@@ -272,6 +279,12 @@ def adapter_flags(values: list[str] | None, merge: bool) -> tuple[str | None, li
     if merge and not plain:
         raise InputError("--merge folds one adapter into the weights; give --adapter DIR (not NAME=DIR) with it")
     return (plain[0] if plain else None), named
+
+
+def _cache_dtype(name: str | None) -> Any:
+    import torch
+
+    return getattr(torch, name) if name is not None else None
 
 
 def _embedder(choice: str) -> Any:

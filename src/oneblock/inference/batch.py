@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from oneblock.errors import InputError
-from oneblock.inference.native_step import NativeStep
+from oneblock.inference.native_step import CACHE_DTYPES, NativeStep
 from oneblock.inference.plan import DecodePlan, attend_cached, heads_of_one_token, lean_supported
 from oneblock.inference.prefill import Prefill
 from oneblock.inference.prefix_cache import PrefixCache
@@ -82,12 +82,17 @@ class BatchDecoder:
         native: step with the native step where it applies (``None``, the default: unless
             ``ONEBLOCK_NATIVE_STEP=0``); ``False`` always runs the Python step. ``native`` tells which one runs.
         prefix: the prefix cache prompts read their leading blocks from and keep theirs in (``None``: none).
+        cache_dtype: the slots' keys and values (default the model's); ``torch.float16`` halves a float32 model's,
+            and the native step reads it (rounded as stored, widened as read).
 
     Raises:
         InputError: a model the lean step cannot run (encoder-decoder, post-LN, relative position bias).
     """
 
-    def __init__(self, model: nn.Module, *, native: bool | None = None, prefix: PrefixCache | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, *, native: bool | None = None, prefix: PrefixCache | None = None,
+        cache_dtype: torch.dtype | None = None,
+    ) -> None:  # fmt: skip
         if not isinstance(model, Decoder) or not lean_supported(model):
             raise InputError(
                 f"batched decoding needs a pre-LN decoder-only model without relative position bias; got "
@@ -100,6 +105,7 @@ class BatchDecoder:
         self.device = model.embed.device
         self.native = NativeStep.of(model) if native is not False else None
         self.prefix = prefix
+        self.cache_dtype = cache_dtype
 
     @property
     def context(self) -> int:
@@ -159,7 +165,7 @@ class BatchDecoder:
             raise InputError(f"prompt ids must be ints in [0, {vocab}); got {list(ids)[:8]!r}...")
         capacity = t + max_new - 1
         # Allocated whole, once, as the lean step's: a local layer's a ring of its window and one chunk.
-        cache = self.model.new_cache(1, max_len=capacity, chunk=capacity, spare=RING_SPARE)
+        cache = self.model.new_cache(1, max_len=capacity, chunk=capacity, spare=RING_SPARE, dtype=self.cache_dtype)
         reading = Prefill(
             self.model, ids, cache, prefix=self.prefix, namespace=namespace, reuse=reuse, native=self.native,
             score=score,
@@ -182,7 +188,8 @@ class BatchDecoder:
         full = [i for i, slot in enumerate(slots) if slot.length >= slot.capacity]
         if full:
             raise InputError(f"slots {full} are full ({slots[full[0]].capacity} positions); retire them first")
-        if self.native is not None and all(slot.cache.layers[0].k.dtype == torch.float32 for slot in slots):
+        dtypes = {slot.cache.layers[0].k.dtype for slot in slots}
+        if self.native is not None and len(dtypes) == 1 and dtypes <= set(CACHE_DTYPES):
             return self._native_step(slots, fed)
         model = self.model
         positions = torch.tensor([[slot.length] for slot in slots], device=self.device)  # (B, 1)
@@ -222,4 +229,6 @@ class BatchDecoder:
         """One row's attention: store its key and value at its position, attend over its L + 1 keys (no mask:
         a single query may see every cached key). q (1, H, 1, Dh), k and v (1, Hkv, 1, Dh) -> (1, H, 1, Dh)."""
         keys, values = slot.cache.layers[layer].write(slot.length, k, v)  # (1, Hkv, L + 1 or window, Dh)
+        if keys.dtype != q.dtype:  # a narrower cache: widened as read
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         return attend_cached(block.attn, q, keys, values, None)

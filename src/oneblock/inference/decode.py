@@ -35,7 +35,7 @@ from torch import Tensor
 
 from oneblock.errors import ConfigError
 from oneblock.inference.compile_policy import compile_backend
-from oneblock.inference.native_step import NativeStep
+from oneblock.inference.native_step import CACHE_DTYPES, NativeStep
 from oneblock.inference.plan import DecodePlan, attend_cached, heads_of_one_token
 from oneblock.inference.request import DecodeRequest
 from oneblock.inference.spans import PROMPT_CHUNK, spans
@@ -162,7 +162,7 @@ class LeanDecode:
             self.python_reason = "the Python step was asked for (native=False)"
         elif backend is not None:
             self.python_reason = "torch.compile compiles the Python step"
-        elif cache_type not in (torch.float32, torch.float16):
+        elif cache_type not in CACHE_DTYPES:
             self.python_reason = f"the native step keeps a float32 or float16 cache, and this one is {cache_type}"
         else:
             found = NativeStep.plan(model)

@@ -57,6 +57,8 @@ ENV = "ONEBLOCK_NATIVE_STEP"
 _NORMS: dict[type[nn.Module], int] = {LayerNorm: 0, RMSNorm: 1}
 _ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "silu": 3}
 _POSITIONS = {"none": 0, "learned": 1, "rope": 2}
+CACHE_DTYPES = (torch.float32, torch.float16)
+"""The key/value caches the native step reads (a float16 one rounded as stored, to nearest even, widened as read)."""
 _NO_ROWS = torch.empty(0, dtype=torch.long)  # the rows' adapters, without adapters
 
 

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from oneblock.errors import InputError
 from oneblock.inference.logprobs import TopLogprobs, token_logprobs
-from oneblock.inference.native_step import NativeStep
+from oneblock.inference.native_step import CACHE_DTYPES, NativeStep
 from oneblock.inference.prefix_cache import PrefixCache, chain
 from oneblock.inference.spans import CHUNK, spans
 from oneblock.kernels import GEMM_ROWS
@@ -108,7 +108,7 @@ class Prefill:
         float32 or float16 cache allocated to hold it (a local layer's ring: its window and the chunk)."""
         layers = self.cache.layers
         return (
-            self.native is not None and end - start < GEMM_ROWS and layers[0].k.dtype in (torch.float32, torch.float16)
+            self.native is not None and end - start < GEMM_ROWS and layers[0].k.dtype in CACHE_DTYPES
             and all(layer.holds(start, end) for layer in layers)
         )  # fmt: skip
 

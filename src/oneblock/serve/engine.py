@@ -90,6 +90,8 @@ class Engine(Admission):
             the base), and rows of different adapters share each step.
         prefix_bytes: bytes of prompt blocks the prefix cache keeps for later prompts (default ``PREFIX_BYTES``;
             0 keeps none).
+        cache_dtype: the requests' keys and values (default the model's; ``torch.float16`` halves a float32
+            model's cache, as llama.cpp's default, rounded as stored).
 
     Raises:
         InputError: a bound that is not a positive integer, a budget smaller than one request of ``max_context``,
@@ -99,17 +101,17 @@ class Engine(Admission):
     def __init__(
         self, model: nn.Module, tokenizer: Tokenizer, *, max_batch: int = 8, max_queue: int = 32,
         max_context: int | None = None, cache_positions: int | None = None, adapters: ServedAdapters | None = None,
-        prefix_bytes: int = PREFIX_BYTES,
+        prefix_bytes: int = PREFIX_BYTES, cache_dtype: torch.dtype | None = None,
     ) -> None:  # fmt: skip
         self.prefix = PrefixCache(_positive("prefix_bytes", prefix_bytes, 0), CHUNK)
-        self.decoder = BatchDecoder(model, prefix=self.prefix)
+        self.decoder = BatchDecoder(model, prefix=self.prefix, cache_dtype=cache_dtype)
         self.adapters = adapters
         self.tokenizer = tokenizer
         # A head wider than the vocabulary (padded for speed) must not pick ids the tokenizer cannot decode.
         self.vocab = min(tokenizer.vocab_size, self.decoder.model.config.vocab_size)
         count = len(adapters.names) if adapters is not None else 0
         super().__init__(self.decoder.context, max_batch, max_queue, max_context, cache_positions, count)
-        self.cost = CacheCost.of(self.decoder.model)
+        self.cost = CacheCost.of(self.decoder.model, cache_dtype)
         self.position_bytes = self.cost.position_bytes
         # a sliding-window layer holds at most its ring per request, not max_context positions
         self.cache_bytes = self.cost.budget_bytes(self.cache_positions, self.max_batch, self.max_context)

@@ -23,8 +23,9 @@ class CacheCost:
     layers: tuple[tuple[int, int | None], ...]
 
     @classmethod
-    def of(cls, model: Decoder) -> CacheCost:
-        probe = model.new_cache(1, max_len=1, chunk=1)
+    def of(cls, model: Decoder, dtype: torch.dtype | None = None) -> CacheCost:
+        """The costs of ``model``'s caches of ``dtype`` (default the model's)."""
+        probe = model.new_cache(1, max_len=1, chunk=1, dtype=dtype)
         windows = [model.block(i).attn.window for i in range(len(probe.layers))]
         return cls(
             tuple(
