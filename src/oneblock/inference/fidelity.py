@@ -40,16 +40,17 @@ def windows(ids: Sequence[int], length: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def stepwise_logits(model: nn.Module, ids: Sequence[int]) -> Tensor:
+def stepwise_logits(model: nn.Module, ids: Sequence[int], *, cache_dtype: torch.dtype | None = None) -> Tensor:
     """The logits (W - 1, V) float32 that predict ``ids[1:]``, computed as generation computes them: the first id
-    alone, then each next id fed through the decoding step (teacher forcing), with the key/value cache.
+    alone, then each next id fed through the decoding step (teacher forcing), with the key/value cache (of
+    ``cache_dtype``; default the model's).
 
     This is the decode path a user's tokens take (one row per product), not the prompt pass.
     """
     if len(ids) < 2:
         raise InputError(f"stepwise_logits needs at least 2 ids; got {len(ids)}")
     run = prepare(model, torch.tensor([list(ids[:1])]), len(ids) - 1, False, None, None, None, None)
-    decoder = decoder_for(run, True, {})
+    decoder = decoder_for(run, True, {} if cache_dtype is None else {"cache_dtype": cache_dtype})
     rows = [decoder.next(None)[0]]
     for token in ids[1:-1]:
         rows.append(decoder.next(torch.tensor([token]))[0])

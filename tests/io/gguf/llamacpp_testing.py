@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-F32 = 0  # GGML_TYPE_F32: the key/value cache in float32, as oneblock keeps it
+F32 = 0  # GGML_TYPE_F32: the key/value cache in float32, as oneblock keeps it by default
+F16 = 1  # GGML_TYPE_F16: llama.cpp's default cache, as `--cache-dtype float16` keeps oneblock's
 
 
 def llama_cpp_module() -> Any:
@@ -24,12 +25,12 @@ def llama_cpp_module() -> Any:
     return llama_cpp
 
 
-def open_llama(model_path: Path, context: int, lora_path: Path | None = None) -> Any:
-    """A ``Llama`` keeping every position's logits, its cache in float32, on 2 threads."""
+def open_llama(model_path: Path, context: int, lora_path: Path | None = None, cache: int = F32) -> Any:
+    """A ``Llama`` keeping every position's logits, its cache in float32 (or ``cache``), on 2 threads."""
     llama_cpp = llama_cpp_module()
     return llama_cpp.Llama(
         model_path=str(model_path), lora_path=None if lora_path is None else str(lora_path), n_ctx=context,
-        n_batch=context, n_threads=2, n_threads_batch=2, logits_all=True, type_k=F32, type_v=F32, verbose=False,
+        n_batch=context, n_threads=2, n_threads_batch=2, logits_all=True, type_k=cache, type_v=cache, verbose=False,
     )  # fmt: skip
 
 
@@ -44,9 +45,11 @@ def llama_cpp_logits(llm: Any, window: list[int], *, stepwise: bool) -> torch.Te
     return torch.tensor(llm.scores[: len(window) - 1]).float()
 
 
-def llama_cpp_windows(model_path: Path, parts: list[list[int]], *, stepwise: bool, lora_path: Path | None = None):
-    """llama.cpp's logits for each window of ``parts``."""
-    llm = open_llama(model_path, max(len(w) for w in parts), lora_path)
+def llama_cpp_windows(
+    model_path: Path, parts: list[list[int]], *, stepwise: bool, lora_path: Path | None = None, cache: int = F32
+):
+    """llama.cpp's logits for each window of ``parts``, its cache of ``cache`` (a GGML type)."""
+    llm = open_llama(model_path, max(len(w) for w in parts), lora_path, cache)
     try:
         return [llama_cpp_logits(llm, w, stepwise=stepwise) for w in parts]
     finally:

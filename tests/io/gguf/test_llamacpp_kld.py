@@ -5,7 +5,8 @@ product in float32). A held-out English text of this repository's own (data/held
 a fifth of it the top-1 agreement of two engines moved by a point from one passage to the next) is cut into
 windows of 256 tokens, each fed one token at a time through the decoding step with the key/value cache, on
 both sides: oneblock's default path (block kernels, activations rounded to 8 bits per product) and llama.cpp's
-(llama-cpp-python, the same file, its key/value cache in float32). The figures are those of
+(llama-cpp-python, the same file, its key/value cache in float32); then both again with float16 caches
+(llama.cpp's default, oneblock's ``--cache-dtype float16``). The figures are those of
 ``llama-perplexity --kl-divergence``: the mean KL divergence from the reference and the top-1 agreement.
 
 Bounds (from the issue that set them): oneblock's KLD at most 1.1x llama.cpp's, its top-1 agreement no more than
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from llamacpp_testing import llama_cpp_module, llama_cpp_windows
+from llamacpp_testing import F16, llama_cpp_module, llama_cpp_windows
 
 from oneblock.inference.fidelity import fidelity, full_logits, stepwise_logits, windows
 
@@ -53,6 +54,11 @@ def figures(tmp_path_factory):
         # float32 products have no rounding for the decode path to change: one pass per window
         "llama.cpp f32": fidelity(reference[:3], llama_cpp_windows(f32, parts[:3], stepwise=False)),
         "oneblock f32 stepwise": fidelity(reference[:1], [stepwise_logits(exact, parts[0])]),
+        # both caches in float16, llama.cpp's default: keys and values rounded as stored
+        "oneblock f16 cache": fidelity(
+            reference, [stepwise_logits(quantized, w, cache_dtype=torch.float16) for w in parts]
+        ),
+        "llama.cpp f16 cache": fidelity(reference, llama_cpp_windows(path, parts, stepwise=True, cache=F16)),
     }
     for name, f in figures.items():
         print(f"{name}: KLD {f.kld:.5f}, top-1 {f.top1:.2%} over {f.tokens} tokens")
@@ -81,3 +87,10 @@ def test_the_f32_file_oneblock_writes_is_the_float32_model_in_llama_cpp(figures)
 def test_the_float32_decode_step_is_the_float32_forward(figures):
     exact = figures["oneblock f32 stepwise"]
     assert exact.kld < 1e-8 and exact.top1 == 1.0, exact
+
+
+def test_with_float16_caches_the_decode_path_is_as_faithful_as_llama_cpp(figures):
+    ours, theirs = figures["oneblock f16 cache"], figures["llama.cpp f16 cache"]
+    assert ours.kld <= 1.1 * theirs.kld, (ours, theirs)
+    assert ours.top1 >= theirs.top1 - 0.01, (ours, theirs)
+    assert ours.kld != figures["oneblock"].kld  # the cache was float16: rounding moved the logits
