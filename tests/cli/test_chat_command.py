@@ -67,6 +67,14 @@ def test_piped_stdin_prints_only_the_answer(loaded, monkeypatch, capsys):
     assert calls == [(calls[0][0], None)]  # the default: 4-bit weights as stored
 
 
+def test_a_float16_cache_answers_as_the_session_with_one(loaded, capsys):
+    model, tokenizer, _ = loaded
+    assert main([*GREEDY, "--cache-dtype", "float16", QUESTION]) == 0
+    out = capsys.readouterr().out
+    session = ChatSession(model, tokenizer, temperature=0, max_new_tokens=12, cache_dtype=torch.float16)
+    assert out == session.send(QUESTION) + "\n" and "Paris" in out
+
+
 def test_prompt_argument(loaded, capsys):
     assert main([*GREEDY, QUESTION]) == 0
     assert "Paris" in capsys.readouterr().out
@@ -133,6 +141,7 @@ def test_missing_package_names_the_install_command(monkeypatch, capsys):
         (["--top-k", "0"], "top_k must be a positive integer"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1; got 0"),
         (["--seed", "x"], "invalid int value"),
+        (["--exact", "--cache-dtype", "float16"], "--exact runs the float32 model, and --cache-dtype float16 rounds"),
     ],
 )
 def test_bad_flags(argv, match, capsys):

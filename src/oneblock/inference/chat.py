@@ -26,6 +26,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from oneblock.errors import InputError
@@ -72,6 +73,8 @@ class ChatSession:
             of the session draws with seed ``seed + i``.
         context: the window in tokens (default and maximum: ``model.config.max_seq_len``).
         compile: compile the per-token step with ``torch.compile`` (see ``generate_stream``).
+        cache_dtype: the key/value cache's dtype (default the model's; ``torch.float16`` halves a float32 model's,
+            see ``generate``).
         **sampling_options: ``Sampling``'s fields as keywords (``temperature=0.2, top_p=0.9, seed=0``), instead
             of ``sampling``.
 
@@ -90,6 +93,7 @@ class ChatSession:
         sampling: Sampling | None = None,
         context: int | None = None,
         compile: bool = False,
+        cache_dtype: torch.dtype | None = None,
         **sampling_options: Any,
     ) -> None:
         if not isinstance(model, Decoder):
@@ -115,6 +119,7 @@ class ChatSession:
         self.max_new_tokens, self.context = max_new_tokens, context
         self.sampling = sampling
         self.compile = compile
+        self.cache_dtype = cache_dtype
         self.history: list[Message] = []  # user, assistant, user, assistant, ...: the exchanges still in context
         self.replies = 0  # replies given since the session began (seeds the sampler)
         self.last: Reply | None = None
@@ -177,7 +182,13 @@ class ChatSession:
         if sampling.seed is not None:  # a different, repeatable draw for every reply
             sampling = sampling.replace(seed=sampling.seed + self.replies)
         steps = generate_stream(
-            self.model, prompt, self.max_new_tokens, sampling=sampling, eos_id=list(stops), compile=self.compile
+            self.model,
+            prompt,
+            self.max_new_tokens,
+            sampling=sampling,
+            eos_id=list(stops),
+            compile=self.compile,
+            cache_dtype=self.cache_dtype,
         )
         return self._reply(text, steps, stops, len(prompt), dropped)
 
