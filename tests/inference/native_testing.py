@@ -23,10 +23,15 @@ WIDE_FAMILIES = {"gpt2-style": FAMILIES["gpt2-style"], "llama-style": {**FAMILIE
 
 
 def build(family: str, seed: int = 0, sizes: dict | None = None) -> torch.nn.Module:
+    return build_from((WIDE_FAMILIES if sizes is WIDE else FAMILIES)[family], sizes or SMALL, seed)
+
+
+def build_from(config: dict, sizes: dict, seed: int = 0) -> torch.nn.Module:
+    """A model of ``sizes`` with ``config``'s options, every parameter moved off its initial value (norm weights
+    too: a norm left at ones would hide a missing or misplaced one; the logits far from uniform)."""
     torch.manual_seed(seed)
-    extra = (WIDE_FAMILIES if sizes is WIDE else FAMILIES)[family]
-    model = ob.build_model(ob.ModelConfig(**{**(sizes or SMALL), **extra}))
-    with torch.no_grad():  # away from the tiny initial values, so the logits are far from uniform
+    model = ob.build_model(ob.ModelConfig(**{**sizes, **config}))
+    with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     return model.eval()

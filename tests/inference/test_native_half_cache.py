@@ -12,9 +12,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from native_testing import FAMILIES, SMALL, build, decode_across_threads_and_isas, decode_both, kl_to, relative
+from native_testing import (
+    FAMILIES,
+    SMALL,
+    build,
+    build_from,
+    decode_across_threads_and_isas,
+    decode_both,
+    kl_to,
+    relative,
+)
 
-import oneblock as ob
 from oneblock import kernels
 from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.decode import LeanDecode
@@ -37,15 +45,6 @@ PROMPTS = [[[5, 17, 3, 99, 42]], [[5, 17, 3, 99, 42], [7, 8], [60, 61, 62]]]  # 
 WIDE_HEADS = {**SMALL, "d_model": 96}  # heads of 16 or 32 features: their group attends together
 
 
-def build_config(config: dict, sizes: dict, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = ob.build_model(ob.ModelConfig(**{**sizes, **config}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model.eval()
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("prompts", PROMPTS)
 def test_native_logits_equal_the_python_step_with_a_float16_cache(family, prompts):
@@ -57,7 +56,7 @@ def test_native_logits_equal_the_python_step_with_a_float16_cache(family, prompt
 @pytest.mark.parametrize("option", WINDOWED)
 @pytest.mark.parametrize("sizes", [SMALL, WIDE_HEADS], ids=["per-head", "heads-together"])
 def test_windows_and_grouped_heads_equal_the_python_step_on_every_path(option, sizes):
-    model = build_config(WINDOWED[option], sizes)
+    model = build_from(WINDOWED[option], sizes)
     native, python = decode_both(model, PROMPTS[1], steps=12, cache_dtype=HALF)  # 12 steps: past the window of 4
     assert relative(native, python) <= 2e-4
     assert torch.equal(native.argmax(-1), python.argmax(-1))
@@ -67,7 +66,7 @@ def test_windows_and_grouped_heads_equal_the_python_step_on_every_path(option, s
 
 @pytest.mark.parametrize("config", [LLAMA, WINDOWED["gemma3"]], ids=["llama", "gemma3"])
 def test_both_steps_store_the_same_cache_within_one_float16_ulp(config):
-    model = build_config(config, WIDE_HEADS, seed=2)
+    model = build_from(config, WIDE_HEADS, seed=2)
     run = prepare(model, PROMPTS[1], 12, False, None, None, None, None)
     with torch.inference_mode():
         native, python = LeanDecode(run, cache_dtype=HALF), LeanDecode(run, native=False, cache_dtype=HALF)
@@ -87,7 +86,7 @@ def test_both_steps_store_the_same_cache_within_one_float16_ulp(config):
 
 
 def test_the_cache_is_float16_and_the_logits_move_by_little():
-    model = build_config(LLAMA, WIDE_HEADS, seed=3)
+    model = build_from(LLAMA, WIDE_HEADS, seed=3)
     prompts = PROMPTS[1]
     run = prepare(model, prompts, 12, False, None, None, None, None)
     decoder = LeanDecode(run, cache_dtype=HALF)
@@ -113,7 +112,7 @@ def test_generate_with_a_float16_cache_matches_the_python_step(monkeypatch):
 
 
 def test_batched_decoder_with_staggered_float16_slots_matches_its_python_step():
-    model = build_config(WINDOWED["gemma3"], WIDE_HEADS, seed=4)
+    model = build_from(WINDOWED["gemma3"], WIDE_HEADS, seed=4)
     native, python = BatchDecoder(model, cache_dtype=HALF), BatchDecoder(model, native=False, cache_dtype=HALF)
     assert native.native is not None and python.native is None
     prompts = [[5, 17, 3, 99, 42], [7, 8], [60, 61, 62, 63, 64, 65, 66]]

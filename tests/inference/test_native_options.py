@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from native_testing import SMALL, decode_across_threads_and_isas, decode_both, relative
+from native_testing import SMALL, build_from, decode_across_threads_and_isas, decode_both, relative
 
-import oneblock as ob
 from oneblock import kernels
 from oneblock.inference.batch import BatchDecoder
 from oneblock.inference.generation import generate
@@ -60,12 +59,7 @@ WIDE_HEADS = {**SMALL, "d_model": 96}  # heads of 16 or 32 features: their group
 
 
 def build(option: str, seed: int = 0, sizes: dict | None = None) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = ob.build_model(ob.ModelConfig(**{**(sizes or SMALL), **OPTIONS[option]}))
-    with torch.no_grad():  # norm weights too: a norm left at ones would hide a missing or misplaced one
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model.eval()
+    return build_from(OPTIONS[option], sizes or SMALL, seed)
 
 
 @pytest.mark.parametrize("option", OPTIONS)
