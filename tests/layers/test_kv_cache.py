@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
+
 import pytest
 import torch
 
 import oneblock as ob
 from oneblock.errors import InputError
-from oneblock.layers.kv_cache import DEFAULT_CHUNK, KVCache, RingKVCache
+from oneblock.layers.kv_cache import DEFAULT_CHUNK, KVCache, RingKVCache, untouched_zeros
 
 
 def test_grown_cache_equals_preallocated():
@@ -95,3 +99,36 @@ def test_a_model_reads_chunks_into_rings_as_into_whole_buffers():
             a = model.run(tokens[:, start:end], padding_mask=mask[:, :end], cache=rings)
             b = model.run(tokens[:, start:end], padding_mask=mask[:, :end], cache=whole)
             assert torch.allclose(a, b, atol=1e-5)
+
+
+def _resident_bytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s pages resident in memory (Linux's ``mincore``; ``t`` starts on a page)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    pages = -(-t.untyped_storage().nbytes() // page)
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mincore(ctypes.c_void_p(t.data_ptr()), ctypes.c_size_t(pages * page), vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec) * page
+
+
+def test_untouched_zeros_are_zeros_of_their_own_whatever_the_size():
+    for shape in ((2, 3, 5, 8), (1, 8, 1024, 64)):  # under and over UNTOUCHED_BYTES
+        for dtype in (torch.float32, torch.float16):
+            a, b = untouched_zeros(shape, dtype), untouched_zeros(shape, dtype)
+            assert a.shape == shape and a.dtype == dtype and a.is_contiguous() and not a.any()
+            a.fill_(1.0)
+            assert a.all() and not b.any()  # two buffers, each writable
+    big = untouched_zeros((1, 8, 1024, 64), torch.float32)
+    assert big.untyped_storage().nbytes() == 8 * 1024 * 64 * 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's resident pages")
+def test_a_large_cache_holds_memory_only_where_it_is_written():
+    """A cache sized for 4,096 positions of 8 heads x 128 float32 features (2 x 16 MiB) holds no memory until
+    written; the first 1,024 positions of every head take a quarter of it."""
+    cache = KVCache(1, 8, 4096, 128, chunk=4096)
+    assert cache.k.data_ptr() % os.sysconf("SC_PAGE_SIZE") == 0
+    assert _resident_bytes(cache.k) == _resident_bytes(cache.v) == 0
+    cache.append(torch.randn(1, 8, 1024, 128), torch.randn(1, 8, 1024, 128))
+    assert _resident_bytes(cache.k) == _resident_bytes(cache.v) == 8 * 1024 * 128 * 4  # each head's first quarter
+    assert cache.read(0, 1024)[0].abs().sum() > 0 and not cache.k[:, :, 1024:].any()

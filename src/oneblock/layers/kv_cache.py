@@ -9,6 +9,8 @@ values of an encoder-decoder model, which depend only on the source and are comp
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +20,24 @@ from oneblock.errors import InputError
 
 DEFAULT_CHUNK = 256
 """Positions a cache grows by: one reallocation per 256 tokens, a negligible share of decoding them."""
+UNTOUCHED_BYTES = 1 << 18
+"""From this size on, a CPU cache buffer is fresh anonymous pages (``untouched_zeros``)."""
+
+
+def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None = None) -> Tensor:
+    """A tensor of zeros. On the CPU, from ``UNTOUCHED_BYTES`` on, it lies in fresh anonymous pages, which the
+    kernel fills with zeros when they are first touched: the positions a cache is sized for but never reaches (a
+    reply shorter than its ``max_tokens``) take no memory, and nothing is written to zero them."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < UNTOUCHED_BYTES or torch.empty(0, device=device).device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    try:
+        pages = mmap.mmap(-1, nbytes)
+    except OSError:  # no address space left: PyTorch's allocator says so in its own words
+        return torch.zeros(shape, dtype=dtype, device=device)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # 4 KiB pages, so that one write does not make 2 MiB resident
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.frombuffer(pages, dtype=dtype).view(shape)  # the tensor keeps the mapping alive
 
 
 class KVCache:
@@ -51,8 +71,9 @@ class KVCache:
         self.chunk = chunk
         self.max_len = max_len
         self.length = 0
-        self.k = torch.zeros((batch_size, n_kv_heads, min(chunk, max_len), d_head), dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        shape = (batch_size, n_kv_heads, min(chunk, max_len), d_head)
+        self.k = untouched_zeros(shape, dtype, device)
+        self.v = untouched_zeros(shape, dtype, device)
 
     @property
     def capacity(self) -> int:
@@ -75,8 +96,8 @@ class KVCache:
     def _grow(self, end: int) -> None:
         capacity = min(self.max_len, -(-end // self.chunk) * self.chunk)  # whole chunks, at most max_len
         b, h, _, d = self.k.shape
-        k = self.k.new_zeros((b, h, capacity, d))
-        v = self.v.new_zeros((b, h, capacity, d))
+        k = untouched_zeros((b, h, capacity, d), self.k.dtype, self.k.device)
+        v = untouched_zeros((b, h, capacity, d), self.v.dtype, self.v.device)
         k[:, :, : self.length] = self.k[:, :, : self.length]
         v[:, :, : self.length] = self.v[:, :, : self.length]
         self.k, self.v = k, v
