@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from oneblock.inference.chat import ChatSession
 
 DTYPES = ("float32", "bfloat16")
-CACHE_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_NEW_TOKENS = 256
 PAUSE_COLLECTOR = True  # in a fresh process, no garbage collection until the model is loaded (cli.main)
 DEFAULT_TEMPERATURE = 0.2  # SmolLM2's model card suggests 0.2 with top-p 0.9
@@ -89,12 +88,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="compile the per-token step with torch.compile (off on the CPU, where it measured slower; "
         "ONEBLOCK_COMPILE=force compiles anyway)",
     )
-    parser.add_argument(
-        "--cache-dtype",
-        choices=CACHE_DTYPES,
-        help="dtype of the key/value cache (default: the model's); float16 halves a float32 model's cache and the "
-        "bytes attention reads per token, as llama.cpp's default",
-    )
+    precision.add_cache_dtype_option(parser)
     return parser
 
 
@@ -105,9 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from oneblock.inference.sampling import Sampling
     from oneblock.text.checks import check_text, decode_utf8
 
-    precision.refuse_rounding_beside_exact(
-        args, {f"--cache-dtype {args.cache_dtype}": args.cache_dtype in ("float16", "bfloat16")}
-    )
+    precision.refuse_rounding_beside_exact(args, precision.cache_rounding(args))
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1; got {args.max_new_tokens}")
@@ -137,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=min(args.max_new_tokens, model.config.max_seq_len - 1),
         sampling=sampling,
         compile=args.compile,
-        cache_dtype=_cache_dtype(args.cache_dtype),
+        cache_dtype=precision.torch_dtype(args.cache_dtype),
     )
     if interactive:
         return converse(session, path.name)
@@ -167,17 +159,8 @@ def model_path(given: str | None) -> Path:
     return path
 
 
-def _cache_dtype(name: str | None) -> Any:
-    import torch
-
-    return getattr(torch, name) if name is not None else None
-
-
 def _dtype(args: argparse.Namespace) -> Any:
-    import torch
-
-    name = precision.weights_dtype(args)
-    return getattr(torch, name) if name is not None else None
+    return precision.torch_dtype(precision.weights_dtype(args))
 
 
 def load_chat_model(

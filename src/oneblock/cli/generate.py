@@ -10,7 +10,6 @@ from typing import Any
 from oneblock.cli import lora_options, options, precision
 
 DTYPES = ("float32", "bfloat16")
-CACHE_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_NEW_TOKENS = 50
 PAUSE_COLLECTOR = True  # in a fresh process, no garbage collection until the model is loaded (cli.main)
 
@@ -75,12 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="compile the per-token step with torch.compile (off on the CPU, where it measured slower; "
         "ONEBLOCK_COMPILE=force compiles anyway)",
     )
-    parser.add_argument(
-        "--cache-dtype",
-        choices=CACHE_DTYPES,
-        help="dtype of the key/value cache (default: the model's). float16 or bfloat16 halves a float32 model's "
-        "cache and the bytes attention reads per token; the native step reads float32 and float16 caches",
-    )
+    precision.add_cache_dtype_option(parser)
     parser.add_argument(
         "--int8",
         action="store_true",
@@ -112,9 +106,7 @@ def run(args: argparse.Namespace) -> int:
             "generate needs --model SOURCE: a checkpoint, a Hugging Face directory, a .gguf file or a preset"
         )
     check_text(args.prompt, "--prompt")
-    precision.refuse_rounding_beside_exact(
-        args, {"--int8": args.int8, f"--cache-dtype {args.cache_dtype}": args.cache_dtype in ("float16", "bfloat16")}
-    )
+    precision.refuse_rounding_beside_exact(args, {"--int8": args.int8, **precision.cache_rounding(args)})
     options.set_threads(args.threads)
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
@@ -160,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     ids = generate(
         model, prompt, n, sampling=sampling, eos_id=list(stops), crop=args.crop, stream=show, compile=args.compile,
-        cache_dtype=_torch_dtype(args.cache_dtype), stats=stats,
+        cache_dtype=precision.torch_dtype(args.cache_dtype), stats=stats,
     )  # fmt: skip  # (T + n,)
     seconds = time.perf_counter() - start
     if stats.get("decode_step_reason"):
@@ -208,12 +200,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _torch_dtype(name: str | None) -> Any:
-    import torch
-
-    return getattr(torch, name) if name is not None else None
-
-
 def _threads() -> int:
     import torch
 
@@ -222,8 +208,6 @@ def _threads() -> int:
 
 def _load(args: argparse.Namespace) -> Any:
     """The decoder and its tokenizer, through ``oneblock.inference.load.load_model``."""
-    import torch
-
     from oneblock.cli import spelling
     from oneblock.errors import InputError
     from oneblock.inference.load import load_model
@@ -232,10 +216,13 @@ def _load(args: argparse.Namespace) -> Any:
 
     options.source_kind(args.model, spelling.flag(args, "model"))  # a missing file named as the user typed it
     lora_options.check_adapter_options(args)
-    name = precision.weights_dtype(args)
-    dtype = getattr(torch, name) if name is not None else None
     loaded = load_model(
-        args.model, dtype=dtype, tokenizer=args.tokenizer, adapter=args.adapter, merge=args.merge, context=args.context
+        args.model,
+        dtype=precision.torch_dtype(precision.weights_dtype(args)),
+        tokenizer=args.tokenizer,
+        adapter=args.adapter,
+        merge=args.merge,
+        context=args.context,
     )
     model = loaded.model
     if not isinstance(model, Decoder):

@@ -71,3 +71,29 @@ def refuse_rounding_beside_exact(args: argparse.Namespace, rounding: dict[str, b
     given = [name for name, on in rounding.items() if on]
     if args.exact and given:
         raise ConfigError(f"--exact runs the float32 model, and {', '.join(given)} rounds it; drop one of them")
+
+
+CACHE_DTYPES = ("float32", "float16", "bfloat16")
+"""The key/value caches a command may keep; the native step reads float32 and float16 ones."""
+
+
+def add_cache_dtype_option(container: Any, *, choices: tuple[str, ...] = CACHE_DTYPES) -> None:
+    """``--cache-dtype``, one of ``choices`` (default: the model's dtype)."""
+    container.add_argument(
+        "--cache-dtype", choices=choices,
+        help="dtype of the key/value cache (default: the model's). float16 (llama.cpp's default) halves a float32 "
+        "model's cache and the bytes attention reads per token, keys and values rounded as stored; the native step "
+        "reads float32 and float16 caches",
+    )  # fmt: skip
+
+
+def cache_rounding(args: argparse.Namespace) -> dict[str, bool]:
+    """``--cache-dtype`` as ``refuse_rounding_beside_exact`` takes it: a cache narrower than float32 rounds."""
+    return {f"--cache-dtype {args.cache_dtype}": args.cache_dtype not in (None, "float32")}
+
+
+def torch_dtype(name: str | None) -> Any:
+    """The ``torch.dtype`` of ``name`` (``"float16"``), or ``None``."""
+    import torch
+
+    return getattr(torch, name) if name is not None else None

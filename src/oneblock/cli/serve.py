@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oneblock.cli import spelling
+from oneblock.cli import precision, spelling
 from oneblock.cli.options import add_threads_option, set_threads
 from oneblock.cli.spelling import Spelled, add_alias
 
@@ -25,7 +25,6 @@ DEFAULT_GRACE = 10.0
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_CACHE_BUDGET = 512  # MiB of prompt blocks kept for later prompts
-CACHE_DTYPES = ("float32", "float16")  # the caches the native step reads
 # The longest any of the seconds flags may be: a week, far under what a thread's wait accepts (inf overflows it).
 MAX_SECONDS = 7 * 86400
 KEY_VARIABLE = "ONEBLOCK_API_KEY"
@@ -113,11 +112,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="MiB of prompts' keys and values kept for later prompts that begin the same way (prefix caching, in "
         f"blocks of 32 tokens, least recently used dropped first; 0 turns it off; default: {DEFAULT_CACHE_BUDGET})",
     )  # fmt: skip
-    limits.add_argument(
-        "--cache-dtype", choices=CACHE_DTYPES,
-        help="dtype of the key/value cache (default: the model's). float16 halves a float32 model's cache and the "
-        "bytes attention reads per token, as llama.cpp's default; keys and values are rounded as stored",
-    )  # fmt: skip
+    precision.add_cache_dtype_option(limits, choices=("float32", "float16"))  # the caches the native step reads
     limits.add_argument(
         "--max-connections", type=int, metavar="N",
         help="open connections at once; more are closed on arrival (default: 4 x (max-batch + max-queue))",
@@ -202,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine(
             loaded.model, loaded.tokenizer, max_batch=args.max_batch, max_queue=args.max_queue,
             max_context=args.max_context, adapters=served, prefix_bytes=int(args.cache_budget * 2**20),
-            cache_dtype=_cache_dtype(args.cache_dtype),
+            cache_dtype=precision.torch_dtype(args.cache_dtype),
         )  # fmt: skip
     except InputError as error:  # the library names its parameters; here they are flags
         flags = {"max_context": "--max-context", "max_batch": "--max-batch", "prefix_bytes": "--cache-budget"}
@@ -279,12 +274,6 @@ def adapter_flags(values: list[str] | None, merge: bool) -> tuple[str | None, li
     if merge and not plain:
         raise InputError("--merge folds one adapter into the weights; give --adapter DIR (not NAME=DIR) with it")
     return (plain[0] if plain else None), named
-
-
-def _cache_dtype(name: str | None) -> Any:
-    import torch
-
-    return getattr(torch, name) if name is not None else None
 
 
 def _embedder(choice: str) -> Any:

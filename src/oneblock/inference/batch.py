@@ -229,6 +229,4 @@ class BatchDecoder:
         """One row's attention: store its key and value at its position, attend over its L + 1 keys (no mask:
         a single query may see every cached key). q (1, H, 1, Dh), k and v (1, Hkv, 1, Dh) -> (1, H, 1, Dh)."""
         keys, values = slot.cache.layers[layer].write(slot.length, k, v)  # (1, Hkv, L + 1 or window, Dh)
-        if keys.dtype != q.dtype:  # a narrower cache: widened as read
-            keys, values = keys.to(q.dtype), values.to(q.dtype)
         return attend_cached(block.attn, q, keys, values, None)

@@ -232,8 +232,6 @@ class LeanDecode:
             c, s = (local[0], local[1]) if local is not None and block.attn.local_rope else (cos, sin)
             q, k, v = heads_of_one_token(qkv(block.attn_norm(x)), self.sizes, self.d_head, c, s, block.attn)
             keys, values = layer.write(position, k, v)  # (B, Hkv, end, Dh) views; a write past the end is refused
-            if keys.dtype != q.dtype:  # a narrower cache (bfloat16 for a float32 model): widened as read
-                keys, values = keys.to(q.dtype), values.to(q.dtype)
             out = attend_cached(block.attn, q, keys, values, mask)  # (B, H, 1, Dh)
             x = x + block.attn_out(block.attn.merge(out))  # heads side by side, the output projection
             x = x + block.ffn_out(block.ffn(block.ffn_norm(x)))

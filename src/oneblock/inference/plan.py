@@ -70,10 +70,12 @@ def attend_cached(attn: MultiHeadAttention, q: Tensor, keys: Tensor, values: Ten
 
     A local layer keeps its last ``window`` keys; a soft-capped layer takes the explicit softmax (the fused kernel
     cannot cap scores). ``mask``: (B, 1, 1, S') True = real key, or ``None``; its last S columns apply (a ring
-    cache returns only the window's keys, S < S').
+    cache returns only the window's keys, S < S'). Keys of a narrower cache (float16 for a float32 model) are
+    widened to the query's dtype as read.
     """
     if attn.window is not None and keys.shape[2] > attn.window:
         keys, values = keys[:, :, -attn.window :], values[:, :, -attn.window :]  # (B, Hkv, window, Dh)
+    keys, values = keys.to(q.dtype), values.to(q.dtype)  # no copy where the cache is the query's dtype
     if mask is not None and mask.shape[-1] > keys.shape[2]:
         mask = mask[..., -keys.shape[2] :]  # (B, 1, 1, S)
     if attn.softcap is not None:
