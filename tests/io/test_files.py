@@ -90,3 +90,27 @@ def test_a_regular_file_a_link_to_one_and_a_dangling_link_are_written(tmp_path):
         assert (tmp_path / name).read_bytes() == b"new " + name.encode()
         assert not (tmp_path / name).is_symlink()  # the link is replaced, never written through
     assert (tmp_path / "old").read_bytes() == b"new old"
+
+
+def test_a_file_is_written_in_whole_huge_page_spans_but_its_last_write(tmp_path, monkeypatch):
+    """Chunks of any size (a matrix, its padding to 4 KiB, the next matrix) reach the file in writes of whole
+    2 MiB spans at span-aligned offsets, which a file cache with large folios keeps as 2 MiB pages."""
+    span = files.SPAN
+    chunks = [b"h" * 100, bytes(4096 - 100), os.urandom(3 * span + 12345), b"", bytes(5), os.urandom(span), b"t" * 7]
+    writes: list[tuple[int, int]] = []
+    write = os.write
+
+    def recorded(fd: int, data) -> int:
+        n = write(fd, data)
+        writes.append((os.lseek(fd, 0, os.SEEK_CUR) - n, n))
+        return n
+
+    monkeypatch.setattr(os, "write", recorded)
+    path = tmp_path / "out.bin"
+    files.write_atomic(path, chunks, what="test file")
+    monkeypatch.undo()
+    assert path.read_bytes() == b"".join(chunks)
+    total = sum(len(c) for c in chunks)
+    assert sum(n for _, n in writes) == total
+    assert all(at % span == 0 for at, _ in writes)
+    assert all(n % span == 0 for _, n in writes[:-1]) and writes[-1] == (total // span * span, total % span)

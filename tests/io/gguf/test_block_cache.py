@@ -105,6 +105,28 @@ def test_generation_from_a_cached_load_equals_the_repacked_one(cache_dir, small)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+def _vm_flags(path) -> list[list[str]]:
+    """The VmFlags of each mapping of ``path`` in this process (/proc/self/smaps)."""
+    flags, current = [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                current = line.split(maxsplit=5)[-1].strip()
+            elif line.startswith("VmFlags:") and current == str(path):
+                flags.append(line.split()[1:])
+    return flags
+
+
+def test_a_cached_entry_is_mapped_with_the_huge_page_advice(cache_dir, small):
+    from_gguf(small)
+    cached = from_gguf(small)
+    entry = _entry(cache_dir)
+    flags = _vm_flags(entry)
+    assert flags, "the entry is not mapped"
+    assert all("hg" in f for f in flags)  # MADV_HUGEPAGE: read and mapped 2 MiB at a time where the kernel can
+    assert _block_buffers(cached)  # the modules are views of that mapping
+
+
 def _flip(path, offset: int) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)

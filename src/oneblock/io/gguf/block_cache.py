@@ -51,7 +51,7 @@ from torch import nn
 
 from oneblock import jsontext, kernels
 from oneblock.errors import CheckpointError, OneBlockError
-from oneblock.io.files import TMP_PATTERN, special_kind, write_atomic
+from oneblock.io.files import TMP_PATTERN, prefer_huge_pages, special_kind, write_atomic
 from oneblock.io.gguf.layout import GGUFLayout
 from oneblock.layers.quantized import BlockEmbedding, BlockLinear
 
@@ -209,6 +209,7 @@ def _load(path: Path, key: dict[str, Any]) -> Modules | str | None:
         if not isinstance(data_bytes, int) or st.st_size != start + data_bytes:
             return f"is {st.st_size} bytes long, not the {start} + {data_bytes} its header records"
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)  # copy-on-write: nothing is ever written back
+        prefer_huge_pages(mapped)  # before the CRC-32 check reads it in
     except OSError as error:
         return f"cannot be read ({error.strerror or error})"
     finally:
