@@ -146,6 +146,30 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
     for (int h = 0; h < 2; ++h) {
       for (int half_sub = 0; half_sub < 2; ++half_sub) {  // the first or second 16 values of each quarter
         const uint8_t* triples = blk + L::kCodes + 3 * (8 * h + 4 * half_sub) * kChunkBytes;
+        if constexpr (R == 1) {  // triple by triple, in the order they lie: each chunk loaded once
+          const int8_t* q = a[0].q + b * QK_K + 128 * h + 16 * half_sub;
+          __m512i sum[4];
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t* triple = triples + 3 * i * kChunkBytes;
+            const __m512i ql0 = _mm512_loadu_si512(triple), ql1 = _mm512_loadu_si512(triple + kChunkBytes),
+                          qh = _mm512_loadu_si512(triple + 2 * kChunkBytes);
+#pragma GCC unroll 4
+            for (int quarter = 0; quarter < 4; ++quarter) {
+              const __m512i codes = q6_k_codes(quarter % 2 ? ql1 : ql0, qh, quarter);
+              const __m512i act = broadcast4(q + 32 * quarter + 4 * i);
+              sum[quarter] = i == 0 ? dot_add(_mm512_setzero_si512(), codes, act) : dot_add(sum[quarter], codes, act);
+            }
+          }
+#pragma GCC unroll 4
+          for (int quarter = 0; quarter < 4; ++quarter) {
+            const int s = 8 * h + 2 * quarter + half_sub;
+            const __m512i word = _mm512_loadu_si512(blk + L::kSubScales + (s / 4) * kChunkBytes);
+            const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
+            isum[0] = _mm512_add_epi32(isum[0], _mm512_mullo_epi32(sum[quarter], sc));
+          }
+          continue;
+        }
 #pragma GCC unroll 4
         for (int quarter = 0; quarter < 4; ++quarter) {  // unrolled: each quarter's shifts by constants
           const int s = 8 * h + 2 * quarter + half_sub;
