@@ -17,7 +17,6 @@ OB_AVX2 void q4_k_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   const __m256i six = _mm256_set1_epi8(0x3F), four = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
-    read_ahead<L::kBytes>(blk);
     const __m256 dw = scales8(blk + L::kScales + 16 * h), mw = scales8(blk + L::kMins + 16 * h);
     // ggml's unpacking of the 12 bytes of 6-bit scales and minimums, as 32-bit words, for 8 rows at once
     const __m256i u0 = load_half(blk + L::kPacked, h), u1 = load_half(blk + L::kPacked + kChunkBytes, h),
@@ -78,7 +77,6 @@ OB_AVX2 void q6_k_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   const __m256i low = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi8(0x03), ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
-    read_ahead<L::kBytes>(blk);
     const __m256 dw = scales8(blk + L::kScales + 16 * h);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a[r].q + b * QK_K;
@@ -129,7 +127,6 @@ OB_AVX2 void iq4_xs_half(const uint8_t* group, int h, const ActRow* a, int64_t n
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
-    read_ahead<L::kBytes>(blk);
     const __m256 dw = scales8(blk + L::kScales + 16 * h);
     const __m256i high = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kHigh + 16 * h)));
     const __m256i lows = load_half(blk + L::kLow, h);

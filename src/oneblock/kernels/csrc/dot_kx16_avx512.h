@@ -83,7 +83,6 @@ OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, _mm512_setzero_ps());  // the sums, in `out`
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
-    read_ahead<L::kBytes>(blk);
     const Q4_KScales k = q4_k_scales(blk + L::kPacked);
     __m512i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
@@ -140,7 +139,6 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, _mm512_setzero_ps());  // the sums, in `out`
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
-    read_ahead<L::kBytes>(blk);
     __m512i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
@@ -237,7 +235,6 @@ OB_TARGET void iq4_xs_group(const uint8_t* group, const ActRow* a, int64_t nb, f
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
-    read_ahead<L::kBytes>(blk);
     const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + L::kHigh)));
     const __m512i lows = _mm512_loadu_si512(blk + L::kLow);
     __m512i isum[R];

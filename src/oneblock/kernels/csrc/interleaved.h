@@ -119,17 +119,6 @@ inline int64_t source_chunk(int64_t fmt, int64_t c) {
   return part == 0 ? 16 * h + at : part == 1 ? 16 * h + 8 + at : 32 + 8 * h + at;
 }
 
-// How far ahead of the block it multiplies a group kernel reads its matrix: the kernel touches the byte kReadAhead
-// past the block once for each 4 KiB page that byte enters. Where a matrix lies in 4 KiB pages (anonymous memory, or
-// a mapped file whose page cache holds small folios), the page's translation and the hardware prefetcher's stream
-// into it are then under way before the kernel gets there; a prefetch never faults, past the matrix's end included.
-constexpr uintptr_t kReadAhead = 64 * 1024;
-template <int64_t BlockBytes>
-inline void read_ahead(const uint8_t* block) {
-  const uintptr_t at = reinterpret_cast<uintptr_t>(block) + kReadAhead;
-  if (((at - BlockBytes) ^ at) >> 12) __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 3);
-}
-
 // Row `lane`'s block `b` of an interleaved group, put back as the file stores it (block_bytes(fmt) bytes at out).
 void gather_block(const uint8_t* group, int lane, int64_t fmt, int64_t b, uint8_t* out);
 
