@@ -127,6 +127,12 @@ OB_TARGET inline __m512i q6_k_codes(__m512i ql, __m512i qh, int quarter) {
   return _mm512_ternarylogic_epi32(low, top, _mm512_set1_epi8(0x0F), 0xEC);  // (low & 0x0F) | top
 }
 
+// Sub-block s's int8 scale of the 16 rows, sign-extended to int32: byte s % 4 of scale chunk s / 4.
+OB_TARGET inline __m512i q6_k_scale(const uint8_t* scales, int s) {
+  const __m512i word = _mm512_loadu_si512(scales + (s / 4) * kChunkBytes);
+  return _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
+}
+
 // One Q6_Kx16 group against R activation rows (Q8_K). Sub-block s (16 values) of half h = s / 8 takes ql bytes
 // 64h + 32 (quarter % 2) + 16 (s % 2) .. and qh bytes 32h + 16 (s % 2) .., quarter = (s % 8) / 2: chunk triple
 // t = 8h + 4 (s % 2) + i (i = 0..3) of the layout holds those 4 bytes of ql, of ql 32 further and of qh, for all 4
@@ -161,38 +167,25 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
           }
 #pragma GCC unroll 4
           for (int quarter = 0; quarter < 4; ++quarter) {
-            const int s = 8 * h + 2 * quarter + half_sub;
-            const __m512i word = _mm512_loadu_si512(blk + L::kSubScales + (s / 4) * kChunkBytes);
-            const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
+            const __m512i sc = q6_k_scale(blk + L::kSubScales, 8 * h + 2 * quarter + half_sub);
             isum[0] = _mm512_add_epi32(isum[0], _mm512_mullo_epi32(sum[quarter], sc));
           }
-          continue;
-        }
+        } else {  // quarter by quarter: each sub-block's codes built once for the R rows
 #pragma GCC unroll 4
-        for (int quarter = 0; quarter < 4; ++quarter) {  // unrolled: each quarter's shifts by constants
-          const int s = 8 * h + 2 * quarter + half_sub;
-          __m512i codes[4];
-          for (int i = 0; i < 4; ++i) {
-            const uint8_t* triple = triples + 3 * i * kChunkBytes;
-            const __m512i ql = _mm512_loadu_si512(triple + (quarter % 2) * kChunkBytes);
-            codes[i] = q6_k_codes(ql, _mm512_loadu_si512(triple + 2 * kChunkBytes), quarter);
-          }
-          const __m512i word = _mm512_loadu_si512(blk + L::kSubScales + (s / 4) * kChunkBytes);
-          const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
-          for (int r = 0; r < R; ++r) {
-            const int8_t* q = a[r].q + b * QK_K + 128 * h + 32 * quarter + 16 * half_sub;
-            __m512i sum;
-            if constexpr (R == 1) {  // two chains for one row; R rows' chains cover the latency themselves
-              const __m512i s0 = dot_add(dot_add(_mm512_setzero_si512(), codes[0], broadcast4(q)), codes[1],
-                                         broadcast4(q + 4));
-              const __m512i s1 = dot_add(dot_add(_mm512_setzero_si512(), codes[2], broadcast4(q + 8)), codes[3],
-                                         broadcast4(q + 12));
-              sum = _mm512_add_epi32(s0, s1);
-            } else {
-              sum = _mm512_setzero_si512();
-              for (int i = 0; i < 4; ++i) sum = dot_add(sum, codes[i], broadcast4(q + 4 * i));
+          for (int quarter = 0; quarter < 4; ++quarter) {  // unrolled: each quarter's shifts by constants
+            __m512i codes[4];
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t* triple = triples + 3 * i * kChunkBytes;
+              const __m512i ql = _mm512_loadu_si512(triple + (quarter % 2) * kChunkBytes);
+              codes[i] = q6_k_codes(ql, _mm512_loadu_si512(triple + 2 * kChunkBytes), quarter);
             }
-            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sum, sc));
+            const __m512i sc = q6_k_scale(blk + L::kSubScales, 8 * h + 2 * quarter + half_sub);
+            for (int r = 0; r < R; ++r) {  // R rows' chains cover the multiply-adds' latency
+              const int8_t* q = a[r].q + b * QK_K + 128 * h + 32 * quarter + 16 * half_sub;
+              __m512i sum = _mm512_setzero_si512();
+              for (int i = 0; i < 4; ++i) sum = dot_add(sum, codes[i], broadcast4(q + 4 * i));
+              isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sum, sc));
+            }
           }
         }
       }
