@@ -53,6 +53,18 @@ def test_the_256_value_layouts_equal_the_numpy_reference_exactly(fmt, isa):  # n
         np.testing.assert_array_equal(torch.ops.oneblock.block_mm_int8(x, blocks, FORMATS[fmt].ggml_type), expected)
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k"])
+def test_rows_read_from_unpacked_blocks_equal_rows_computed_alone_at_any_width(fmt, isa):  # noqa: F811
+    """Past 8 rows a group's blocks are unpacked once into a buffer of the thread's, which each width resizes."""
+    code = kernels.get_format(f"{fmt}x16").ggml_type
+    for k in (1536, 256, 768):
+        x, mixed = activations(M, k, seed=k), kernels.interleave(random_blocks(fmt, 32, k, seed=k + 1), fmt)
+        for path in paths() or ["torch"]:
+            if native():
+                ops.set_isa(path)
+            assert torch.equal(torch.ops.oneblock.block_mm_int8(x, mixed, code), _rows_apart(x, mixed, code)), path
+
+
 def test_the_pytorch_path_keeps_the_integer_products(case):
     x, blocks = case("q8_0", M, 24, 96)
     got = fallback.block_mm(x, blocks, FORMATS["q8_0"], integer=True)

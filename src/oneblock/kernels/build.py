@@ -56,6 +56,7 @@ HEADERS = (
     "dot_x16_avx2.h",
     "dot_x16_avx512.h",
     "dot_kx16_avx512.h",
+    "dot_kx16_rows_avx512.h",
     "decode_step.h",
     "step_math.h",
     "exp_avx2.h",

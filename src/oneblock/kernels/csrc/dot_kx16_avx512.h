@@ -71,6 +71,33 @@ OB_TARGET inline __m512i lane_of(__m256i words, int lane) {
   return _mm512_permutexvar_epi32(_mm512_set1_epi32(lane), _mm512_castsi256_si512(words));
 }
 
+// Block b's end for R activation rows (`k`: its unpacked scales and minimums): per lane the minimums times the
+// activations' sums of 32, as int16 pairs, then the scalar kernel's float operations in its order, into `out`.
+template <int R, int64_t Fmt>
+OB_TARGET inline void q4_k_finish(const uint8_t* blk, const Q4_KScales& k, const ActRow* a, int64_t b,
+                                  const __m512i* isum, float* out, int64_t stride) {
+  using L = Interleaved<Fmt>;
+  __m512i pairs[4];  // minimums of sub-blocks 2j (low half) and 2j + 1 (high half), as int16
+  for (int j = 0; j < 4; ++j) {
+    const __m512i lo = j < 2 ? k.m_lo : k.m_hi;
+    pairs[j] = _mm512_or_si512(byte_of(lo, (2 * j) % 4), _mm512_slli_epi32(byte_of(lo, (2 * j + 1) % 4), 16));
+  }
+  const __m512 dw = scales16(blk + L::kScales), mw = scales16(blk + L::kMins);
+  for (int r = 0; r < R; ++r) {
+    // The activations' sums of the 8 sub-blocks (each at most 32 * 128) as int16: sub-blocks 2j and 2j + 1 in
+    // lane j of the low half (j < 2) or j + 2 of the high one.
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r].bsums + b * (QK_K / 16)));
+    const __m256i sub_sums = _mm256_hadd_epi16(bs, bs);
+    __m512i msum = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) msum = pair_dot_add(msum, pairs[j], lane_of(sub_sums, j < 2 ? j : j + 2));
+    const __m512 da = _mm512_set1_ps(a[r].d[b]);
+    __m512 acc = _mm512_loadu_ps(out + r * stride);
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dw, da)));
+    acc = _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mw, da)));
+    _mm512_storeu_ps(out + r * stride, acc);
+  }
+}
+
 // One Q4_Kx16 (Q5_Kx16: Fmt kQ5_K, a fifth bit per code from its qh chunks) group against R activation rows (Q8_K).
 // Each sub-block's codes are unpacked once and meet every row. Per lane, the super-block's exact isum (the
 // sub-blocks' sums times their scales) and msum (the minimums times the activations' sums of 32, as int16 pairs),
@@ -95,25 +122,7 @@ OB_TARGET void q4_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
         isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sums, sc));
       }
     }
-    __m512i pairs[4];  // minimums of sub-blocks 2j (low half) and 2j + 1 (high half), as int16
-    for (int j = 0; j < 4; ++j) {
-      const __m512i lo = j < 2 ? k.m_lo : k.m_hi;
-      pairs[j] = _mm512_or_si512(byte_of(lo, (2 * j) % 4), _mm512_slli_epi32(byte_of(lo, (2 * j + 1) % 4), 16));
-    }
-    const __m512 dw = scales16(blk + L::kScales), mw = scales16(blk + L::kMins);
-    for (int r = 0; r < R; ++r) {
-      // The activations' sums of the 8 sub-blocks (each at most 32 * 128) as int16: sub-blocks 2j and 2j + 1 in
-      // lane j of the low half (j < 2) or j + 2 of the high one.
-      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r].bsums + b * (QK_K / 16)));
-      const __m256i sub_sums = _mm256_hadd_epi16(bs, bs);
-      __m512i msum = _mm512_setzero_si512();
-      for (int j = 0; j < 4; ++j) msum = pair_dot_add(msum, pairs[j], lane_of(sub_sums, j < 2 ? j : j + 2));
-      const __m512 da = _mm512_set1_ps(a[r].d[b]);
-      __m512 acc = _mm512_loadu_ps(out + r * stride);
-      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dw, da)));
-      acc = _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mw, da)));
-      _mm512_storeu_ps(out + r * stride, acc);
-    }
+    q4_k_finish<R, Fmt>(blk, k, a, b, isum, out, stride);
   }
 }
 
@@ -131,6 +140,35 @@ OB_TARGET inline __m512i q6_k_codes(__m512i ql, __m512i qh, int quarter) {
 OB_TARGET inline __m512i q6_k_scale(const uint8_t* scales, int s) {
   const __m512i word = _mm512_loadu_si512(scales + (s / 4) * kChunkBytes);
   return _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
+}
+
+// Block b's end for R activation rows: 32 times the scales' products with the activations' sums of 16 (int16 pairs)
+// taken off each lane's sum `isum`, then the scalar kernel's float operations in its order, added to `out`.
+template <int R>
+OB_TARGET inline void q6_k_finish(const uint8_t* blk, const ActRow* a, int64_t b, const __m512i* isum, float* out,
+                                  int64_t stride) {
+  using L = Interleaved<kQ6_K>;
+  // Scale chunk t's int8 scales as int16 pairs, sub-blocks (4t, 4t + 1) and (4t + 2, 4t + 3): the order the
+  // activations' sums of 16 are stored in, so that each row reads its pairs as 32-bit words from memory.
+  const __m512i swap = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15));
+  __m512i first[4], second[4];
+  for (int t = 0; t < 4; ++t) {
+    const __m512i word = _mm512_shuffle_epi8(_mm512_loadu_si512(blk + L::kSubScales + t * kChunkBytes), swap);
+    first[t] = _mm512_srai_epi16(_mm512_slli_epi16(word, 8), 8);
+    second[t] = _mm512_srai_epi16(word, 8);
+  }
+  const __m512 dw = scales16(blk + L::kScales);
+  for (int r = 0; r < R; ++r) {
+    const int16_t* sums = a[r].bsums + b * (QK_K / 16);  // the activations' 16 sums: pair j is (2j, 2j + 1)
+    __m512i offset = _mm512_setzero_si512();  // per lane: the sum over s of scale s times activation sum s
+    for (int t = 0; t < 4; ++t) {
+      offset = pair_dot_add(offset, first[t], pair_at(sums + 4 * t));
+      offset = pair_dot_add(offset, second[t], pair_at(sums + 4 * t + 2));
+    }
+    const __m512i exact = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(offset, 5));
+    const __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])));
+    _mm512_storeu_ps(out + r * stride, _mm512_add_ps(_mm512_loadu_ps(out + r * stride), term));
+  }
 }
 
 // One Q6_Kx16 group against R activation rows (Q8_K). Sub-block s (16 values) of half h = s / 8 takes ql bytes
@@ -190,27 +228,7 @@ OB_TARGET void q6_k_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
         }
       }
     }
-    // Scale chunk t's int8 scales as int16 pairs, sub-blocks (4t, 4t + 1) and (4t + 2, 4t + 3): the order the
-    // activations' sums of 16 are stored in, so that each row reads its pairs as 32-bit words from memory.
-    const __m512i swap = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15));
-    __m512i first[4], second[4];
-    for (int t = 0; t < 4; ++t) {
-      const __m512i word = _mm512_shuffle_epi8(_mm512_loadu_si512(blk + L::kSubScales + t * kChunkBytes), swap);
-      first[t] = _mm512_srai_epi16(_mm512_slli_epi16(word, 8), 8);
-      second[t] = _mm512_srai_epi16(word, 8);
-    }
-    const __m512 dw = scales16(blk + L::kScales);
-    for (int r = 0; r < R; ++r) {
-      const int16_t* sums = a[r].bsums + b * (QK_K / 16);  // the activations' 16 sums: pair j is (2j, 2j + 1)
-      __m512i offset = _mm512_setzero_si512();  // per lane: the sum over s of scale s times activation sum s
-      for (int t = 0; t < 4; ++t) {
-        offset = pair_dot_add(offset, first[t], pair_at(sums + 4 * t));
-        offset = pair_dot_add(offset, second[t], pair_at(sums + 4 * t + 2));
-      }
-      const __m512i exact = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(offset, 5));
-      const __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])));
-      _mm512_storeu_ps(out + r * stride, _mm512_add_ps(_mm512_loadu_ps(out + r * stride), term));
-    }
+    q6_k_finish<R>(blk, a, b, isum, out, stride);
   }
 }
 
@@ -279,6 +297,14 @@ OB_TARGET void iq4_xs_group(const uint8_t* group, const ActRow* a, int64_t nb, f
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
 }
 
+}  // namespace OB_CAT(x16_, OB_SUFFIX)
+}  // namespace oneblock
+
+#include "dot_kx16_rows_avx512.h"  // the many-row paths from unpacked blocks
+
+namespace oneblock {
+namespace OB_CAT(x16_, OB_SUFFIX) {
+
 struct IQ4_XSGroup {
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
@@ -288,26 +314,59 @@ struct IQ4_XSGroup {
 };
 
 struct Q4_KGroup {
+  using Codes = Q4_KCodes;
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
                             int64_t stride) {
     q4_k_group<R, kQ4_K>(group, a, nb, out, stride);
   }
+  OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
+    Codes* codes = codes_buffer<Codes>(nb);
+    for (int64_t b = 0; b < nb; ++b) q4_k_unpack<kQ4_K>(group + b * Interleaved<kQ4_K>::kBytes, codes + b);
+    return codes;
+  }
+  template <int R>
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
+                                     int64_t stride) {
+    q4_k_rows<R, kQ4_K>(group, codes, a, nb, out, stride);
+  }
 };
 
 struct Q5_KGroup {
+  using Codes = Q4_KCodes;
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
                             int64_t stride) {
     q4_k_group<R, kQ5_K>(group, a, nb, out, stride);
   }
+  OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
+    Codes* codes = codes_buffer<Codes>(nb);
+    for (int64_t b = 0; b < nb; ++b) q4_k_unpack<kQ5_K>(group + b * Interleaved<kQ5_K>::kBytes, codes + b);
+    return codes;
+  }
+  template <int R>
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
+                                     int64_t stride) {
+    q4_k_rows<R, kQ5_K>(group, codes, a, nb, out, stride);
+  }
 };
 
 struct Q6_KGroup {
+  using Codes = Q6_KCodes;
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
                             int64_t stride) {
     q6_k_group<R>(group, a, nb, out, stride);
+  }
+  OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
+    Codes* codes = codes_buffer<Codes>(nb);
+    for (int64_t b = 0; b < nb; ++b) q6_k_unpack(group + b * Interleaved<kQ6_K>::kBytes, codes + b);
+    return codes;
+  }
+  template <int R>
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
+                                     int64_t stride) {
+    q6_k_rows<R>(group, codes, a, nb, out, stride);
   }
 };
 

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "dot.h"
@@ -229,9 +230,28 @@ struct Q5_0Group {
     q5_0_group<R>(group, a, sums, nb, out, stride);
   }
 };
+// Whether a group kernel can unpack a group's blocks once for many activation rows (it names them `Codes`).
+template <typename Group, typename = void>
+struct Unpacks : std::false_type {};
+template <typename Group>
+struct Unpacks<Group, std::void_t<typename Group::Codes>> : std::true_type {};
+
+// R activation rows against one group: from its unpacked blocks where `codes` holds them, else from the layout.
+template <typename Group, int R>
+OB_TARGET inline void run_rows(const uint8_t* group, const void* codes, const ActRow* a, const int32_t* const* s,
+                               int64_t nb, float* out, int64_t stride) {
+  if constexpr (Unpacks<Group>::value) {
+    if (codes != nullptr) {
+      Group::template run_unpacked<R>(group, static_cast<const typename Group::Codes*>(codes), a, nb, out, stride);
+      return;
+    }
+  }
+  Group::template run<R>(group, a, s, nb, out, stride);
+}
+
 // Every group of 16 rows in turn, each against all the activation rows (8 at a time, while the group is in L1 or L2:
-// a group's codes are unpacked once for the 8), with each activation block's code sums first where the format reads
-// them (`with_sums`).
+// a group's codes are unpacked once for the 8, or once for all the rows where the format keeps them unpacked), with
+// each activation block's code sums first where the format reads them (`with_sums`).
 template <typename Group>
 OB_TARGET void each_group(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                           float* out, int64_t stride, bool with_sums) {
@@ -249,19 +269,23 @@ OB_TARGET void each_group(const uint8_t* w, int64_t row_bytes, int cols, const A
   }
   for (int c = 0; c < cols; c += kGroupRows) {
     const uint8_t* group = w + c * row_bytes;
+    const void* codes = nullptr;
+    if constexpr (Unpacks<Group>::value) {
+      if (rows > kRows) codes = Group::unpack(group, nb);
+    }
     for (int r = 0; r < rows; r += kRows) {
       const int32_t* s[kRows];
       for (int i = 0; i < kRows; ++i) s[i] = sums + (r + i) * nb;
       float* o = out + r * stride + c;
       switch (rows - r) {
-        case 1: Group::template run<1>(group, a + r, s, nb, o, stride); break;
-        case 2: Group::template run<2>(group, a + r, s, nb, o, stride); break;
-        case 3: Group::template run<3>(group, a + r, s, nb, o, stride); break;
-        case 4: Group::template run<4>(group, a + r, s, nb, o, stride); break;
-        case 5: Group::template run<5>(group, a + r, s, nb, o, stride); break;
-        case 6: Group::template run<6>(group, a + r, s, nb, o, stride); break;
-        case 7: Group::template run<7>(group, a + r, s, nb, o, stride); break;
-        default: Group::template run<kRows>(group, a + r, s, nb, o, stride); break;
+        case 1: run_rows<Group, 1>(group, codes, a + r, s, nb, o, stride); break;
+        case 2: run_rows<Group, 2>(group, codes, a + r, s, nb, o, stride); break;
+        case 3: run_rows<Group, 3>(group, codes, a + r, s, nb, o, stride); break;
+        case 4: run_rows<Group, 4>(group, codes, a + r, s, nb, o, stride); break;
+        case 5: run_rows<Group, 5>(group, codes, a + r, s, nb, o, stride); break;
+        case 6: run_rows<Group, 6>(group, codes, a + r, s, nb, o, stride); break;
+        case 7: run_rows<Group, 7>(group, codes, a + r, s, nb, o, stride); break;
+        default: run_rows<Group, kRows>(group, codes, a + r, s, nb, o, stride); break;
       }
     }
   }

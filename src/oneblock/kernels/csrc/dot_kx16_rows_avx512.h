@@ -1,0 +1,113 @@
+// The K-quants' group kernels for many activation rows (a prompt's), part of dot_kx16_avx512.h: a group's blocks
+// are unpacked once into this thread's buffer, codes and scales, and every 8 rows read them from there, so the rows
+// spend their time in the multiply-adds instead of rebuilding codes 8 rows at a time. The integers and the float
+// operations are those of the one-pass kernels (q4_k_group, q6_k_group), hence their results bit for bit.
+
+namespace oneblock {
+namespace OB_CAT(x16_, OB_SUFFIX) {
+
+// Where a group's blocks are unpacked for many activation rows: this thread's buffer for nb blocks, on a cache line
+// (valid until its next call).
+template <typename Codes>
+inline Codes* codes_buffer(int64_t nb) {
+  thread_local std::vector<uint8_t> buffer;
+  buffer.resize(static_cast<size_t>(nb) * sizeof(Codes) + kChunkBytes);
+  const uintptr_t at = (reinterpret_cast<uintptr_t>(buffer.data()) + kChunkBytes - 1) & ~uintptr_t{kChunkBytes - 1};
+  return reinterpret_cast<Codes*>(at);
+}
+
+// A Q4_Kx16 (Q5_Kx16) block unpacked: sub-block s's 8 chunks of codes (16 rows x 4 codes) and its scales as int32.
+struct Q4_KCodes {
+  uint8_t codes[8][8][kChunkBytes];
+  uint8_t scales[8][kChunkBytes];
+};
+
+template <int64_t Fmt>
+OB_TARGET inline void q4_k_unpack(const uint8_t* blk, Q4_KCodes* u) {
+  const Q4_KScales k = q4_k_scales(blk + Interleaved<Fmt>::kPacked);
+  for (int s = 0; s < 8; ++s) {
+    __m512i w[8];
+    sub_block_codes<Fmt>(blk, s, w);
+    for (int i = 0; i < 8; ++i) _mm512_storeu_si512(u->codes[s][i], w[i]);
+    _mm512_storeu_si512(u->scales[s], byte_of(s < 4 ? k.sc_lo : k.sc_hi, s % 4));
+  }
+}
+
+// q4_k_group<R, Fmt> from the group's unpacked blocks (`codes`, nb of them): the same integers and float operations.
+template <int R, int64_t Fmt>
+OB_TARGET void q4_k_rows(const uint8_t* group, const Q4_KCodes* codes, const ActRow* a, int64_t nb, float* out,
+                         int64_t stride) {
+  using L = Interleaved<Fmt>;
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, _mm512_setzero_ps());
+  for (int64_t b = 0; b < nb; ++b) {
+    const Q4_KCodes& u = codes[b];
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int s = 0; s < 8; ++s) {
+      __m512i w[8];
+      for (int i = 0; i < 8; ++i) w[i] = _mm512_loadu_si512(u.codes[s][i]);
+      const __m512i sc = _mm512_loadu_si512(u.scales[s]);
+      for (int r = 0; r < R; ++r) {
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sums32(w, a[r].q + b * QK_K + 32 * s), sc));
+      }
+    }
+    const uint8_t* blk = group + b * L::kBytes;
+    q4_k_finish<R, Fmt>(blk, q4_k_scales(blk + L::kPacked), a, b, isum, out, stride);
+  }
+}
+
+// A Q6_Kx16 block unpacked: sub-block s's 4 chunks of codes (16 rows x 4 codes, in [0, 63]) and its int8 scales as
+// int32.
+struct Q6_KCodes {
+  uint8_t codes[16][4][kChunkBytes];
+  uint8_t scales[16][kChunkBytes];
+};
+
+OB_TARGET inline void q6_k_unpack(const uint8_t* blk, Q6_KCodes* u) {
+  using L = Interleaved<kQ6_K>;
+  for (int h = 0; h < 2; ++h) {
+    for (int half_sub = 0; half_sub < 2; ++half_sub) {
+      const uint8_t* triples = blk + L::kCodes + 3 * (8 * h + 4 * half_sub) * kChunkBytes;
+#pragma GCC unroll 4
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        const int s = 8 * h + 2 * quarter + half_sub;
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t* triple = triples + 3 * i * kChunkBytes;
+          const __m512i ql = _mm512_loadu_si512(triple + (quarter % 2) * kChunkBytes);
+          _mm512_storeu_si512(u->codes[s][i], q6_k_codes(ql, _mm512_loadu_si512(triple + 2 * kChunkBytes), quarter));
+        }
+        _mm512_storeu_si512(u->scales[s], q6_k_scale(blk + L::kSubScales, s));
+      }
+    }
+  }
+}
+
+// q6_k_group<R> from the group's unpacked blocks (`codes`, nb of them): the same integers and float operations.
+template <int R>
+OB_TARGET void q6_k_rows(const uint8_t* group, const Q6_KCodes* codes, const ActRow* a, int64_t nb, float* out,
+                         int64_t stride) {
+  using L = Interleaved<kQ6_K>;
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, _mm512_setzero_ps());
+  for (int64_t b = 0; b < nb; ++b) {
+    const Q6_KCodes& u = codes[b];
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int s = 0; s < 16; ++s) {
+      const __m512i c0 = _mm512_loadu_si512(u.codes[s][0]), c1 = _mm512_loadu_si512(u.codes[s][1]),
+                    c2 = _mm512_loadu_si512(u.codes[s][2]), c3 = _mm512_loadu_si512(u.codes[s][3]);
+      const __m512i sc = _mm512_loadu_si512(u.scales[s]);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a[r].q + b * QK_K + 16 * s;
+        __m512i sum = dot_add(_mm512_setzero_si512(), c0, broadcast4(q));
+        sum = dot_add(sum, c1, broadcast4(q + 4));
+        sum = dot_add(sum, c2, broadcast4(q + 8));
+        sum = dot_add(sum, c3, broadcast4(q + 12));
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sum, sc));
+      }
+    }
+    q6_k_finish<R>(group + b * L::kBytes, a, b, isum, out, stride);
+  }
+}
+
+}  // namespace OB_CAT(x16_, OB_SUFFIX)
+}  // namespace oneblock
