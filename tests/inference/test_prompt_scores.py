@@ -1,6 +1,7 @@
 """A prompt scored as it is read (``Prefill(score=N)``, a chunk at a time) has the scores of one forward over it
 (``prompt_logprobs``), whether its leading blocks are computed or copied from the prefix cache with the hidden states
-kept beside their keys and values; and scoring changes neither the cache nor the first new token's logits.
+kept beside their keys and values; and scoring changes neither the cache nor the first new token's logits (beyond
+float32 rounding: an unscored read runs its last block's feed-forward on the last row alone).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def test_scoring_leaves_the_cache_and_the_first_logits_as_an_unscored_read(model
     decoder = BatchDecoder(model, prefix=None)
     slot_a, _, logits_a, _ = read(decoder, ids)
     slot_b, _, logits_b, _ = read(decoder, ids, score=None)
-    assert torch.equal(logits_a, logits_b)
+    assert torch.allclose(logits_a, logits_b, atol=TOL, rtol=0)
     for a, b in zip(slot_a.cache.layers, slot_b.cache.layers, strict=True):
         assert torch.equal(a.k[..., : len(ids), :], b.k[..., : len(ids), :])
 

@@ -85,7 +85,8 @@ class FullDecode:
             cache=self.cache,
             memory=self.memory,
             memory_mask=run.src_mask,
-        )
+            last_only=True,
+        )  # (B, 1, C)
         logits = self.decoder.logits(hidden[:, -1:])[:, 0]  # (B, 1, C) -> (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
 
@@ -206,7 +207,8 @@ class LeanDecode:
                     padding_mask=run.mask[:, :end] if run.mask is not None else None,
                     positions=self.positions[:, start:end] if self.positions is not None else None,
                     cache=self.cache,
-                )  # (B, end - start, C)
+                    last_only=end == t,  # the last chunk's last row is the one read
+                )  # (B, end - start or 1, C)
         self.end = t
         logits = model.logits(hidden[:, -1])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -134,8 +134,9 @@ class Prefill:
         native = not self.chunks and self._native_fits(start, end)
         if native and self.score is None:
             return self._native_read(start, end)
+        last_only = not self.chunks and self.score is None  # only the last row's logits are read
         with prompt_tiles():
-            hidden = self.model.run(tokens, cache=self.cache)  # (1, n, C)
+            hidden = self.model.run(tokens, cache=self.cache, last_only=last_only)  # (1, n or 1, C)
         if self.score is not None:
             self._score(hidden[0], start)
         if native:  # scored from the hidden states; keys, values and logits as an unscored read leaves them
@@ -145,7 +146,8 @@ class Prefill:
             index = start // CHUNK
             kv = torch.stack([torch.stack(layer.read(start, end)) for layer in self.cache.layers])[:, :, 0]
             # (L, 2, Hkv, N, Dh), a copy
-            self.prefix.store(self.names[index], index, self.ids[start:end], kv, hidden[0].clone())
+            kept = None if last_only else hidden[0].clone()  # a last-only read has the last row's alone
+            self.prefix.store(self.names[index], index, self.ids[start:end], kv, kept)
             self.prefix.touch(self.names[: index + 1])  # a block stays more recent than those extending it
         if self.chunks:
             return None

@@ -123,7 +123,7 @@ class MultiHeadAttention(nn.Module):
                 ``i`` sees keys ``0 .. S - T + i``. ``None`` means the layer's ``causal``.
 
         Returns:
-            (B, T, C).
+            (B, T, C), or (B, 1, C) with ``state.last_only``.
         """
         state = EMPTY if state is None else state
         is_causal = self.causal if is_causal is None else is_causal
@@ -136,7 +136,8 @@ class MultiHeadAttention(nn.Module):
             mask = mask[..., -k.shape[2] :]
         mask, is_causal = self.self_mask(mask, q, k, is_causal, state.self_bias)
         recorder = state.recorder.self_weights if state.recorder is not None else None
-        return self.merge(self.attend(q, k, v, mask, state.self_bias, is_causal, recorder))
+        out = self.attend(q, k, v, mask, state.self_bias, is_causal, recorder)  # (B, H, T, Dh)
+        return self.merge(out[:, :, -1:] if state.last_only else out)
 
     # -- the steps -------------------------------------------------------------------------------------------
 

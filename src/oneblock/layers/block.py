@@ -79,14 +79,16 @@ class Block(nn.Module):
         self.attn.causal = value
 
     def forward(self, x: Tensor, state: AttentionState | None = None) -> Tensor:
-        """Run the block on ``x`` (B, T, C); ``state`` carries masks, positions, cache and memory."""
+        """Run the block on ``x`` (B, T, C); ``state`` carries masks, positions, cache and memory. Returns (B, T, C),
+        or (B, 1, C) with ``state.last_only``."""
         state = EMPTY if state is None else state
+        stream = x[:, -1:] if state.last_only else x  # the rows the block's output keeps
         if self.pre_norm:  # pre-LN: normalize each branch; the stream stays a clean identity path
-            x = x + self.drop(self.attn_out(self.attn(self.attn_norm(x), state)))
+            x = stream + self.drop(self.attn_out(self.attn(self.attn_norm(x), state)))
             if self.cross_attn is not None and self.cross_norm is not None:
                 x = x + self.drop(self.cross_attn(self.cross_norm(x), state))
             return x + self.drop(self.ffn_out(self.ffn(self.ffn_norm(x))))
-        x = self.attn_norm(x + self.drop(self.attn(x, state)))  # post-LN: normalize after each add
+        x = self.attn_norm(stream + self.drop(self.attn(x, state)))  # post-LN: normalize after each add
         if self.cross_attn is not None and self.cross_norm is not None:
             x = self.cross_norm(x + self.drop(self.cross_attn(x, state)))
         return self.ffn_norm(x + self.drop(self.ffn(x)))

@@ -55,6 +55,8 @@ class AttentionState:
             once per generation and reused at every step.
         recorder: where attention weights are appended; ``None`` = do not form them (the fast kernel).
         rope_local: the rotary tables of local layers with a base of their own (Gemma 3), as ``rope``.
+        last_only: only the last position's output is read (a prompt's last block): every position's keys and
+            values enter the cache, and the block returns (B, 1, C), the rest of it run on the last row only.
     """
 
     mask: Tensor | None = None
@@ -66,6 +68,7 @@ class AttentionState:
     memory_kv: tuple[Tensor, Tensor] | None = None
     recorder: AttentionRecorder | None = None
     rope_local: tuple[Tensor, Tensor] | None = None
+    last_only: bool = False
 
     def for_layer(self, cache: KVCache | None, memory_kv: tuple[Tensor, Tensor] | None = None) -> AttentionState:
         """The same state pointing at one layer's self-attention cache and cross-attention keys and values."""

@@ -109,7 +109,8 @@ class Decoder(Stack):
             memory_mask=memory_mask,
             recorder=recorder,
             segment_ids=segment_ids,
-        )
+            last_only=last_only,
+        )  # (B, T, C), or (B, 1, C) with last_only
         out = self.target_losses(x, targets) if targets is not None else self.logits(x[:, -1:] if last_only else x)
         return (out, recorder.self_weights) if recorder is not None else out
 

@@ -11,6 +11,7 @@ computed once per forward pass and handed to every block's self-attention in the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 import torch
@@ -133,6 +134,7 @@ class Stack(nn.Module):
         memory_mask: Tensor | None = None,
         recorder: AttentionRecorder | None = None,
         segment_ids: Tensor | None = None,
+        last_only: bool = False,
     ) -> Tensor:
         """Embed ``tokens`` (B, T) and run every block; the one place where call inputs become the state.
 
@@ -146,9 +148,11 @@ class Stack(nn.Module):
             recorder: collects the attention weights, one (B, H, T, S) tensor per block and kind.
             segment_ids: (B, T) ids of the examples packed into one row: a token attends only to its own
                 segment (a block-diagonal mask); pass restarted ``positions`` with it. No cache.
+            last_only: only the last position's hidden state is needed (a prompt before its first new token): the
+                last block runs its output projection and feed-forward on that row alone.
 
         Returns:
-            hidden (B, T, C) after the closing norm.
+            hidden (B, T, C) after the closing norm, (B, 1, C) with ``last_only``.
         """
         b, t = tokens.shape
         past = cache.length if cache is not None else 0
@@ -181,10 +185,10 @@ class Stack(nn.Module):
         )  # fmt: skip
         recompute = self.checkpoint_activations and torch.is_grad_enabled() and cache is None and recorder is None
         for i, block in enumerate(self.blocks):
-            if recompute:
-                x = checkpoint(block, x, self._layer_state(state, i, cache), use_reentrant=False)
-            else:
-                x = block(x, self._layer_state(state, i, cache))
+            layer = self._layer_state(state, i, cache)
+            if last_only and i == len(self.blocks) - 1:
+                layer = replace(layer, last_only=True)
+            x = checkpoint(block, x, layer, use_reentrant=False) if recompute else block(x, layer)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x
