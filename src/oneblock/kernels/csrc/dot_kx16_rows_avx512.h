@@ -1,7 +1,8 @@
 // The K-quants' group kernels for many activation rows (a prompt's), part of dot_kx16_avx512.h: a group's blocks
 // are unpacked once into this thread's buffer, codes and scales, and every 8 rows read them from there, so the rows
 // spend their time in the multiply-adds instead of rebuilding codes 8 rows at a time. The integers and the float
-// operations are those of the one-pass kernels (q4_k_group, q6_k_group), hence their results bit for bit.
+// operations are those of the one-pass kernels (q4_k_group, q6_k_group, iq4_xs_group), hence their results bit
+// for bit. Then each format's group kernels under one name for `each_group`, and the exported products.
 
 namespace oneblock {
 namespace OB_CAT(x16_, OB_SUFFIX) {
@@ -109,5 +110,169 @@ OB_TARGET void q6_k_rows(const uint8_t* group, const Q6_KCodes* codes, const Act
   }
 }
 
+
+#if OB_VNNI
+// An IQ4_XSx16 block unpacked (VNNI): sub-block s's 8 chunks of values w + 128 (kIq4nlValues looked up) and its
+// scales less 32 as int32.
+struct IQ4_XSCodes {
+  uint8_t codes[8][8][kChunkBytes];
+  uint8_t scales[8][kChunkBytes];
+};
+
+OB_TARGET inline void iq4_xs_unpack(const uint8_t* blk, IQ4_XSCodes* u) {
+  using L = Interleaved<kIQ4_XS>;
+  const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  const __m512i low = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(-128);
+  const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + L::kHigh)));
+  const __m512i lows = _mm512_loadu_si512(blk + L::kLow);
+  for (int s = 0; s < 8; ++s) {
+    const __m512i ls = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi32(lows, 8 * (s / 2) + 4 * (s % 2)), _mm512_set1_epi32(0x0F)),
+        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2 * s), _mm512_set1_epi32(3)), 4));
+    _mm512_storeu_si512(u->scales[s], _mm512_sub_epi32(ls, _mm512_set1_epi32(32)));
+    for (int i = 0; i < 4; ++i) {
+      const __m512i raw = _mm512_loadu_si512(blk + L::kCodes + (4 * s + i) * kChunkBytes);
+      const __m512i w_low = _mm512_shuffle_epi8(values, _mm512_and_si512(raw, low));
+      const __m512i w_high = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+      _mm512_storeu_si512(u->codes[s][i], _mm512_xor_si512(w_low, sign));
+      _mm512_storeu_si512(u->codes[s][i + 4], _mm512_xor_si512(w_high, sign));
+    }
+  }
+}
+
+// iq4_xs_group<R> from the group's unpacked blocks (`codes`, nb of them): the same integers and float operations.
+template <int R>
+OB_TARGET void iq4_xs_rows(const uint8_t* group, const IQ4_XSCodes* codes, const ActRow* a, int64_t nb, float* out,
+                           int64_t stride) {
+  using L = Interleaved<kIQ4_XS>;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const IQ4_XSCodes& u = codes[b];
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int s = 0; s < 8; ++s) {
+      __m512i w[8];
+      for (int i = 0; i < 8; ++i) w[i] = _mm512_loadu_si512(u.codes[s][i]);
+      const __m512i scale = _mm512_loadu_si512(u.scales[s]);
+      for (int r = 0; r < R; ++r) {
+        const int16_t* bs = a[r].bsums + b * (QK_K / 16);
+        const __m512i sub = _mm512_sub_epi32(sums32(w, a[r].q + b * QK_K + 32 * s),
+                                             _mm512_set1_epi32(128 * (bs[2 * s] + bs[2 * s + 1])));
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sub, scale));
+      }
+    }
+    const __m512 dw = scales16(group + b * L::kBytes + L::kScales);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b]))));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
+}
+#endif
+
+struct IQ4_XSGroup {
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
+                            int64_t stride) {
+    iq4_xs_group<R>(group, a, nb, out, stride);
+  }
+#if OB_VNNI
+  using Codes = IQ4_XSCodes;
+  OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
+    Codes* codes = codes_buffer<Codes>(nb);
+    for (int64_t b = 0; b < nb; ++b) iq4_xs_unpack(group + b * Interleaved<kIQ4_XS>::kBytes, codes + b);
+    return codes;
+  }
+  template <int R>
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
+                                     int64_t stride) {
+    iq4_xs_rows<R>(group, codes, a, nb, out, stride);
+  }
+#endif
+};
+
+struct Q4_KGroup {
+  using Codes = Q4_KCodes;
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
+                            int64_t stride) {
+    q4_k_group<R, kQ4_K>(group, a, nb, out, stride);
+  }
+  OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
+    Codes* codes = codes_buffer<Codes>(nb);
+    for (int64_t b = 0; b < nb; ++b) q4_k_unpack<kQ4_K>(group + b * Interleaved<kQ4_K>::kBytes, codes + b);
+    return codes;
+  }
+  template <int R>
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
+                                     int64_t stride) {
+    q4_k_rows<R, kQ4_K>(group, codes, a, nb, out, stride);
+  }
+};
+
+struct Q5_KGroup {
+  using Codes = Q4_KCodes;
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
+                            int64_t stride) {
+    q4_k_group<R, kQ5_K>(group, a, nb, out, stride);
+  }
+  OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
+    Codes* codes = codes_buffer<Codes>(nb);
+    for (int64_t b = 0; b < nb; ++b) q4_k_unpack<kQ5_K>(group + b * Interleaved<kQ5_K>::kBytes, codes + b);
+    return codes;
+  }
+  template <int R>
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
+                                     int64_t stride) {
+    q4_k_rows<R, kQ5_K>(group, codes, a, nb, out, stride);
+  }
+};
+
+struct Q6_KGroup {
+  using Codes = Q6_KCodes;
+  template <int R>
+  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
+                            int64_t stride) {
+    q6_k_group<R>(group, a, nb, out, stride);
+  }
+  OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
+    Codes* codes = codes_buffer<Codes>(nb);
+    for (int64_t b = 0; b < nb; ++b) q6_k_unpack(group + b * Interleaved<kQ6_K>::kBytes, codes + b);
+    return codes;
+  }
+  template <int R>
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
+                                     int64_t stride) {
+    q6_k_rows<R>(group, codes, a, nb, out, stride);
+  }
+};
+
 }  // namespace OB_CAT(x16_, OB_SUFFIX)
+
+OB_TARGET void OB_CAT(dot_q4_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
+                                     int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  k::each_group<k::Q4_KGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
+}
+
+OB_TARGET void OB_CAT(dot_q5_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
+                                     int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  k::each_group<k::Q5_KGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
+}
+
+OB_TARGET void OB_CAT(dot_iq4_xsx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a,
+                                       int rows, int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  k::each_group<k::IQ4_XSGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
+}
+
+OB_TARGET void OB_CAT(dot_q6_kx16_, OB_SUFFIX)(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows,
+                                     int64_t nb, float* out, int64_t stride) {
+  namespace k = OB_CAT(x16_, OB_SUFFIX);
+  k::each_group<k::Q6_KGroup>(w, row_bytes, cols, a, rows, nb, out, stride, false);
+}
+
 }  // namespace oneblock
