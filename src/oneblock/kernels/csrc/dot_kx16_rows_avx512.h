@@ -171,6 +171,14 @@ OB_TARGET void iq4_xs_rows(const uint8_t* group, const IQ4_XSCodes* codes, const
 }
 #endif
 
+// The group's nb blocks, each unpacked by `Unpack` into this thread's buffer.
+template <typename Codes, int64_t Fmt, void (*Unpack)(const uint8_t*, Codes*)>
+OB_TARGET inline const Codes* unpack_group(const uint8_t* group, int64_t nb) {
+  Codes* codes = codes_buffer<Codes>(nb);
+  for (int64_t b = 0; b < nb; ++b) Unpack(group + b * Interleaved<Fmt>::kBytes, codes + b);
+  return codes;
+}
+
 struct IQ4_XSGroup {
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
@@ -180,9 +188,7 @@ struct IQ4_XSGroup {
 #if OB_VNNI
   using Codes = IQ4_XSCodes;
   OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
-    Codes* codes = codes_buffer<Codes>(nb);
-    for (int64_t b = 0; b < nb; ++b) iq4_xs_unpack(group + b * Interleaved<kIQ4_XS>::kBytes, codes + b);
-    return codes;
+    return unpack_group<Codes, kIQ4_XS, iq4_xs_unpack>(group, nb);
   }
   template <int R>
   OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
@@ -192,43 +198,26 @@ struct IQ4_XSGroup {
 #endif
 };
 
-struct Q4_KGroup {
+// Q4_K (Fmt kQ4_K) or Q5_K (kQ5_K).
+template <int64_t Fmt>
+struct Q4_KGroupOf {
   using Codes = Q4_KCodes;
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
                             int64_t stride) {
-    q4_k_group<R, kQ4_K>(group, a, nb, out, stride);
+    q4_k_group<R, Fmt>(group, a, nb, out, stride);
   }
   OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
-    Codes* codes = codes_buffer<Codes>(nb);
-    for (int64_t b = 0; b < nb; ++b) q4_k_unpack<kQ4_K>(group + b * Interleaved<kQ4_K>::kBytes, codes + b);
-    return codes;
+    return unpack_group<Codes, Fmt, q4_k_unpack<Fmt>>(group, nb);
   }
   template <int R>
   OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
                                      int64_t stride) {
-    q4_k_rows<R, kQ4_K>(group, codes, a, nb, out, stride);
+    q4_k_rows<R, Fmt>(group, codes, a, nb, out, stride);
   }
 };
-
-struct Q5_KGroup {
-  using Codes = Q4_KCodes;
-  template <int R>
-  OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
-                            int64_t stride) {
-    q4_k_group<R, kQ5_K>(group, a, nb, out, stride);
-  }
-  OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
-    Codes* codes = codes_buffer<Codes>(nb);
-    for (int64_t b = 0; b < nb; ++b) q4_k_unpack<kQ5_K>(group + b * Interleaved<kQ5_K>::kBytes, codes + b);
-    return codes;
-  }
-  template <int R>
-  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
-                                     int64_t stride) {
-    q4_k_rows<R, kQ5_K>(group, codes, a, nb, out, stride);
-  }
-};
+using Q4_KGroup = Q4_KGroupOf<kQ4_K>;
+using Q5_KGroup = Q4_KGroupOf<kQ5_K>;
 
 struct Q6_KGroup {
   using Codes = Q6_KCodes;
@@ -238,9 +227,7 @@ struct Q6_KGroup {
     q6_k_group<R>(group, a, nb, out, stride);
   }
   OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
-    Codes* codes = codes_buffer<Codes>(nb);
-    for (int64_t b = 0; b < nb; ++b) q6_k_unpack(group + b * Interleaved<kQ6_K>::kBytes, codes + b);
-    return codes;
+    return unpack_group<Codes, kQ6_K, q6_k_unpack>(group, nb);
   }
   template <int R>
   OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
