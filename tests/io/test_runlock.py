@@ -3,11 +3,15 @@ its holder, however it exits."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -83,6 +87,21 @@ def test_an_unreadable_holder_record_still_refuses(tmp_path):
         (tmp_path / LOCK_FILE).write_bytes(b"\xff" * 10)
         with pytest.raises(CheckpointError, match=r"in use by another process \(its pid is not recorded\)"):
             RunLock(tmp_path, command="y").acquire()
+
+
+def test_a_holder_that_records_itself_just_after_locking_is_named(tmp_path):
+    """The holder writes its record just after it takes the lock: a process refused in between waits for it."""
+    fd = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, nothing recorded yet
+        record = json.dumps({"pid": 4242, "started": time.time(), "command": "late"}).encode()
+        writer = threading.Timer(0.1, os.pwrite, (fd, record, 0))
+        writer.start()
+        with pytest.raises(CheckpointError, match=r"in use by another process \(pid 4242, started .*, late\)"):
+            RunLock(tmp_path, command="y").acquire()
+        writer.join()
+    finally:
+        os.close(fd)
 
 
 def test_a_directory_that_cannot_hold_a_lock_file(tmp_path):

@@ -103,12 +103,21 @@ class RunLock:
         self.release()
 
 
-def _describe_holder(fd: int) -> str:
-    """``pid 1234, started 2026-12-01 15:20:03 UTC, oneblock train`` from the lock file, as far as it is readable."""
-    try:
-        record = json.loads(os.pread(fd, _MAX_HOLDER_BYTES, 0).decode("utf-8"))
-        pid, started, command = int(record["pid"]), float(record["started"]), str(record["command"])
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
-    except (OSError, ValueError, TypeError, KeyError, OverflowError, RecursionError, AttributeError):
-        return "its pid is not recorded"
-    return f"pid {pid}, started {when}, {command[:80]}"
+def _describe_holder(fd: int, wait: float = 0.5) -> str:
+    """``pid 1234, started 2026-12-01 15:20:03 UTC, oneblock train`` from the lock file, as far as it is readable.
+
+    A holder records itself just after it takes the lock, so an empty or partial record is read again for up to
+    ``wait`` seconds before the refusal says that none is recorded.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            record = json.loads(os.pread(fd, _MAX_HOLDER_BYTES, 0).decode("utf-8"))
+            pid, started, command = int(record["pid"]), float(record["started"]), str(record["command"])
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+        except (OSError, ValueError, TypeError, KeyError, OverflowError, RecursionError, AttributeError):
+            if time.monotonic() >= deadline:
+                return "its pid is not recorded"
+            time.sleep(0.01)
+            continue
+        return f"pid {pid}, started {when}, {command[:80]}"
