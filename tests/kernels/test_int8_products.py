@@ -53,7 +53,7 @@ def test_the_256_value_layouts_equal_the_numpy_reference_exactly(fmt, isa):  # n
         np.testing.assert_array_equal(torch.ops.oneblock.block_mm_int8(x, blocks, FORMATS[fmt].ggml_type), expected)
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "iq4_xs"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "iq4_xs", "q5_0"])
 def test_rows_read_from_unpacked_blocks_equal_rows_computed_alone_at_any_width(fmt, isa):  # noqa: F811
     """Past 8 rows a group's blocks are unpacked once into a buffer of the thread's, which each width resizes."""
     code = kernels.get_format(f"{fmt}x16").ggml_type

@@ -7,16 +7,6 @@
 namespace oneblock {
 namespace OB_CAT(x16_, OB_SUFFIX) {
 
-// Where a group's blocks are unpacked for many activation rows: this thread's buffer for nb blocks, on a cache line
-// (valid until its next call).
-template <typename Codes>
-inline Codes* codes_buffer(int64_t nb) {
-  thread_local std::vector<uint8_t> buffer;
-  buffer.resize(static_cast<size_t>(nb) * sizeof(Codes) + kChunkBytes);
-  const uintptr_t at = (reinterpret_cast<uintptr_t>(buffer.data()) + kChunkBytes - 1) & ~uintptr_t{kChunkBytes - 1};
-  return reinterpret_cast<Codes*>(at);
-}
-
 // A Q4_Kx16 (Q5_Kx16) block unpacked: sub-block s's 8 chunks of codes (16 rows x 4 codes) and its scales as int32.
 struct Q4_KCodes {
   uint8_t codes[8][8][kChunkBytes];
@@ -171,14 +161,6 @@ OB_TARGET void iq4_xs_rows(const uint8_t* group, const IQ4_XSCodes* codes, const
 }
 #endif
 
-// The group's nb blocks, each unpacked by `Unpack` into this thread's buffer.
-template <typename Codes, int64_t Fmt, void (*Unpack)(const uint8_t*, Codes*)>
-OB_TARGET inline const Codes* unpack_group(const uint8_t* group, int64_t nb) {
-  Codes* codes = codes_buffer<Codes>(nb);
-  for (int64_t b = 0; b < nb; ++b) Unpack(group + b * Interleaved<Fmt>::kBytes, codes + b);
-  return codes;
-}
-
 struct IQ4_XSGroup {
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
@@ -191,8 +173,8 @@ struct IQ4_XSGroup {
     return unpack_group<Codes, kIQ4_XS, iq4_xs_unpack>(group, nb);
   }
   template <int R>
-  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
-                                     int64_t stride) {
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, const int32_t* const*,
+                                     int64_t nb, float* out, int64_t stride) {
     iq4_xs_rows<R>(group, codes, a, nb, out, stride);
   }
 #endif
@@ -211,8 +193,8 @@ struct Q4_KGroupOf {
     return unpack_group<Codes, Fmt, q4_k_unpack<Fmt>>(group, nb);
   }
   template <int R>
-  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
-                                     int64_t stride) {
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, const int32_t* const*,
+                                     int64_t nb, float* out, int64_t stride) {
     q4_k_rows<R, Fmt>(group, codes, a, nb, out, stride);
   }
 };
@@ -230,8 +212,8 @@ struct Q6_KGroup {
     return unpack_group<Codes, kQ6_K, q6_k_unpack>(group, nb);
   }
   template <int R>
-  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, int64_t nb, float* out,
-                                     int64_t stride) {
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a, const int32_t* const*,
+                                     int64_t nb, float* out, int64_t stride) {
     q6_k_rows<R>(group, codes, a, nb, out, stride);
   }
 };

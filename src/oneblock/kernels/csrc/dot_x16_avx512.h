@@ -144,6 +144,60 @@ OB_TARGET void q5_0_group(const uint8_t* group, const ActRow* a, const int32_t* 
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
 }
 
+// Where a group's blocks are unpacked for many activation rows: this thread's buffer for nb blocks, on a cache line
+// (valid until its next call).
+template <typename Codes>
+inline Codes* codes_buffer(int64_t nb) {
+  thread_local std::vector<uint8_t> buffer;
+  buffer.resize(static_cast<size_t>(nb) * sizeof(Codes) + kChunkBytes);
+  const uintptr_t at = (reinterpret_cast<uintptr_t>(buffer.data()) + kChunkBytes - 1) & ~uintptr_t{kChunkBytes - 1};
+  return reinterpret_cast<Codes*>(at);
+}
+
+// The group's nb blocks, each unpacked by `Unpack` into this thread's buffer.
+template <typename Codes, int64_t Fmt, void (*Unpack)(const uint8_t*, Codes*)>
+OB_TARGET inline const Codes* unpack_group(const uint8_t* group, int64_t nb) {
+  Codes* codes = codes_buffer<Codes>(nb);
+  for (int64_t b = 0; b < nb; ++b) Unpack(group + b * Interleaved<Fmt>::kBytes, codes + b);
+  return codes;
+}
+
+// A Q5_0x16 block unpacked: its 8 chunks of codes in [0, 31] (16 rows x 4 codes), the fifth bits added.
+struct Q5_0Codes {
+  uint8_t codes[8][kChunkBytes];
+};
+
+OB_TARGET inline void q5_0_unpack(const uint8_t* blk, Q5_0Codes* u) {
+  using L = Interleaved<kQ5_0>;
+  const __m512i low = _mm512_set1_epi8(0x0F), qh = _mm512_loadu_si512(blk + L::kHigh);
+  for (int c = 0; c < L::kChunks; ++c) {
+    const __m512i raw = _mm512_loadu_si512(blk + L::kCodes + c * kChunkBytes);
+    _mm512_storeu_si512(u->codes[c], add_fifth_bits(_mm512_and_si512(raw, low), qh, 4 * c));
+    const __m512i high_nibbles = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+    _mm512_storeu_si512(u->codes[c + 4], add_fifth_bits(high_nibbles, qh, 16 + 4 * c));
+  }
+}
+
+// q5_0_group<R> from the group's unpacked blocks (`codes`, nb of them): the same integers and float operations.
+template <int R>
+OB_TARGET void q5_0_rows(const uint8_t* group, const Q5_0Codes* codes, const ActRow* a, const int32_t* const* sums,
+                         int64_t nb, float* out, int64_t stride) {
+  using L = Interleaved<kQ5_0>;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m512 dw = scales16(group + b * L::kBytes + L::kScales);
+    __m512i w[8];
+    for (int i = 0; i < 8; ++i) w[i] = _mm512_loadu_si512(codes[b].codes[i]);
+    for (int r = 0; r < R; ++r) {
+      const __m512i offset = _mm512_set1_epi32(16 * sums[r][b]);
+      const __m512 sumi = _mm512_cvtepi32_ps(_mm512_sub_epi32(block_sums(w, a[r].q + b * QK), offset));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])), sumi, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
+}
+
 // Q8_0's codes are signed. With VNNI they are taken as unsigned w + 128 (one xor) and 128 times the activation
 // block's code sum is taken off the int32 sum; without, |w| meets the activation with w's sign moved onto it.
 template <int R>
@@ -224,10 +278,19 @@ struct Q8_0Group {
 };
 
 struct Q5_0Group {
+  using Codes = Q5_0Codes;
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const* sums, int64_t nb, float* out,
                             int64_t stride) {
     q5_0_group<R>(group, a, sums, nb, out, stride);
+  }
+  OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
+    return unpack_group<Codes, kQ5_0, q5_0_unpack>(group, nb);
+  }
+  template <int R>
+  OB_TARGET static void run_unpacked(const uint8_t* group, const Codes* codes, const ActRow* a,
+                                     const int32_t* const* sums, int64_t nb, float* out, int64_t stride) {
+    q5_0_rows<R>(group, codes, a, sums, nb, out, stride);
   }
 };
 // Whether a group kernel can unpack a group's blocks once for many activation rows (it names them `Codes`).
@@ -242,7 +305,7 @@ OB_TARGET inline void run_rows(const uint8_t* group, const void* codes, const Ac
                                int64_t nb, float* out, int64_t stride) {
   if constexpr (Unpacks<Group>::value) {
     if (codes != nullptr) {
-      Group::template run_unpacked<R>(group, static_cast<const typename Group::Codes*>(codes), a, nb, out, stride);
+      Group::template run_unpacked<R>(group, static_cast<const typename Group::Codes*>(codes), a, s, nb, out, stride);
       return;
     }
   }
