@@ -7,14 +7,15 @@
 namespace oneblock {
 namespace OB_CAT(x16_, OB_SUFFIX) {
 
-// A Q4_Kx16 (Q5_Kx16) block unpacked: sub-block s's 8 chunks of codes (16 rows x 4 codes) and its scales as int32.
-struct Q4_KCodes {
+// A super-block of 8 sub-blocks of 32 unpacked (Q4_Kx16, Q5_Kx16, IQ4_XSx16): sub-block s's 8 chunks of codes (16
+// rows x 4 codes) and its scales as int32.
+struct Codes32 {
   uint8_t codes[8][8][kChunkBytes];
   uint8_t scales[8][kChunkBytes];
 };
 
 template <int64_t Fmt>
-OB_TARGET inline void q4_k_unpack(const uint8_t* blk, Q4_KCodes* u) {
+OB_TARGET inline void q4_k_unpack(const uint8_t* blk, Codes32* u) {
   const Q4_KScales k = q4_k_scales(blk + Interleaved<Fmt>::kPacked);
   for (int s = 0; s < 8; ++s) {
     __m512i w[8];
@@ -26,12 +27,12 @@ OB_TARGET inline void q4_k_unpack(const uint8_t* blk, Q4_KCodes* u) {
 
 // q4_k_group<R, Fmt> from the group's unpacked blocks (`codes`, nb of them): the same integers and float operations.
 template <int R, int64_t Fmt>
-OB_TARGET void q4_k_rows(const uint8_t* group, const Q4_KCodes* codes, const ActRow* a, int64_t nb, float* out,
+OB_TARGET void q4_k_rows(const uint8_t* group, const Codes32* codes, const ActRow* a, int64_t nb, float* out,
                          int64_t stride) {
   using L = Interleaved<Fmt>;
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * stride, _mm512_setzero_ps());
   for (int64_t b = 0; b < nb; ++b) {
-    const Q4_KCodes& u = codes[b];
+    const Codes32& u = codes[b];
     __m512i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
     for (int s = 0; s < 8; ++s) {
@@ -100,16 +101,9 @@ OB_TARGET void q6_k_rows(const uint8_t* group, const Q6_KCodes* codes, const Act
   }
 }
 
-
 #if OB_VNNI
-// An IQ4_XSx16 block unpacked (VNNI): sub-block s's 8 chunks of values w + 128 (kIq4nlValues looked up) and its
-// scales less 32 as int32.
-struct IQ4_XSCodes {
-  uint8_t codes[8][8][kChunkBytes];
-  uint8_t scales[8][kChunkBytes];
-};
-
-OB_TARGET inline void iq4_xs_unpack(const uint8_t* blk, IQ4_XSCodes* u) {
+// An IQ4_XSx16 block unpacked (VNNI): sub-block s's values w + 128 (kIq4nlValues looked up), its scale less 32.
+OB_TARGET inline void iq4_xs_unpack(const uint8_t* blk, Codes32* u) {
   using L = Interleaved<kIQ4_XS>;
   const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
   const __m512i low = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8(-128);
@@ -132,13 +126,13 @@ OB_TARGET inline void iq4_xs_unpack(const uint8_t* blk, IQ4_XSCodes* u) {
 
 // iq4_xs_group<R> from the group's unpacked blocks (`codes`, nb of them): the same integers and float operations.
 template <int R>
-OB_TARGET void iq4_xs_rows(const uint8_t* group, const IQ4_XSCodes* codes, const ActRow* a, int64_t nb, float* out,
+OB_TARGET void iq4_xs_rows(const uint8_t* group, const Codes32* codes, const ActRow* a, int64_t nb, float* out,
                            int64_t stride) {
   using L = Interleaved<kIQ4_XS>;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const IQ4_XSCodes& u = codes[b];
+    const Codes32& u = codes[b];
     __m512i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
     for (int s = 0; s < 8; ++s) {
@@ -168,7 +162,7 @@ struct IQ4_XSGroup {
     iq4_xs_group<R>(group, a, nb, out, stride);
   }
 #if OB_VNNI
-  using Codes = IQ4_XSCodes;
+  using Codes = Codes32;
   OB_TARGET static const Codes* unpack(const uint8_t* group, int64_t nb) {
     return unpack_group<Codes, kIQ4_XS, iq4_xs_unpack>(group, nb);
   }
@@ -183,7 +177,7 @@ struct IQ4_XSGroup {
 // Q4_K (Fmt kQ4_K) or Q5_K (kQ5_K).
 template <int64_t Fmt>
 struct Q4_KGroupOf {
-  using Codes = Q4_KCodes;
+  using Codes = Codes32;
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const*, int64_t nb, float* out,
                             int64_t stride) {

@@ -293,6 +293,7 @@ struct Q5_0Group {
     q5_0_rows<R>(group, codes, a, sums, nb, out, stride);
   }
 };
+
 // Whether a group kernel can unpack a group's blocks once for many activation rows (it names them `Codes`).
 template <typename Group, typename = void>
 struct Unpacks : std::false_type {};
