@@ -114,7 +114,9 @@ def test_native_logits_equal_the_python_step(model, prompts):
     assert torch.equal(native.argmax(-1), python.argmax(-1))
 
 
-def test_the_prompt_read_in_one_call_equals_the_python_forward(model):
+def prompt_read_agrees(model: torch.nn.Module) -> None:
+    """An 11-token prompt read in one native call (past 8 rows: the groups unpacked, the activations given
+    unsigned by the step itself) against the Python forward: logits and cache within 1e-5."""
     ids = [5, 17, 3, 299, 42, 7, 8, 60, 61, 62, 11]
     plan = NativeStep.of(model)
     assert plan is not None
@@ -125,6 +127,10 @@ def test_the_prompt_read_in_one_call_equals_the_python_forward(model):
     assert got.shape == want.shape and relative(got, want) <= 1e-5
     for a, b in zip(ours.layers, theirs.layers, strict=True):
         assert relative(a.k[:, :, : len(ids)], b.k[:, :, : len(ids)]) <= 1e-5
+
+
+def test_the_prompt_read_in_one_call_equals_the_python_forward(model):
+    prompt_read_agrees(model)
 
 
 def test_threads_and_instruction_sets_agree(model):
@@ -190,6 +196,10 @@ def test_q5_k_and_iq4_matrices_decode_natively_equal_to_the_python_step(q5_k_mod
         assert python.abs().max() > 1.0  # logits far from uniform
         assert relative(native, python) <= 1e-5
         assert torch.equal(native.argmax(-1), python.argmax(-1))
+
+
+def test_q5_k_and_iq4_prompt_read_in_one_call_equals_the_python_forward(q5_k_model):
+    prompt_read_agrees(q5_k_model)
 
 
 def test_q5_k_and_iq4_threads_and_instruction_sets_agree(q5_k_model):

@@ -250,6 +250,17 @@ struct ActRow {
   const float* d;               // (K / 32,), or (K / 256,) for Q8_K
   const float* s;               // (K / 32,), or nullptr where the format needs no sums
   const int16_t* bsums = nullptr;  // Q8_K: (K / 16,) sums of each 16 codes
+  const uint8_t* u = nullptr;      // Q8_K, many rows: (K,) the codes plus 128, unsigned (see each_group)
 };
+
+// Activation rows a group kernel takes at once; past this many, a group's blocks are unpacked once for all of them
+// (each_group), and the K-quant rows are also given unsigned (ActRow::u).
+constexpr int kTileRows = 8;
+
+// A row's codes plus 128 as unsigned bytes: the operand `vpdpbusd` takes unsigned, so that the codes it meets may
+// be signed.
+inline void unsigned_codes(const int8_t* q, int64_t k, uint8_t* u) {
+  for (int64_t i = 0; i < k; ++i) u[i] = static_cast<uint8_t>(q[i]) ^ 0x80u;
+}
 
 }  // namespace oneblock

@@ -142,8 +142,20 @@ OB_TARGET inline __m512i q6_k_scale(const uint8_t* scales, int s) {
   return _mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24);
 }
 
+// Block b's float end for R activation rows, given each lane's exact integer sum: the scalar kernel's float
+// operations in its order, added to `out`.
+template <int R>
+OB_TARGET inline void q6_k_scale_rows(const uint8_t* blk, const ActRow* a, int64_t b, const __m512i* exact, float* out,
+                                      int64_t stride) {
+  const __m512 dw = scales16(blk + Interleaved<kQ6_K>::kScales);
+  for (int r = 0; r < R; ++r) {
+    const __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(exact[r]), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])));
+    _mm512_storeu_ps(out + r * stride, _mm512_add_ps(_mm512_loadu_ps(out + r * stride), term));
+  }
+}
+
 // Block b's end for R activation rows: 32 times the scales' products with the activations' sums of 16 (int16 pairs)
-// taken off each lane's sum `isum`, then the scalar kernel's float operations in its order, added to `out`.
+// taken off each lane's sum `isum`, then the float end.
 template <int R>
 OB_TARGET inline void q6_k_finish(const uint8_t* blk, const ActRow* a, int64_t b, const __m512i* isum, float* out,
                                   int64_t stride) {
@@ -157,7 +169,7 @@ OB_TARGET inline void q6_k_finish(const uint8_t* blk, const ActRow* a, int64_t b
     first[t] = _mm512_srai_epi16(_mm512_slli_epi16(word, 8), 8);
     second[t] = _mm512_srai_epi16(word, 8);
   }
-  const __m512 dw = scales16(blk + L::kScales);
+  __m512i exact[R];
   for (int r = 0; r < R; ++r) {
     const int16_t* sums = a[r].bsums + b * (QK_K / 16);  // the activations' 16 sums: pair j is (2j, 2j + 1)
     __m512i offset = _mm512_setzero_si512();  // per lane: the sum over s of scale s times activation sum s
@@ -165,10 +177,9 @@ OB_TARGET inline void q6_k_finish(const uint8_t* blk, const ActRow* a, int64_t b
       offset = pair_dot_add(offset, first[t], pair_at(sums + 4 * t));
       offset = pair_dot_add(offset, second[t], pair_at(sums + 4 * t + 2));
     }
-    const __m512i exact = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(offset, 5));
-    const __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(dw, _mm512_set1_ps(a[r].d[b])));
-    _mm512_storeu_ps(out + r * stride, _mm512_add_ps(_mm512_loadu_ps(out + r * stride), term));
+    exact[r] = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(offset, 5));
   }
+  q6_k_scale_rows<R>(blk, a, b, exact, out, stride);
 }
 
 // One Q6_Kx16 group against R activation rows (Q8_K). Sub-block s (16 values) of half h = s / 8 takes ql bytes

@@ -279,6 +279,7 @@ struct Q8_0Group {
 
 struct Q5_0Group {
   using Codes = Q5_0Codes;
+  static constexpr bool kUnsignedActs = false;
   template <int R>
   OB_TARGET static void run(const uint8_t* group, const ActRow* a, const int32_t* const* sums, int64_t nb, float* out,
                             int64_t stride) {
@@ -300,6 +301,30 @@ struct Unpacks : std::false_type {};
 template <typename Group>
 struct Unpacks<Group, std::void_t<typename Group::Codes>> : std::true_type {};
 
+// Whether a group kernel's unpacked blocks meet the activations unsigned (ActRow::u; its `kUnsignedActs`).
+template <typename Group>
+constexpr bool unsigned_acts() {
+  if constexpr (Unpacks<Group>::value) {
+    return Group::kUnsignedActs;
+  } else {
+    return false;
+  }
+}
+
+// The rows with their codes also unsigned (ActRow::u), in this thread's buffers: for a caller that gave none (the
+// decode step's many rows). `k`: the codes per row.
+inline const ActRow* with_unsigned(const ActRow* a, int rows, int64_t k) {
+  thread_local std::vector<uint8_t> codes;
+  thread_local std::vector<ActRow> copies;
+  codes.resize(static_cast<size_t>(rows * k));
+  copies.assign(a, a + rows);
+  for (int r = 0; r < rows; ++r) {
+    unsigned_codes(a[r].q, k, codes.data() + r * k);
+    copies[static_cast<size_t>(r)].u = codes.data() + r * k;
+  }
+  return copies.data();
+}
+
 // R activation rows against one group: from its unpacked blocks where `codes` holds them, else from the layout.
 template <typename Group, int R>
 OB_TARGET inline void run_rows(const uint8_t* group, const void* codes, const ActRow* a, const int32_t* const* s,
@@ -320,7 +345,10 @@ template <typename Group>
 OB_TARGET void each_group(const uint8_t* w, int64_t row_bytes, int cols, const ActRow* a, int rows, int64_t nb,
                           float* out, int64_t stride, bool with_sums) {
   constexpr int64_t kStackSums = 512;  // 8 rows of K = 2048 need no allocation
-  constexpr int kRows = 8;
+  constexpr int kRows = kTileRows;
+  if constexpr (unsigned_acts<Group>()) {
+    if (rows > kRows && a[0].u == nullptr) a = with_unsigned(a, rows, nb * QK_K);
+  }
   int32_t local[kStackSums];
   std::vector<int32_t> storage;
   int32_t* sums = local;

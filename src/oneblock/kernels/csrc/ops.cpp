@@ -271,22 +271,30 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> d, s;
   thread_local std::vector<int16_t> bsums;
+  thread_local std::vector<uint8_t> unsigned_q;  // K-quants past kTileRows rows (ActRow::u)
   thread_local std::vector<ActRow> acts;
   q.resize(static_cast<size_t>(m * k));
   d.resize(static_cast<size_t>(m * nb));
   s.resize(static_cast<size_t>(sums ? m * nb : 0));
   bsums.resize(static_cast<size_t>(k_quant ? m * k / 16 : 0));
+  const bool with_unsigned = k_quant && m > kTileRows;
+  unsigned_q.resize(static_cast<size_t>(with_unsigned ? m * k : 0));
   acts.resize(static_cast<size_t>(m));
   const float* xs = x.data_ptr<float>();
   int8_t* qs = q.data();
   float *ds = d.data(), *ss = sums ? s.data() : nullptr;
   int16_t* bss = bsums.data();
+  uint8_t* us = unsigned_q.data();
   ActRow* rows_of = acts.data();
   const auto quantize = [=](int64_t begin, int64_t end) {  // the pointers, not the calling thread's buffers
     for (int64_t i = begin; i < end; ++i) {
       if (k_quant) {
         quantize_row_q8_k(xs + i * ld, k, qs + i * k, ds + i * nb, bss + i * k / 16);
         rows_of[i] = {qs + i * k, ds + i * nb, nullptr, bss + i * k / 16};
+        if (with_unsigned) {
+          unsigned_codes(qs + i * k, k, us + i * k);
+          rows_of[i].u = us + i * k;
+        }
       } else {
         quantize_row_q8(xs + i * ld, k, qs + i * k, ds + i * nb, ss ? ss + i * nb : nullptr);
         rows_of[i] = {qs + i * k, ds + i * nb, ss ? ss + i * nb : nullptr};
