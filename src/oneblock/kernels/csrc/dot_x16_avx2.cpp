@@ -16,6 +16,7 @@ OB_AVX2 void q4_1_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
+    fetch_ahead<L>(blk);
     const __m256 dw = scales8(blk + L::kScales + 16 * h), mw = scales8(blk + L::kMins + 16 * h);
     __m256i w[8];  // w[i]: codes 4i..4i+3 of the 8 rows
     for (int c = 0; c < L::kChunks; ++c) {
@@ -47,6 +48,7 @@ OB_AVX2 void q4_0_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
+    fetch_ahead<L>(blk);
     const __m256 dw = scales8(blk + L::kScales + 16 * h);
     __m256i w[8], mag[8];  // w[i]: codes 4i..4i+3 of the 8 rows, less 8; mag[i]: |w[i]|
     for (int c = 0; c < L::kChunks; ++c) {
@@ -78,6 +80,7 @@ OB_AVX2 void q8_0_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
+    fetch_ahead<L>(blk);
     const __m256 dw = scales8(blk + L::kScales + 16 * h);
     __m256i w[8];
     for (int c = 0; c < L::kChunks; ++c) {
@@ -122,6 +125,7 @@ OB_AVX2 void q5_0_half(const uint8_t* group, int h, const ActRow* a, int64_t nb,
   const __m256i low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
+    fetch_ahead<L>(blk);
     const __m256 dw = scales8(blk + L::kScales + 16 * h);
     const __m256i qh = load_half(blk + L::kHigh, h);
     __m256i w[8], mag[8];  // w[i]: codes 4i..4i+3 of the 8 rows, less 16; mag[i]: |w[i]|

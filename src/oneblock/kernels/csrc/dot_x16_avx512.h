@@ -61,6 +61,7 @@ OB_TARGET void q4_1_group(const uint8_t* group, const ActRow* a, int64_t nb, flo
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
+    fetch_ahead<L>(blk);
     const __m512 dw = scales16(blk + L::kScales), mw = scales16(blk + L::kMins);
     __m512i w[8];  // w[i]: codes 4i..4i+3 of the 16 rows (the low nibbles are values 0..15, the high 16..31)
     for (int c = 0; c < L::kChunks; ++c) {
@@ -88,6 +89,7 @@ OB_TARGET void q4_0_group(const uint8_t* group, const ActRow* a, const int32_t* 
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
+    fetch_ahead<L>(blk);
     const __m512 dw = scales16(blk + L::kScales);
     __m512i w[8];  // w[i]: codes 4i..4i+3 of the 16 rows, as stored (0..15)
     for (int c = 0; c < L::kChunks; ++c) {
@@ -127,6 +129,7 @@ OB_TARGET void q5_0_group(const uint8_t* group, const ActRow* a, const int32_t* 
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
+    fetch_ahead<L>(blk);
     const __m512 dw = scales16(blk + L::kScales);
     const __m512i qh = _mm512_loadu_si512(blk + L::kHigh);
     __m512i w[8];  // w[i]: codes 4i..4i+3 of the 16 rows, in [0, 31]
@@ -208,6 +211,7 @@ OB_TARGET void q8_0_group(const uint8_t* group, const ActRow* a, const int32_t* 
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * L::kBytes;
+    fetch_ahead<L>(blk);
     const __m512 dw = scales16(blk + L::kScales);
     __m512i w[8];
 #if OB_VNNI

@@ -33,6 +33,8 @@
 // layout is the file's blocks cut into their float16 fields and 4-byte chunks. Group g starts at byte g * 16 * row_bytes: a row range starting at a multiple of 16 is a valid matrix.
 #pragma once
 
+#include <xmmintrin.h>
+
 #include <cstdint>
 
 #include "blocks.h"
@@ -102,6 +104,23 @@ static_assert(Interleaved<kQ4_K>::kBytes == kGroupRows * sizeof(BlockQ4_K), "Q4_
 static_assert(Interleaved<kQ5_K>::kBytes == kGroupRows * sizeof(BlockQ5_K), "Q5_Kx16 holds 16 Q5_K blocks");
 static_assert(Interleaved<kIQ4_XS>::kBytes == kGroupRows * sizeof(BlockIQ4_XS), "IQ4_XSx16 holds 16 IQ4_XS blocks");
 static_assert(Interleaved<kQ6_K>::kBytes == kGroupRows * sizeof(BlockQ6_K), "Q6_Kx16 holds 16 Q6_K blocks");
+
+// How far past the block a 32-value group kernel multiplies it asks for the weights (a prefetch), in bytes. A matrix
+// is read as one stream, but the hardware's prefetchers stop at each 4 KiB page, and with a few activation rows' work
+// per block the loads alone keep too few lines in flight. On Zen 4, 2 threads, Q8_0 16,384 x 2,048 times 8 rows:
+// 2.3-2.8 ms without, 1.0-1.3 ms with (4 KiB ahead: 1.30 ms; 16 KiB: 1.12 ms); Q4_0 and Q5_0 65,536 x 2,048 times 4
+// rows 1.35x faster, one row unchanged. The K-quants' kernels go without: their one-row products of a matrix
+// larger than the cache read 20-30% slower with it.
+constexpr int64_t kFetchAhead = 8192;
+
+// The block of a group's kFetchAhead bytes past `blk` asked into the cache, a line at a time. A prefetch never
+// faults: past the matrix's end it asks for nothing useful, harmlessly.
+template <typename Layout>  // Interleaved<Fmt>
+inline void fetch_ahead(const uint8_t* blk) {
+  for (int64_t at = 0; at < Layout::kBytes; at += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kFetchAhead + at), _MM_HINT_T0);
+  }
+}
 
 // The float16 fields of a block of `fmt` (d, and a minimum's scale), at byte half_at(fmt) (Q6_K's d is last): the
 // rest of the block, in order, is 4-byte chunks.
