@@ -36,6 +36,8 @@ from oneblock.text.tokenizer import EndOfTurn
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
+    from oneblock.io.gguf.pieces import TokenPieces
+
 _CONTROL = 3
 _USER_DEFINED = 4
 VOCABULARY_ARRAYS = (
@@ -68,14 +70,14 @@ def _byte_values() -> dict[str, int]:
 
 
 @lru_cache(maxsize=1)
-def _outside_alphabet() -> re.Pattern[str]:
+def outside_alphabet() -> re.Pattern[str]:
     """Matches a character outside the byte alphabet: one C-level scan per token instead of a Python set."""
     return re.compile("[^" + re.escape("".join(byte_alphabet().values())) + "]")
 
 
 def _spelled(token: str) -> str:
     """A vocabulary entry in the byte alphabet. A few files store special tokens in plain UTF-8 instead."""
-    if _outside_alphabet().search(token) is None:
+    if outside_alphabet().search(token) is None:
         return token
     table = byte_alphabet()
     return "".join(table[b] for b in token.encode("utf-8"))
@@ -140,7 +142,7 @@ def build_tokenizer(
             f"known: {sorted(PRE_TOKENIZERS)}"
         )
     alphabet = set(byte_alphabet().values())
-    if _outside_alphabet().search("".join(tokens)) is None:  # one scan: every token already in the alphabet
+    if outside_alphabet().search("".join(tokens)) is None:  # one scan: every token already in the alphabet
         vocab = dict(zip(tokens, range(len(tokens)), strict=True))
     else:
         vocab = {_spelled(token): index for index, token in enumerate(tokens)}
@@ -326,6 +328,13 @@ class GGUFTokenizer(EndOfTurn):
         if bad:
             raise InputError(f"token ids {bad[:5]} are outside [0, {self.vocab_size})")
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decoding_only(self) -> TokenPieces:
+        """This vocabulary's decoding half (each id's bytes, packed): what a run that has encoded its prompt keeps,
+        so that the encoder's maps (tens of MB for a large vocabulary) can be let go."""
+        from oneblock.io.gguf.pieces import TokenPieces
+
+        return TokenPieces.of(self)
 
     def special_tokens(self) -> dict[str, str]:
         """``bos_token``, ``eos_token``, ``pad_token`` as strings, the names chat templates read."""
