@@ -76,6 +76,7 @@ def _longrope_factors(model: torch.nn.Module) -> list[float]:
     """The divisors of the rotary frequencies, read back from the table at position 1: its angles are
     ``1 / (factor * theta ** (2i / Dh))``."""
     rope = model.rope
+    rope.fill(2)  # the table read directly: its rows filled first
     angles = torch.atan2(rope.sin[1, : rope.d_head // 2], rope.cos[1, : rope.d_head // 2]).double()
     powers = rope.theta ** (torch.arange(0, rope.d_head, 2, dtype=torch.float64) / rope.d_head)
     return (1.0 / (angles * powers)).tolist()

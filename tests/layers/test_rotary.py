@@ -68,7 +68,47 @@ def test_longrope_takes_its_long_factors_beyond_the_original_context(context, fa
         "original_max_position_embeddings": 8, "attention_factor": 1.25,
     }  # fmt: skip
     rope = RotaryEmbedding(4, context, theta=100.0, scaling=scaling)
+    rope.fill(context)  # the tables read directly: every row first
     inv_freq = 1.0 / (torch.tensor(factors) * 100.0 ** torch.tensor([0.0, 0.5]))
     angles = torch.arange(context).float()[:, None] * inv_freq  # (L, 2)
     assert torch.allclose(rope.cos, 1.25 * torch.cat([angles, angles], -1).cos(), atol=1e-6)
     assert torch.allclose(rope.sin, 1.25 * torch.cat([angles, angles], -1).sin(), atol=1e-6)
+
+
+def whole_tables(rope: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row computed at once, as the tables' definition reads: cos and sin of position x frequency."""
+    t = torch.arange(rope.cos.shape[0], dtype=torch.int64).float()
+    freqs = torch.outer(t, rope.inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * rope.gain, emb.sin() * rope.gain
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [None, {"type": "longrope", "long_factors": [1.5] * 16, "short_factors": [1.0] * 16,
+            "original_max_position_embeddings": 1000, "attention_factor": 1.2}],
+)  # fmt: skip
+def test_tables_fill_as_read_and_equal_the_whole_computation_in_any_order(scaling):
+    rope = RotaryEmbedding(32, 5000, theta=10000.0, scaling=scaling)
+    assert rope.filled == 0
+    cos, sin = rope(torch.tensor([3, 1500]), torch.float32)
+    assert rope.filled == 2048  # whole blocks of TABLE_ROWS up to the last position read
+    rope.fill(100)  # nothing to do
+    assert rope.filled == 2048
+    rope.fill(5000)
+    assert rope.filled == 5000  # the last block cut at max_seq_len
+    other = RotaryEmbedding(32, 5000, theta=10000.0, scaling=scaling)
+    other.fill(10**6)  # beyond the end: up to the end
+    for table, want in zip((rope.cos, rope.sin), whole_tables(rope), strict=True):
+        torch.testing.assert_close(table, want, atol=0, rtol=0)
+    assert torch.equal(rope.cos, other.cos) and torch.equal(rope.sin, other.sin)
+    assert torch.equal(cos[0, 0], rope.cos[[3, 1500]]) and torch.equal(sin[0, 0], rope.sin[[3, 1500]])
+
+
+def test_a_long_context_s_tables_stay_unwritten_until_read():
+    rope = RotaryEmbedding(64, 131072, theta=500000.0)
+    rope(torch.arange(600).view(1, 600), torch.float32)  # a (B, T) read
+    assert rope.filled == 1024
+    reference = RotaryEmbedding(64, 2048, theta=500000.0)
+    reference.fill(2048)
+    assert torch.equal(rope.cos[:1024], reference.cos[:1024]) and torch.equal(rope.sin[:1024], reference.sin[:1024])

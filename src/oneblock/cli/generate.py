@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from typing import Any
@@ -113,11 +114,10 @@ def run(args: argparse.Namespace) -> int:
     sampling = Sampling(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed
     )
-    loaded = _load(args)
+    encoded: list[list[int]] = []
+    loaded = _load(args, functools.partial(_encode_then_decoding_only, args.prompt, encoded))
     start_up_done()
-    model, tokenizer = loaded.model, loaded.tokenizer
-    prompt = tokenizer.encode(args.prompt)
-    loaded, tokenizer = _decoding_only(loaded)
+    model, tokenizer, prompt = loaded.model, loaded.tokenizer, encoded[0]
     if not prompt:
         raise InputError("the prompt is empty after tokenization; give at least one character")
     context = model.config.max_seq_len
@@ -201,20 +201,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decoding_only(loaded: Any) -> tuple[Any, Any]:
-    """``loaded`` holding its tokenizer's decoding half alone, where it has one (a GGUF file's): the prompt is
-    encoded, and the encoder's maps (36 MiB for a 151,936-token vocabulary) go back to the system before the
-    prompt is read."""
-    from dataclasses import replace
-
-    from oneblock.inference.process import return_free_memory
-
-    reduce = getattr(loaded.tokenizer, "decoding_only", None)
-    if reduce is None:
-        return loaded, loaded.tokenizer
-    loaded = replace(loaded, tokenizer=reduce())
-    return_free_memory()
-    return loaded, loaded.tokenizer
+def _encode_then_decoding_only(prompt: str, encoded: list[list[int]], tokenizer: Any) -> Any:
+    """Encode ``prompt`` (appended to ``encoded``), then keep the tokenizer's decoding half where it has one (a GGUF
+    file's): called by the load before the weights are read, so that the encoder's maps (36 MiB for a
+    151,936-token vocabulary) are gone before the weights come in."""
+    encoded.append(tokenizer.encode(prompt))
+    reduce = getattr(tokenizer, "decoding_only", None)
+    return tokenizer if reduce is None else reduce()
 
 
 def _threads() -> int:
@@ -223,8 +216,8 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def _load(args: argparse.Namespace) -> Any:
-    """The decoder and its tokenizer, through ``oneblock.inference.load.load_model``."""
+def _load(args: argparse.Namespace, prepare: Any = None) -> Any:
+    """The decoder and its tokenizer, through ``oneblock.inference.load.load_model`` (``prepare``: its argument)."""
     from oneblock.cli import spelling
     from oneblock.errors import InputError
     from oneblock.inference.load import load_model
@@ -240,6 +233,7 @@ def _load(args: argparse.Namespace) -> Any:
         adapter=args.adapter,
         merge=args.merge,
         context=args.context,
+        prepare=prepare,
     )
     model = loaded.model
     if not isinstance(model, Decoder):

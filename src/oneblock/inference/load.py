@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,6 +65,7 @@ def load_model(
     adapter: str | os.PathLike[str] | None = None,
     merge: bool = False,
     context: int | None = None,
+    prepare: Callable[[Tokenizer], Tokenizer] | None = None,
 ) -> Loaded:
     """Turn a GGUF file, a Hugging Face directory, a oneblock checkpoint or a preset name into a model and its
     tokenizer.
@@ -81,6 +83,9 @@ def load_model(
         context: for a GGUF file or Hugging Face directory, the positions to run the model for (llama.cpp's
             ``n_ctx``; at most and by default the model's context): its rotary tables cover that many, and Phi-3's
             LongRoPE runs its long factors beyond its original context, its short ones within it.
+        prepare: called with the tokenizer once it is built, before a GGUF file's weights are read; the tokenizer
+            it returns is the one kept (``oneblock generate`` encodes its prompt there and keeps the decoding half,
+            so that the encoder's maps and the weights are never resident together).
 
     Returns:
         ``Loaded(model, tokenizer, source, kind, seconds)``.
@@ -101,7 +106,7 @@ def load_model(
         raise ConfigError("merge=True folds an adapter into the weights; give adapter=DIR too")
     start = time.perf_counter()
     with collector_paused():  # loading makes many objects and no garbage (oneblock.inference.process)
-        model, tok, kind = _load(source, dtype, device, tokenizer, seed, context)
+        model, tok, kind = _load(source, dtype, device, tokenizer, seed, context, prepare)
         if adapter is not None:
             _adapt(model, adapter, merge)
     return Loaded(model.eval(), tok, str(source), kind, time.perf_counter() - start)
@@ -114,10 +119,11 @@ def _load(
     tokenizer: str | os.PathLike[str] | None,
     seed: int,
     context: int | None,
+    prepare: Callable[[Tokenizer], Tokenizer] | None,
 ) -> tuple[nn.Module, Tokenizer, str]:
     path = Path(source)
     if path.is_file() and path.suffix.lower() == ".gguf":
-        model, tok, kind = *_gguf(path, dtype, device, tokenizer, context), "gguf"
+        return *_gguf(path, dtype, device, tokenizer, context, prepare), "gguf"
     elif path.is_dir():
         from oneblock.io.hf.convert import from_hf
 
@@ -136,7 +142,7 @@ def _load(
     else:
         model, kind = _preset(str(source), dtype, device, seed), "preset"
         tok = load_tokenizer(None, tokenizer=tokenizer, vocab_size=_vocab(model))
-    return model, tok, kind
+    return model, tok if prepare is None else prepare(tok), kind
 
 
 def _with_generation_stops(tok: Tokenizer, path: Path, model: nn.Module) -> Tokenizer:
@@ -167,6 +173,7 @@ def _gguf(
     device: torch.device | str | None,
     tokenizer: str | os.PathLike[str] | None,
     context: int | None,
+    prepare: Callable[[Tokenizer], Tokenizer] | None,
 ) -> tuple[nn.Module, Tokenizer]:
     from oneblock.io.gguf.layout import read_layout
     from oneblock.io.gguf.load import config_from_layout, from_gguf
@@ -183,6 +190,8 @@ def _gguf(
     # freed is handed back to the system (return_free_memory), not kept for the heap's later use.
     for key in VOCABULARY_ARRAYS:
         layout.metadata.pop(key, None)
+    if prepare is not None:
+        tok = prepare(tok)
     return_free_memory()
     return from_gguf(layout, dtype=dtype, device=device, context=context), tok
 

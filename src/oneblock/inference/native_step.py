@@ -49,6 +49,7 @@ from oneblock.layers.feedforward import FeedForward
 from oneblock.layers.kv_cache import Cache
 from oneblock.layers.norms import LayerNorm, RMSNorm
 from oneblock.layers.quantized import BlockEmbedding, BlockLinear
+from oneblock.layers.rotary import RotaryEmbedding
 from oneblock.models.decoder import Decoder
 
 ENV = "ONEBLOCK_NATIVE_STEP"
@@ -132,8 +133,11 @@ class NativeStep:
     Build with :meth:`of`. ``fields`` keeps the named fields the plan was built from.
     """
 
-    def __init__(self, fields: decode_step.StepFields, rows: AdapterRows | None = None) -> None:
+    def __init__(
+        self, fields: decode_step.StepFields, rows: AdapterRows | None = None, tables: Sequence[RotaryEmbedding] = ()
+    ) -> None:
         self.fields = fields
+        self.tables = list(tables)  # the rotary tables the plan reads: filled up to each call's positions first
         self.step_plan = fields.build()
         self.n_layers = len(fields.layers)
         self.adapter_rows = rows if fields.lora else None  # ``None``: no adapters, every row computes the base
@@ -157,7 +161,7 @@ class NativeStep:
             fields, adapters = cls._gather(model)
         except _Unsupported as error:
             return f"the native step does not compute {error}"
-        return cls(fields, adapters.rows)
+        return cls(fields, adapters.rows, [rope for rope in (model.rope, model.rope_local) if rope is not None])
 
     @classmethod
     def _gather(cls, model: Decoder) -> tuple[decode_step.StepFields, _Adapters]:
@@ -344,9 +348,15 @@ class NativeStep:
         Raises:
             ConfigError: adapters selected for a number of rows other than B.
         """
+        if positions.numel():
+            self._fill(int(positions.max()) + 1)
         return torch.ops.oneblock.decode_step(
             self.step_plan, tokens, positions, columns, starts, list(keys), list(values), self._rows(tokens.shape[0])
         )
+
+    def _fill(self, positions: int) -> None:
+        for rope in self.tables:
+            rope.fill(positions)
 
     def prompt(self, tokens: Tensor, start: int, cache: Cache) -> Tensor:
         """Read T tokens of one sequence into its cache in one call: logits (V,) float32 of the token after the last.
@@ -366,6 +376,7 @@ class NativeStep:
             ConfigError: adapters selected for more than one row.
         """
         t = tokens.shape[0]
+        self._fill(start + t)
         columns = torch.arange(start, start + t, dtype=torch.long)  # (T,)
         layers = cache.layers
         keys = [layer.k for layer in layers] * t  # keys[row * L + layer]: one buffer for all rows

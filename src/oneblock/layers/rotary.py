@@ -45,12 +45,22 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([turned * cos + rotate_half(turned) * sin, kept], dim=-1)
 
 
-class RotaryEmbedding(nn.Module):
-    """Cosine and sine tables for every position up to ``max_seq_len``, computed once in float32.
+TABLE_ROWS = 1024
+"""Positions of the tables computed at a time: a row's values come out of the same computation whichever rows are
+asked for first, so the tables are the same bit for bit however they were filled."""
 
-    The tables are non-persistent buffers: they are derived from ``theta`` and never stored in a checkpoint. Built
-    under ``torch.device("meta")`` they are empty meta tensors of the same shapes (on the meta device PyTorch would
-    compute even shapes through its Python reference implementations, at a cost of seconds the first time).
+
+class RotaryEmbedding(nn.Module):
+    """Cosine and sine tables for every position up to ``max_seq_len``, in float32, filled as positions are asked
+    for: ``TABLE_ROWS`` at a time, each row once.
+
+    The tables are allocated whole and written only where read (:meth:`fill`): memory that is never written is
+    never resident, and a model of 131,072 positions (Llama 3.x, 64 MiB of tables at a head width of 64) reading
+    a 600-token prompt holds 1,024 rows of them. ``forward`` fills what it reads; a caller that reads the tables
+    directly (the native step) calls :meth:`fill` first. They are non-persistent buffers: derived from ``theta``
+    and never stored in a checkpoint. Built under ``torch.device("meta")`` they are empty meta tensors of the same
+    shapes (on the meta device PyTorch would compute even shapes through its Python reference implementations, at
+    a cost of seconds the first time).
     """
 
     cos: Tensor  # (L, Dh)
@@ -63,21 +73,34 @@ class RotaryEmbedding(nn.Module):
         self.d_head = d_head
         self.theta = theta
         self.scaling = dict(scaling or {})
+        self.filled = 0  # rows [0, filled) of the tables hold their values
+        self.register_buffer("cos", torch.empty(max_seq_len, d_head), persistent=False)
+        self.register_buffer("sin", torch.empty(max_seq_len, d_head), persistent=False)
         if torch.get_default_device().type == "meta":  # a skeleton to load into: shapes only, nothing to compute
-            self.register_buffer("cos", torch.empty(max_seq_len, d_head), persistent=False)
-            self.register_buffer("sin", torch.empty(max_seq_len, d_head), persistent=False)
+            self.inv_freq = torch.empty(d_head // 2, device="meta")
             return
         powers = theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head)  # (Dh/2,)
         divisors = frequency_divisors(1.0 / powers, self.scaling, max_seq_len)
         # LongRoPE in transformers' order of operations: the rounding shows over hundreds of positions
         longrope = self.scaling.get("type") == "longrope"
-        inv_freq = 1.0 / (divisors * powers) if longrope else 1.0 / powers / divisors
-        t = torch.arange(max_seq_len, dtype=torch.int64).float()
-        freqs = torch.outer(t, inv_freq)  # (L, Dh/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (L, Dh)
-        gain = float(self.scaling.get("attention_factor", 1.0))  # LongRoPE scales the tables themselves
-        self.register_buffer("cos", emb.cos() * gain if gain != 1.0 else emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin() * gain if gain != 1.0 else emb.sin(), persistent=False)
+        self.inv_freq = 1.0 / (divisors * powers) if longrope else 1.0 / powers / divisors  # (Dh/2,)
+        self.gain = float(self.scaling.get("attention_factor", 1.0))  # LongRoPE scales the tables themselves
+
+    def fill(self, positions: int) -> None:
+        """Make rows ``[0, positions)`` of the tables hold their values (at most ``max_seq_len``)."""
+        end = min(positions, self.cos.shape[0])
+        if end <= self.filled or self.cos.device.type == "meta":
+            return
+        with torch.no_grad():
+            for start in range(self.filled, end, TABLE_ROWS):
+                t = torch.arange(start, start + TABLE_ROWS, dtype=torch.int64, device=self.cos.device).float()
+                freqs = torch.outer(t, self.inv_freq.to(t.device))  # (TABLE_ROWS, Dh/2)
+                emb = torch.cat((freqs, freqs), dim=-1)  # (TABLE_ROWS, Dh)
+                rows = min(TABLE_ROWS, self.cos.shape[0] - start)
+                for table, values in ((self.cos, emb.cos()), (self.sin, emb.sin())):
+                    values = values * self.gain if self.gain != 1.0 else values
+                    table[start : start + rows].copy_(values[:rows])
+                self.filled = start + rows
 
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Tables at the given positions.
@@ -89,6 +112,8 @@ class RotaryEmbedding(nn.Module):
         Returns:
             ``(cos, sin)``, each (1, 1, T, Dh) or (B, 1, T, Dh).
         """
+        if positions.numel() and not torch.compiler.is_compiling():
+            self.fill(int(positions.max()) + 1)
         cos = self.cos[positions].to(dtype)  # (T, Dh) or (B, T, Dh)
         sin = self.sin[positions].to(dtype)
         if positions.dim() == 1:
