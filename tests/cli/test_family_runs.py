@@ -16,6 +16,7 @@ figures.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from dataclasses import dataclass
@@ -133,10 +134,11 @@ def asked(family, monkeypatch) -> list[Path]:
     """The commands get the module's loads; the list records the files they asked for (with no other options)."""
     calls = []
 
-    def load_model(source, **options):
+    def load_model(source, prepare=None, **options):
         assert not any(options.values()), options  # no dtype, tokenizer, adapter or context
         calls.append(Path(source))
-        return family.loaded[Path(source)]
+        loaded = family.loaded[Path(source)]
+        return loaded if prepare is None else dataclasses.replace(loaded, tokenizer=prepare(loaded.tokenizer))
 
     monkeypatch.setattr(load, "load_model", load_model)
     return calls

@@ -348,7 +348,7 @@ class NativeStep:
         Raises:
             ConfigError: adapters selected for a number of rows other than B.
         """
-        if positions.numel():
+        if self.tables and positions.numel() and _computing():
             self._fill(int(positions.max()) + 1)
         return torch.ops.oneblock.decode_step(
             self.step_plan, tokens, positions, columns, starts, list(keys), list(values), self._rows(tokens.shape[0])
@@ -376,7 +376,8 @@ class NativeStep:
             ConfigError: adapters selected for more than one row.
         """
         t = tokens.shape[0]
-        self._fill(start + t)
+        if _computing():
+            self._fill(start + t)
         columns = torch.arange(start, start + t, dtype=torch.long)  # (T,)
         layers = cache.layers
         keys = [layer.k for layer in layers] * t  # keys[row * L + layer]: one buffer for all rows
@@ -388,3 +389,9 @@ class NativeStep:
         for layer in layers:
             layer.length = start + t  # as ``KVCache.write`` leaves it
         return logits
+
+
+def _computing() -> bool:
+    """Whether a call computes values: not traced by ``torch.compile`` nor run on fake tensors, where the rotary
+    tables are not read (a compiled step's caller fills them first, as ``LeanDecode`` does for every position)."""
+    return not torch.compiler.is_compiling() and torch._guards.detect_fake_mode() is None
