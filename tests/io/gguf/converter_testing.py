@@ -23,6 +23,23 @@ import torch
 
 SDIST = Path.home() / ".cache" / "oneblock" / "llama.cpp" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
 
+
+def sdist_file(relative: str, what: str) -> Path:
+    """The sdist's file at ``relative``, or a skip (a failure under ``CI=true``, where ``make test`` unpacks it)."""
+    path = SDIST / relative
+    if not path.is_file():
+        message = f"{what} is not at {path} (make test unpacks the llama-cpp-python sdist there)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def vocab_file(name: str) -> Path:
+    """The sdist's ``ggml-vocab-<name>.gguf``, or a skip (a failure under ``CI=true``)."""
+    return sdist_file(f"models/ggml-vocab-{name}.gguf", "llama.cpp's vocabulary")
+
+
 LLAMA3_ROPE = {
     "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
@@ -63,13 +80,7 @@ SHARED = {
 
 def converter() -> Path:
     """``convert_hf_to_gguf.py``, or a skip (a failure under ``CI=true``, where ``make test`` unpacks it)."""
-    script = SDIST / "convert_hf_to_gguf.py"
-    if not script.is_file():
-        message = f"llama.cpp's converter is not at {script} (make test unpacks the llama-cpp-python sdist there)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return script
+    return sdist_file("convert_hf_to_gguf.py", "llama.cpp's converter")
 
 
 def make_hf(directory: Path, family: str, seed: int = 0, shared: dict[str, Any] = SHARED, std: float = 0.2) -> Path:

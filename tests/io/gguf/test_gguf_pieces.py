@@ -8,11 +8,10 @@ own vocabularies from the llama-cpp-python sdist (skipped where ``make test`` ha
 from __future__ import annotations
 
 import gc
-import os
 import random
 
 import pytest
-from converter_testing import SDIST
+from converter_testing import vocab_file
 
 gguf = pytest.importorskip("gguf")
 
@@ -36,13 +35,7 @@ TEXTS = [
 
 
 def sdist_vocab(name: str) -> GGUFTokenizer:
-    path = SDIST / "models" / f"ggml-vocab-{name}.gguf"
-    if not path.is_file():
-        message = f"llama.cpp's vocabulary {path} is missing (make test unpacks the llama-cpp-python sdist there)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return GGUFTokenizer.from_gguf(path)
+    return GGUFTokenizer.from_gguf(vocab_file(name))
 
 
 @pytest.fixture(scope="module", params=[*VOCABS, "smollm2", "written"])

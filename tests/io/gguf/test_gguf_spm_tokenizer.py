@@ -9,11 +9,10 @@ The sdist's files are missing only where ``make test`` has not unpacked it: the 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from converter_testing import SDIST
+from converter_testing import vocab_file
 from llamacpp_testing import llama_cpp_module
 
 gguf = pytest.importorskip("gguf")
@@ -43,17 +42,6 @@ TEXTS = [
     "\n",
     "   ",
 ]
-
-
-def vocab_file(name: str) -> Path:
-    """The sdist's ``ggml-vocab-<name>.gguf``, or a skip (a failure under ``CI=true``)."""
-    path = SDIST / "models" / f"ggml-vocab-{name}.gguf"
-    if not path.is_file():
-        message = f"llama.cpp's vocabulary {path} is missing (make test unpacks the llama-cpp-python sdist there)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def expected_cases(path: Path) -> list[tuple[str, list[int]]]:
