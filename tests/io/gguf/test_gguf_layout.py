@@ -197,3 +197,19 @@ def test_from_gguf_decodes_the_files_small_tensors_from_copies_not_the_mapping(t
     _, state = load.read_gguf(path)  # decoded from the mapping
     loaded = model.state_dict()
     assert state.keys() <= loaded.keys() and all(torch.equal(loaded[name], t) for name, t in state.items())
+
+
+def test_long_string_arrays_decode_last_in_the_file_s_key_order(tmp_path):
+    """Arrays of 64 strings or more are decoded after the tensor table, in place: values and key order as stored, and
+    a bad string in one is refused as in any other."""
+    words = [f"w{i}é" for i in range(100)]
+    merges = [f"w{i} w{i + 1}" for i in range(99)]
+    kvs = [u32("first", 1), strings("tokenizer.ggml.tokens", words), strings("short", ["a", "b"]),
+           strings("tokenizer.ggml.merges", merges), u32("last", 2)]  # fmt: skip
+    layout = _read(tmp_path, two_tensors(kvs=kvs))
+    assert list(layout.metadata) == ["first", "tokenizer.ggml.tokens", "short", "tokenizer.ggml.merges", "last"]
+    assert layout.metadata["tokenizer.ggml.tokens"] == words and layout.metadata["tokenizer.ggml.merges"] == merges
+    assert torch.equal(dequantize(layout.tensors["b"]), torch.full((4,), 2.0))
+    bad = two_tensors(kvs=[strings("tokenizer.ggml.tokens", [*words[:70], "BADX", *words[71:]])])
+    with pytest.raises(CheckpointError, match="corrupt or truncated GGUF file: 'utf-8' codec can't decode"):
+        _read(tmp_path, bad.replace(b"BADX", b"\xff\xfeAB"))

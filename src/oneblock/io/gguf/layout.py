@@ -19,6 +19,7 @@ most ``MAX_ARRAY_DEPTH`` deep, numeric arrays stay read-only numpy views of the 
 
 from __future__ import annotations
 
+import array
 import mmap
 import os
 import struct
@@ -168,6 +169,7 @@ class _Cursor:
         self.buffer, self.pos = buffer, 0
         self.max_strings, self.limit_source = max_strings
         self.key = ""
+        self.deferred: list[tuple[str, int, array.array]] = []  # (key, start, ends) of the arrays left to decode
 
     def scalar(self, fmt: str) -> Any:
         (value,) = struct.unpack_from(fmt, self.buffer, self.pos)
@@ -185,29 +187,41 @@ class _Cursor:
 
     def strings(self, count: int) -> list[str]:
         """``count`` strings in a row (a vocabulary, merges): their lengths walked in Python, the bytes decoded at
-        once. Each string's length is replaced by one NUL, the whole decoded strictly (a NUL ends any multi-byte
-        sequence, so a string that is not UTF-8 on its own fails the whole) and split at the NULs. An array whose
-        strings hold a NUL themselves, or one that fails to decode, is read string by string (which raises the
-        first bad string's own error)."""
+        once (see :meth:`decode`)."""
         if count < _BULK_STRINGS:
             return [self.string() for _ in range(count)]
+        return self.decode(*self.walk(count))
+
+    def walk(self, count: int) -> tuple[int, array.array]:
+        """Step over ``count`` strings: where they start and where each ends (an ``array`` of int64, not a list of
+        ints: those would outlive the walk, scattered among the small-object arenas the strings fill next)."""
         buffer, start = self.buffer, self.pos
         unpack = _U64.unpack_from
         pos = start
-        ends: list[int] = []
+        ends = array.array("q")
         keep = ends.append
         for _ in range(count):  # a length past the end makes the next unpack raise struct.error
             pos += 8 + unpack(buffer, pos)[0]
             keep(pos)
         if pos > len(buffer):
             raise ValueError(f"an array of {count} strings runs past the end of the file")
+        self.pos = pos
+        return start, ends
+
+    def decode(self, start: int, ends: array.array) -> list[str]:
+        """The strings :meth:`walk` stepped over. Each string's length is replaced by one NUL, the whole decoded
+        strictly (a NUL ends any multi-byte sequence, so a string that is not UTF-8 on its own fails the whole)
+        and split at the NULs. An array whose strings hold a NUL themselves, or one that fails to decode, is read
+        string by string (which raises the first bad string's own error)."""
+        buffer, count, pos = self.buffer, len(ends), ends[-1]
         heads = np.empty(count, dtype=np.int64)  # (count,) where each string's 8-byte length starts, in the array
-        heads[0], heads[1:] = 0, np.asarray(ends[:-1], dtype=np.int64) - start
+        heads[0], heads[1:] = 0, np.frombuffer(ends, dtype=np.int64)[:-1] - start
         region = np.frombuffer(buffer, dtype=np.uint8, count=pos - start, offset=start).copy()
         region[heads] = 0  # the separator, in the first byte of each length
         kept = np.ones(pos - start, dtype=np.bool_)
         kept[(heads[:, None] + _LENGTH_TAIL).reshape(-1)] = False  # the other 7 bytes of every length
         joined = region[kept].tobytes()  # NUL, string, NUL, string, ...
+        self.pos = start
         if joined.count(0) != count:
             return [self.string() for _ in range(count)]
         try:
@@ -249,12 +263,19 @@ class _Cursor:
                     f"({self.limit_source}); if the file is genuine, raise the limit with max_vocab= or "
                     f"{limits.ENV_MAX_VOCAB}"
                 )
+            if depth == 1 and count >= _BULK_STRINGS:  # a vocabulary: decoded last (read_layout), after the rest
+                start, ends = self.walk(count)
+                self.deferred.append((self.key, start, ends))
+                return _DEFERRED
             return self.strings(count)
         if item == _ARRAY:
             if count > left // 12:  # each array is at least its type and count
                 raise ValueError(f"an array of {count} arrays runs past the end of the file")
             return [self.array(depth + 1) for _ in range(count)]
         raise ValueError(f"metadata {self.key!r} is an array of unknown GGUF value type {item}")
+
+
+_DEFERRED = object()  # the value of a vocabulary array until read_layout decodes it
 
 
 class _TooMany(ValueError):
@@ -314,6 +335,17 @@ def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -
             )
         data = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=begin)
         tensors[name] = TensorRecord(name, shape, ggml_type, begin, data, mapped)
+    # The vocabulary's strings last: what the parse keeps (the records above, a few thousand small objects) then
+    # lies in memory before them, not among them, and once a tokenizer is built and the strings are dropped, the
+    # arenas they filled are empty and go back to the system (made among them, the records kept 9 MiB resident).
+    try:
+        for key, begin, ends in cursor.deferred:
+            strings = cursor.decode(begin, ends)
+            metadata[key] = checked_value(key, strings)
+    except CheckpointError:
+        raise
+    except (ValueError, UnicodeDecodeError, MemoryError) as error:
+        raise CheckpointError(f"{where} is a corrupt or truncated GGUF file: {error}") from None
     return GGUFLayout(path, version, metadata, tensors, mapped, identity, start)
 
 
@@ -328,7 +360,8 @@ def _read_header(cursor: _Cursor) -> tuple[int, dict[str, Any], list[tuple[str, 
         key = cursor.key = cursor.string()
         if key in metadata:
             raise ValueError(f"the metadata key {key!r} appears twice")
-        metadata[key] = checked_value(key, cursor.value(cursor.scalar("<I")))
+        value = cursor.value(cursor.scalar("<I"))
+        metadata[key] = value if value is _DEFERRED else checked_value(key, value)
     raw = []
     names = set()
     for _ in range(n_tensors):
