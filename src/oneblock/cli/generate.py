@@ -205,9 +205,11 @@ def _encode_then_decoding_only(prompt: str, encoded: list[list[int]], tokenizer:
     """Encode ``prompt`` (appended to ``encoded``), then keep the tokenizer's decoding half where it has one (a GGUF
     file's): called by the load before the weights are read, so that the encoder's maps (36 MiB for a
     151,936-token vocabulary) are gone before the weights come in."""
+    from oneblock.io.gguf.pieces import TokenPieces
+    from oneblock.io.gguf.tokenizer import GGUFTokenizer
+
     encoded.append(tokenizer.encode(prompt))
-    reduce = getattr(tokenizer, "decoding_only", None)
-    return tokenizer if reduce is None else reduce()
+    return TokenPieces.of(tokenizer) if isinstance(tokenizer, GGUFTokenizer) else tokenizer
 
 
 def _threads() -> int:

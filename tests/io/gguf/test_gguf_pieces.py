@@ -48,7 +48,7 @@ def pair(request, tmp_path_factory):
         full = GGUFTokenizer.from_gguf(write_tokenizer_gguf(tmp_path_factory.mktemp("tok") / "tok.gguf"))
     else:
         full = sdist_vocab(request.param)
-    return full, full.decoding_only()
+    return full, TokenPieces.of(full)
 
 
 def random_ids(rng: random.Random, vocab: int) -> list[int]:

@@ -36,8 +36,6 @@ from oneblock.text.tokenizer import EndOfTurn
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-    from oneblock.io.gguf.pieces import TokenPieces
-
 _CONTROL = 3
 _USER_DEFINED = 4
 VOCABULARY_ARRAYS = (
@@ -328,13 +326,6 @@ class GGUFTokenizer(EndOfTurn):
         if bad:
             raise InputError(f"token ids {bad[:5]} are outside [0, {self.vocab_size})")
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-
-    def decoding_only(self) -> TokenPieces:
-        """This vocabulary's decoding half (each id's bytes, packed): what a run that has encoded its prompt keeps,
-        so that the encoder's maps (tens of MB for a large vocabulary) can be let go."""
-        from oneblock.io.gguf.pieces import TokenPieces
-
-        return TokenPieces.of(self)
 
     def special_tokens(self) -> dict[str, str]:
         """``bos_token``, ``eos_token``, ``pad_token`` as strings, the names chat templates read."""
