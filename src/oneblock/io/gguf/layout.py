@@ -165,10 +165,11 @@ class GGUFLayout:
 class _Cursor:
     """Sequential little-endian reads from a buffer, each checked against its end."""
 
-    def __init__(self, buffer: memoryview, max_strings: tuple[int, str]) -> None:
+    def __init__(self, buffer: memoryview, max_strings: tuple[int, str], *, defer: bool = False) -> None:
         self.buffer, self.pos = buffer, 0
         self.max_strings, self.limit_source = max_strings
         self.key = ""
+        self.defer = defer  # long string arrays stepped over, their values _DEFERRED, for read_layout to decode last
         self.deferred: list[tuple[str, int, array.array]] = []  # (key, start, ends) of the arrays left to decode
 
     def scalar(self, fmt: str) -> Any:
@@ -263,7 +264,7 @@ class _Cursor:
                     f"({self.limit_source}); if the file is genuine, raise the limit with max_vocab= or "
                     f"{limits.ENV_MAX_VOCAB}"
                 )
-            if depth == 1 and count >= _BULK_STRINGS:  # a vocabulary: decoded last (read_layout), after the rest
+            if self.defer and depth == 1 and count >= _BULK_STRINGS:  # a vocabulary: read_layout decodes it last
                 start, ends = self.walk(count)
                 self.deferred.append((self.key, start, ends))
                 return _DEFERRED
@@ -306,7 +307,7 @@ def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -
         st = os.fstat(f.fileno())
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     try:
-        cursor = _Cursor(memoryview(mapped), limits.vocab_limit(max_vocab))
+        cursor = _Cursor(memoryview(mapped), limits.vocab_limit(max_vocab), defer=True)
         version, metadata, raw = _read_header(cursor)
     except _TooMany as error:
         raise CheckpointError(f"{where}: {error}") from None
