@@ -32,8 +32,9 @@ from hypothesis import strategies as st
 
 from oneblock.errors import CheckpointError, OneBlockError
 from oneblock.io import limits
+from oneblock.io.gguf.cursor import MAX_ARRAY_DEPTH
 from oneblock.io.gguf.dequant import dequantize
-from oneblock.io.gguf.layout import MAX_ARRAY_DEPTH, read_layout
+from oneblock.io.gguf.layout import read_layout
 
 
 def _read(tmp_path, data: bytes, **kwargs):

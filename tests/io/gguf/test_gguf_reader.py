@@ -19,7 +19,8 @@ from gguf_bytes import ARRAY, STRING, gguf_file, kv, string
 
 from oneblock.errors import CheckpointError
 from oneblock.io.gguf import types
-from oneblock.io.gguf.layout import _BULK_STRINGS, read_layout
+from oneblock.io.gguf.cursor import BULK_STRINGS
+from oneblock.io.gguf.layout import read_layout
 
 gguf = pytest.importorskip("gguf")
 
@@ -66,7 +67,7 @@ def _vocab_file(tmp_path, payloads: list[bytes]) -> object:
     return path
 
 
-@pytest.mark.parametrize("count", [3, _BULK_STRINGS, 1000])
+@pytest.mark.parametrize("count", [3, BULK_STRINGS, 1000])
 def test_arrays_of_strings_read_every_string_exactly(tmp_path, count):
     words = [f"w{i}" for i in range(count)]
     words[1] = ""  # empty strings, multi-byte characters, spaces and newlines, a NUL inside a string

@@ -19,7 +19,6 @@ most ``MAX_ARRAY_DEPTH`` deep, numeric arrays stay read-only numpy views of the 
 
 from __future__ import annotations
 
-import array
 import mmap
 import os
 import struct
@@ -32,33 +31,13 @@ import torch
 
 from oneblock.errors import CheckpointError
 from oneblock.io import limits
+from oneblock.io.gguf.cursor import DEFERRED, Cursor, TooMany
 from oneblock.io.gguf.file import check_gguf_file, checked_value
 from oneblock.io.gguf.types import type_info
 from oneblock.io.integrity import DIGEST_KEY, verify
 
 _ALIGNMENT = 32
-MAX_ARRAY_DEPTH = 3  # an array of arrays of arrays; llama.cpp reads no nested array at all
 _MAX_DIMS = 4  # GGML_MAX_DIMS
-
-# GGUF value type id -> (struct format, numpy dtype) of the scalar types.
-_SCALARS: dict[int, tuple[str, str]] = {
-    0: ("<B", "<u1"),
-    1: ("<b", "<i1"),
-    2: ("<H", "<u2"),
-    3: ("<h", "<i2"),
-    4: ("<I", "<u4"),
-    5: ("<i", "<i4"),
-    6: ("<f", "<f4"),
-    7: ("<?", "<u1"),
-    10: ("<Q", "<u8"),
-    11: ("<q", "<i8"),
-    12: ("<d", "<f8"),
-}
-_STRING, _ARRAY, _BOOL = 8, 9, 7
-
-_U64 = struct.Struct("<Q")
-_BULK_STRINGS = 64  # arrays of strings from this long on are decoded at once (Cursor.strings)
-_LENGTH_TAIL = np.arange(1, 8)  # a length's bytes after its first
 
 DIGEST_WITHIN = 1 << 16  # oneblock writes the digest early in the metadata: within the file's first 64 KiB
 
@@ -162,127 +141,6 @@ class GGUFLayout:
             self.mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
-class _Cursor:
-    """Sequential little-endian reads from a buffer, each checked against its end."""
-
-    def __init__(self, buffer: memoryview, max_strings: tuple[int, str], *, defer: bool = False) -> None:
-        self.buffer, self.pos = buffer, 0
-        self.max_strings, self.limit_source = max_strings
-        self.key = ""
-        self.defer = defer  # long string arrays stepped over, their values _DEFERRED, for read_layout to decode last
-        self.deferred: list[tuple[str, int, array.array]] = []  # (key, start, ends) of the arrays left to decode
-
-    def scalar(self, fmt: str) -> Any:
-        (value,) = struct.unpack_from(fmt, self.buffer, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        n = self.scalar("<Q")
-        end = self.pos + n
-        if end > len(self.buffer):
-            raise ValueError(f"a string of {n} bytes runs past the end of the file")
-        text = str(self.buffer[self.pos : end], "utf-8")
-        self.pos = end
-        return text
-
-    def strings(self, count: int) -> list[str]:
-        """``count`` strings in a row (a vocabulary, merges): their lengths walked in Python, the bytes decoded at
-        once (see :meth:`decode`)."""
-        if count < _BULK_STRINGS:
-            return [self.string() for _ in range(count)]
-        return self.decode(*self.walk(count))
-
-    def walk(self, count: int) -> tuple[int, array.array]:
-        """Step over ``count`` strings: where they start and where each ends (an ``array`` of int64, not a list of
-        ints: those would outlive the walk, scattered among the small-object arenas the strings fill next)."""
-        buffer, start = self.buffer, self.pos
-        unpack = _U64.unpack_from
-        pos = start
-        ends = array.array("q")
-        keep = ends.append
-        for _ in range(count):  # a length past the end makes the next unpack raise struct.error
-            pos += 8 + unpack(buffer, pos)[0]
-            keep(pos)
-        if pos > len(buffer):
-            raise ValueError(f"an array of {count} strings runs past the end of the file")
-        self.pos = pos
-        return start, ends
-
-    def decode(self, start: int, ends: array.array) -> list[str]:
-        """The strings :meth:`walk` stepped over. Each string's length is replaced by one NUL, the whole decoded
-        strictly (a NUL ends any multi-byte sequence, so a string that is not UTF-8 on its own fails the whole)
-        and split at the NULs. An array whose strings hold a NUL themselves, or one that fails to decode, is read
-        string by string (which raises the first bad string's own error)."""
-        buffer, count, pos = self.buffer, len(ends), ends[-1]
-        heads = np.empty(count, dtype=np.int64)  # (count,) where each string's 8-byte length starts, in the array
-        heads[0], heads[1:] = 0, np.frombuffer(ends, dtype=np.int64)[:-1] - start
-        region = np.frombuffer(buffer, dtype=np.uint8, count=pos - start, offset=start).copy()
-        region[heads] = 0  # the separator, in the first byte of each length
-        kept = np.ones(pos - start, dtype=np.bool_)
-        kept[(heads[:, None] + _LENGTH_TAIL).reshape(-1)] = False  # the other 7 bytes of every length
-        joined = region[kept].tobytes()  # NUL, string, NUL, string, ...
-        self.pos = start
-        if joined.count(0) != count:
-            return [self.string() for _ in range(count)]
-        try:
-            parts = joined.decode("utf-8").split("\0")
-        except UnicodeDecodeError:
-            return [self.string() for _ in range(count)]  # raises the first bad string's UnicodeDecodeError
-        self.pos = pos
-        return parts[1:]
-
-    def value(self, kind: int, depth: int = 0) -> Any:
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            return self.array(depth + 1)
-        if kind not in _SCALARS:
-            raise ValueError(f"unknown GGUF value type {kind}")
-        return self.scalar(_SCALARS[kind][0])
-
-    def array(self, depth: int) -> Any:
-        if depth > MAX_ARRAY_DEPTH:
-            raise ValueError(f"metadata {self.key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep")
-        item, count = self.scalar("<I"), self.scalar("<Q")
-        left = len(self.buffer) - self.pos
-        if item in _SCALARS:  # numbers: a read-only view of the file, not one Python object per value
-            dtype = np.dtype(_SCALARS[item][1])
-            if count * dtype.itemsize > left:
-                raise ValueError(f"an array of {count} values runs past the end of the file")
-            values = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.pos)
-            self.pos += count * dtype.itemsize
-            values = values.view(np.bool_) if item == _BOOL else values
-            values.flags.writeable = False
-            return values
-        if item == _STRING:
-            if count > left // 8:  # each string is at least its 8-byte length
-                raise ValueError(f"an array of {count} strings runs past the end of the file")
-            if count > self.max_strings:
-                raise _TooMany(
-                    f"GGUF metadata {self.key!r} holds {count:,} strings, over the limit of {self.max_strings:,} "
-                    f"({self.limit_source}); if the file is genuine, raise the limit with max_vocab= or "
-                    f"{limits.ENV_MAX_VOCAB}"
-                )
-            if self.defer and depth == 1 and count >= _BULK_STRINGS:  # a vocabulary: read_layout decodes it last
-                start, ends = self.walk(count)
-                self.deferred.append((self.key, start, ends))
-                return _DEFERRED
-            return self.strings(count)
-        if item == _ARRAY:
-            if count > left // 12:  # each array is at least its type and count
-                raise ValueError(f"an array of {count} arrays runs past the end of the file")
-            return [self.array(depth + 1) for _ in range(count)]
-        raise ValueError(f"metadata {self.key!r} is an array of unknown GGUF value type {item}")
-
-
-_DEFERRED = object()  # the value of a vocabulary array until read_layout decodes it
-
-
-class _TooMany(ValueError):
-    """An array over a limit: told as it is, not as a corrupt file."""
-
-
 def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -> GGUFLayout:
     """Parse a GGUF file's header, check its layout and map its tensor data.
 
@@ -307,9 +165,9 @@ def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -
         st = os.fstat(f.fileno())
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     try:
-        cursor = _Cursor(memoryview(mapped), limits.vocab_limit(max_vocab), defer=True)
+        cursor = Cursor(memoryview(mapped), limits.vocab_limit(max_vocab), defer=True)
         version, metadata, raw = _read_header(cursor)
-    except _TooMany as error:
+    except TooMany as error:
         raise CheckpointError(f"{where}: {error}") from None
     except (struct.error, ValueError, UnicodeDecodeError, OverflowError, MemoryError) as error:
         raise CheckpointError(f"{where} is a corrupt or truncated GGUF file: {error}") from None
@@ -340,17 +198,15 @@ def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -
     # lies in memory before them, not among them, and once a tokenizer is built and the strings are dropped, the
     # arenas they filled are empty and go back to the system (made among them, the records kept 9 MiB resident).
     try:
-        for key, begin, ends in cursor.deferred:
-            strings = cursor.decode(begin, ends)
-            metadata[key] = checked_value(key, strings)
-    except CheckpointError:
-        raise
+        decoded = [(key, cursor.decode(begin, ends)) for key, begin, ends in cursor.deferred]
     except (ValueError, UnicodeDecodeError, MemoryError) as error:
         raise CheckpointError(f"{where} is a corrupt or truncated GGUF file: {error}") from None
+    for key, strings in decoded:
+        metadata[key] = checked_value(key, strings)
     return GGUFLayout(path, version, metadata, tensors, mapped, identity, start)
 
 
-def _read_header(cursor: _Cursor) -> tuple[int, dict[str, Any], list[tuple[str, tuple[int, ...], int, int]]]:
+def _read_header(cursor: Cursor) -> tuple[int, dict[str, Any], list[tuple[str, tuple[int, ...], int, int]]]:
     """The version, the metadata and the raw tensor records ``(name, shape, type, offset)``."""
     cursor.pos = 4
     version, n_tensors, n_kv = cursor.scalar("<I"), cursor.scalar("<Q"), cursor.scalar("<Q")
@@ -362,7 +218,7 @@ def _read_header(cursor: _Cursor) -> tuple[int, dict[str, Any], list[tuple[str, 
         if key in metadata:
             raise ValueError(f"the metadata key {key!r} appears twice")
         value = cursor.value(cursor.scalar("<I"))
-        metadata[key] = value if value is _DEFERRED else checked_value(key, value)
+        metadata[key] = value if value is DEFERRED else checked_value(key, value)
     raw = []
     names = set()
     for _ in range(n_tensors):

@@ -25,7 +25,8 @@ import numpy as np
 from oneblock.errors import CheckpointError, OneBlockError
 from oneblock.io import limits
 from oneblock.io.files import check_destination, describe_os_error, fsync_directory
-from oneblock.io.gguf.layout import DIGEST_WITHIN, _Cursor, read_layout
+from oneblock.io.gguf.cursor import Cursor
+from oneblock.io.gguf.layout import DIGEST_WITHIN, read_layout
 from oneblock.io.integrity import DIGEST_KEY, PLACEHOLDER
 
 _ARRAY = 9
@@ -60,7 +61,7 @@ def typed_metadata(path: str | os.PathLike[str], prefixes: Sequence[str]) -> lis
     layout = read_layout(path)  # checks the whole file first
     if layout.mapped is None:
         raise CheckpointError(f"{str(path)!r} was not mapped; its metadata cannot be re-read")
-    cursor = _Cursor(memoryview(layout.mapped), limits.vocab_limit())
+    cursor = Cursor(memoryview(layout.mapped), limits.vocab_limit())
     cursor.pos = 16
     out = []
     for _ in range(cursor.scalar("<Q")):
