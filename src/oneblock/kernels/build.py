@@ -55,6 +55,7 @@ HEADERS = (
     "dot_avx512.h",
     "dot_x16_avx2.h",
     "dot_x16_avx512.h",
+    "dot_x16_each_avx512.h",
     "dot_kx16_avx512.h",
     "dot_kx16_rows_avx512.h",
     "decode_step.h",
