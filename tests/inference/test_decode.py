@@ -184,3 +184,26 @@ def test_spans_with_least_cut_at_the_chunk_and_join_a_short_remainder(end, chunk
     from oneblock.inference.spans import spans
 
     assert spans(0, end, chunk, least) == expected
+
+
+def test_a_chunked_prompt_s_freed_memory_goes_back_before_the_first_step(monkeypatch):
+    """The heap's free memory is handed back once, after the prompt's last chunk and before the first new token's
+    step: the chunks' temporaries do not stay resident beside the cache the decode fills."""
+    import oneblock.inference.decode as decode
+
+    torch.manual_seed(4)
+    model = ob.build_model(ob.ModelConfig(**{**SMALL, **FAMILIES["llama-style"], "max_seq_len": 128}))
+    model.eval()
+    run = prepare(model, [torch.randint(0, 101, (75,)).tolist()], 3, False, None, None, None, None)
+    events: list[str] = []
+    read = model.run
+    monkeypatch.setattr(
+        model, "run", lambda tokens, **kw: events.append(f"run {tokens.shape[1]}") or read(tokens, **kw)
+    )
+    monkeypatch.setattr(decode, "return_free_memory", lambda: events.append("trim") or True)
+    lean = LeanDecode(run, prompt_chunk=32)
+    with torch.inference_mode():
+        first = lean.next(None)
+        events.append("step")
+        lean.next(first.argmax(-1))
+    assert events == ["run 32", "run 43", "trim", "step"]

@@ -37,6 +37,7 @@ from oneblock.errors import ConfigError
 from oneblock.inference.compile_policy import compile_backend
 from oneblock.inference.native_step import CACHE_DTYPES, NativeStep
 from oneblock.inference.plan import DecodePlan, attend_cached, heads_of_one_token
+from oneblock.inference.process import return_free_memory
 from oneblock.inference.request import DecodeRequest
 from oneblock.inference.spans import PROMPT_CHUNK, spans
 from oneblock.kernels import GEMM_ROWS
@@ -209,6 +210,9 @@ class LeanDecode:
                     cache=self.cache,
                     last_only=end == t,  # the last chunk's last row is the one read
                 )  # (B, end - start or 1, C)
+        # The chunks' temporaries, freed into the C heap, go back to the system before the decode fills the rest of
+        # the cache: kept, they would count in the peak beside it.
+        return_free_memory()
         self.end = t
         logits = model.logits(hidden[:, -1])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))

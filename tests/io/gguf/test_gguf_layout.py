@@ -214,3 +214,21 @@ def test_long_string_arrays_decode_last_in_the_file_s_key_order(tmp_path):
     bad = two_tensors(kvs=[strings("tokenizer.ggml.tokens", [*words[:70], "BADX", *words[71:]])])
     with pytest.raises(CheckpointError, match="corrupt or truncated GGUF file: 'utf-8' codec can't decode"):
         _read(tmp_path, bad.replace(b"BADX", b"\xff\xfeAB"))
+
+
+def test_the_layout_is_made_before_the_long_string_arrays(tmp_path, monkeypatch):
+    """What the parse keeps, the layout object included, exists before the vocabulary's strings are made, so that
+    nothing it keeps lies among them once they are dropped."""
+    from oneblock.io.gguf import layout as layout_module
+    from oneblock.io.gguf.cursor import Cursor
+
+    events: list[str] = []
+    init, decode = layout_module.GGUFLayout.__init__, Cursor.decode
+    monkeypatch.setattr(
+        layout_module.GGUFLayout, "__init__", lambda self, *a: events.append("layout") or init(self, *a)
+    )
+    monkeypatch.setattr(Cursor, "decode", lambda self, *a: events.append("strings") or decode(self, *a))
+    words = [f"w{i}" for i in range(100)]
+    layout = _read(tmp_path, two_tensors(kvs=[strings("tokenizer.ggml.tokens", words)]))
+    assert events == ["layout", "strings"]
+    assert layout.metadata["tokenizer.ggml.tokens"] == words

@@ -194,16 +194,18 @@ def read_layout(path: str | os.PathLike[str], *, max_vocab: int | None = None) -
             )
         data = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=begin)
         tensors[name] = TensorRecord(name, shape, ggml_type, begin, data, mapped)
-    # The vocabulary's strings last: what the parse keeps (the records above, a few thousand small objects) then
-    # lies in memory before them, not among them, and once a tokenizer is built and the strings are dropped, the
-    # arenas they filled are empty and go back to the system (made among them, the records kept 9 MiB resident).
+    layout = GGUFLayout(path, version, metadata, tensors, mapped, identity, start)
+    # The vocabulary's strings last: what the parse keeps (the records above and the layout, a few thousand small
+    # objects) then lies in memory before them, not among them, and once a tokenizer is built and the strings are
+    # dropped, the arenas they filled are empty and go back to the system (made among them, the records kept 9 MiB
+    # resident). The decoded values take their keys' places, so the metadata keeps the file's order.
     try:
         decoded = [(key, cursor.decode(begin, ends)) for key, begin, ends in cursor.deferred]
     except (ValueError, UnicodeDecodeError, MemoryError) as error:
         raise CheckpointError(f"{where} is a corrupt or truncated GGUF file: {error}") from None
     for key, strings in decoded:
         metadata[key] = checked_value(key, strings)
-    return GGUFLayout(path, version, metadata, tensors, mapped, identity, start)
+    return layout
 
 
 def _read_header(cursor: Cursor) -> tuple[int, dict[str, Any], list[tuple[str, tuple[int, ...], int, int]]]:
