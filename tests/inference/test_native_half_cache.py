@@ -1,5 +1,6 @@
 """A float16 key/value cache in the native step: keys and values rounded to float16 as they are stored (to nearest
-even, as PyTorch rounds) and widened to float32 as they are read, as the Python step does with the same cache.
+even, as PyTorch rounds) and widened to float32 as they are read (in registers where heads attend together), as
+the Python step does with the same cache.
 
 The two steps store the same float16 cache, but for a rare value one float16 ulp apart: their float32 keys differ
 by an ulp now and then (another summation order), and such a key can round either way (later layers' inputs carry
@@ -141,3 +142,23 @@ def test_a_cache_of_two_dtypes_is_refused():
     one = torch.tensor([1])
     with pytest.raises(RuntimeError, match="all of one dtype"):
         decoder.native(one, one, one, torch.tensor([0]), keys, values)
+
+
+@pytest.mark.parametrize("option", ["llama", *WINDOWED])
+def test_float16_heads_read_as_stored_agree_bit_for_bit_on_avx2_and_avx512(option):
+    """Heads attending together read a float16 cache as stored, widening each key and value in a register: the
+    AVX2 variant and the AVX-512 one (values weighed for every head at once) give the same logits bit for bit, past
+    a local layer's window too (its ring wraps), and match the Python step that widens the cache first."""
+    isas = [isa for isa in ("avx2", "avx512") if torch.ops.oneblock.isa_supported(kernels.ops.ISAS.index(isa))]
+    model = build_from(LLAMA if option == "llama" else WINDOWED[option], WIDE_HEADS)
+    isa, results = torch.ops.oneblock.isa(), []
+    try:
+        for name in isas:
+            kernels.ops.set_isa(name)
+            results.append(decode_both(model, PROMPTS[1], steps=12, cache_dtype=HALF))
+    finally:
+        kernels.ops.set_isa(isa)
+    first, python = results[0]
+    assert all(torch.equal(first, native) for native, _ in results[1:])
+    assert relative(first, python) <= 2e-4
+    assert torch.equal(first.argmax(-1), python.argmax(-1))

@@ -1,17 +1,22 @@
 // The query heads of one key/value head attending together (AVX2): the native step's attention when the CPU has
 // AVX2 and FMA and the head width is a multiple of 8. Each block of 8 keys is read once for every head and its 8
 // scores summed in one register; the exponentials are a vector polynomial; each head's weighted sum of values
-// stays in registers over all the keys. It computes what `attend` (step_math.cpp) computes, in another order.
+// stays in registers over all the keys. It computes what `attend` (step_math.cpp) computes, in another order. A
+// float16 cache is read as stored, each 8 values widened in a register as they are read: the same float32 values as
+// widened first, so the same result bit for bit, without writing and reading back a float32 copy of every key and
+// value the heads attend over.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "exp_avx2.h"
 #include "step_math.h"
 #include "sum_avx2.h"
 
-#define OB_AVX2 __attribute__((target("avx2,fma")))
+#define OB_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace oneblock {
 namespace {
@@ -24,28 +29,53 @@ OB_AVX2 inline __m256 sum8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// scores[h * stride + j] = scale q_h . k_j for the rep heads and n keys (n, dh).
-OB_AVX2 void scores_of(const float* q, int rep, const float* keys, int64_t n, int64_t dh, float scale, float* scores,
+// 8 keys' or values' features as float32: float ones as stored, float16 ones widened (exactly).
+OB_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+OB_AVX2 inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+constexpr int64_t kWidest = 256;  // float16 keys of heads up to this wide are widened once for every head
+
+// scores[h * stride + i] = scale q_h . k_i for the rep heads and the 8 keys at k (8, dh).
+template <typename T>
+OB_AVX2 inline void eight_scores(const float* q, int rep, const T* k, int64_t dh, __m256 by, float* scores,
+                                 int64_t stride) {
+  for (int h = 0; h < rep; ++h) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dh; d += 8) {
+      const __m256 qd = _mm256_loadu_ps(q + h * dh + d);
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(load8(k + i * dh + d), qd, acc[i]);
+    }
+    _mm256_storeu_ps(scores + h * stride, _mm256_mul_ps(sum8(acc), by));
+  }
+}
+
+// scores[h * stride + j] = scale q_h . k_j for the rep heads and n keys (n, dh); float16 keys 8 at a time widened
+// once into a block the heads read (within kWidest; else each head widens them in its registers).
+template <typename T>
+OB_AVX2 void scores_of(const float* q, int rep, const T* keys, int64_t n, int64_t dh, float scale, float* scores,
                        int64_t stride) {
   const __m256 by = _mm256_set1_ps(scale);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    const float* k = keys + j * dh;
-    for (int h = 0; h < rep; ++h) {
-      __m256 acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-      for (int64_t d = 0; d < dh; d += 8) {
-        const __m256 qd = _mm256_loadu_ps(q + h * dh + d);
-        for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(k + i * dh + d), qd, acc[i]);
+    const T* k = keys + j * dh;
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (dh <= kWidest) {
+        alignas(32) float block[8 * kWidest];
+        for (int64_t i = 0; i < 8 * dh; i += 8) _mm256_store_ps(block + i, load8(k + i));
+        eight_scores(q, rep, static_cast<const float*>(block), dh, by, scores + j, stride);
+        continue;
       }
-      _mm256_storeu_ps(scores + h * stride + j, _mm256_mul_ps(sum8(acc), by));
     }
+    eight_scores(q, rep, k, dh, by, scores + j, stride);
   }
   for (; j < n; ++j) {
     for (int h = 0; h < rep; ++h) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t d = 0; d < dh; d += 8) {
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(keys + j * dh + d), _mm256_loadu_ps(q + h * dh + d), acc);
+        acc = _mm256_fmadd_ps(load8(keys + j * dh + d), _mm256_loadu_ps(q + h * dh + d), acc);
       }
       scores[h * stride + j] = hsum(acc) * scale;
     }
@@ -78,29 +108,33 @@ OB_AVX2 float exponentials(float* s, int64_t n) {
 }
 
 // out[0 .. 8L) = inv * sum_j p[j] v_j[0 .. 8L) over the n values (n, dh) then the n2 at values2; L <= 8 registers.
-template <int L>
-OB_AVX2 void weigh(const float* p, const float* values, int64_t n, const float* values2, int64_t n2, int64_t dh,
-                   float inv, float* out) {
+template <int L, typename T>
+OB_AVX2 void weigh(const float* p, const T* values, int64_t n, const T* values2, int64_t n2, int64_t dh, float inv,
+                   float* out) {
   __m256 acc[L];
   for (int i = 0; i < L; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
     const __m256 pj = _mm256_broadcast_ss(p + j);
-    for (int i = 0; i < L; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(values + j * dh + 8 * i), pj, acc[i]);
+    for (int i = 0; i < L; ++i) acc[i] = _mm256_fmadd_ps(load8(values + j * dh + 8 * i), pj, acc[i]);
   }
   for (int64_t j = 0; j < n2; ++j) {
     const __m256 pj = _mm256_broadcast_ss(p + n + j);
-    for (int i = 0; i < L; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(values2 + j * dh + 8 * i), pj, acc[i]);
+    for (int i = 0; i < L; ++i) acc[i] = _mm256_fmadd_ps(load8(values2 + j * dh + 8 * i), pj, acc[i]);
   }
   for (int i = 0; i < L; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
 }
 
-using WeighFn = void (*)(const float*, const float*, int64_t, const float*, int64_t, int64_t, float, float*);
-constexpr WeighFn kWeigh[9] = {nullptr, weigh<1>, weigh<2>, weigh<3>, weigh<4>, weigh<5>, weigh<6>, weigh<7>, weigh<8>};
+template <typename T>
+using WeighFn = void (*)(const float*, const T*, int64_t, const T*, int64_t, int64_t, float, float*);
+template <typename T>
+constexpr WeighFn<T> kWeigh[9] = {nullptr,     weigh<1, T>, weigh<2, T>, weigh<3, T>, weigh<4, T>,
+                                  weigh<5, T>, weigh<6, T>, weigh<7, T>, weigh<8, T>};
 
 // Each head's scaled scores (rep, n + n2), soft-capped where `cap` > 0, become its softmax numerators in place;
 // inv (rep,) gets each head's 1 / their sum.
-OB_AVX2 void numerators(const float* q, int rep, const float* keys, int64_t n, const float* keys2, int64_t n2,
-                        int64_t d_head, float scale, float cap, float* scores, float* inv) {
+template <typename T>
+OB_AVX2 void numerators(const float* q, int rep, const T* keys, int64_t n, const T* keys2, int64_t n2, int64_t d_head,
+                        float scale, float cap, float* scores, float* inv) {
   const int64_t all = n + n2;
   scores_of(q, rep, keys, n, d_head, scale, scores, all);
   scores_of(q, rep, keys2, n2, d_head, scale, scores + n, all);
@@ -113,9 +147,10 @@ OB_AVX2 void numerators(const float* q, int rep, const float* keys, int64_t n, c
 
 // The heads' scores, their softmax and the weighted values; `wide`: the values weighed for several heads at once
 // with AVX-512 (d_head a multiple of 16), the same result bit for bit.
-OB_AVX2 void attend_heads(const float* q, int rep, const float* keys, const float* values, int64_t n,
-                          const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale, float cap,
-                          float* scores, float* out, bool wide) {
+template <typename T>
+OB_AVX2 void attend_heads(const float* q, int rep, const T* keys, const T* values, int64_t n, const T* keys2,
+                          const T* values2, int64_t n2, int64_t d_head, float scale, float cap, float* scores,
+                          float* out, bool wide) {
   const int64_t all = n + n2;
   float* inv = scores + rep * all;
   numerators(q, rep, keys, n, keys2, n2, d_head, scale, cap, scores, inv);
@@ -126,7 +161,7 @@ OB_AVX2 void attend_heads(const float* q, int rep, const float* keys, const floa
   for (int h = 0; h < rep; ++h) {
     for (int64_t c = 0; c < d_head; c += 64) {  // 64 features (8 registers) at a time
       const int64_t lanes = std::min<int64_t>(64, d_head - c) / 8;
-      kWeigh[lanes](scores + h * all, values + c, n, values2 + c, n2, d_head, inv[h], out + h * d_head + c);
+      kWeigh<T>[lanes](scores + h * all, values + c, n, values2 + c, n2, d_head, inv[h], out + h * d_head + c);
     }
   }
 }
@@ -142,6 +177,18 @@ OB_AVX2 void attend_heads_avx2(const float* q, int rep, const float* keys, const
 OB_AVX2 void attend_heads_avx512(const float* q, int rep, const float* keys, const float* values, int64_t n,
                                  const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale,
                                  float cap, float* scores, float* out) {
+  attend_heads(q, rep, keys, values, n, keys2, values2, n2, d_head, scale, cap, scores, out, d_head % 16 == 0);
+}
+
+OB_AVX2 void attend_heads_half_avx2(const float* q, int rep, const uint16_t* keys, const uint16_t* values, int64_t n,
+                                    const uint16_t* keys2, const uint16_t* values2, int64_t n2, int64_t d_head,
+                                    float scale, float cap, float* scores, float* out) {
+  attend_heads(q, rep, keys, values, n, keys2, values2, n2, d_head, scale, cap, scores, out, false);
+}
+
+OB_AVX2 void attend_heads_half_avx512(const float* q, int rep, const uint16_t* keys, const uint16_t* values,
+                                      int64_t n, const uint16_t* keys2, const uint16_t* values2, int64_t n2,
+                                      int64_t d_head, float scale, float cap, float* scores, float* out) {
   attend_heads(q, rep, keys, values, n, keys2, values2, n2, d_head, scale, cap, scores, out, d_head % 16 == 0);
 }
 

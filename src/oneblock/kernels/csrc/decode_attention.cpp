@@ -82,10 +82,24 @@ void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g,
   const int64_t cap = c.capacity[at];
   const int64_t n = col - start + 1, first = start % cap;
   const int64_t n1 = std::min(n, cap - first), n2 = n - n1;  // n2 > 0: the window wraps past the ring's end
-  const int64_t wide = c.half ? 2 * n * dh : 0;  // a float16 cache's keys and values, widened
+  const bool together = dh % 8 == 0 && (c.half ? c.math.heads_half != nullptr : c.math.heads != nullptr);
+  const int64_t wide = c.half && !together ? 2 * n * dh : 0;  // a float16 cache's keys and values, widened
   float* scores = room(scratch, rep * (n + 1 + dh) + dh + wide);  // (rep, n) scores, then each head's 1 / sum
   float* qs = scores + rep * (n + 1);  // (rep, dh): the group's queries side by side, normalized and rotated
   float* normed = qs + rep * dh;
+  const float* queries = qkv_row + g * rep * dh;  // as projected, when neither normalized nor rotated
+  if (layer.q_norm_w != nullptr || layer.rope_cos != nullptr) {
+    for (int64_t i = 0; i < rep; ++i) place(p, c, layer, r, queries + i * dh, layer.q_norm_w, normed, qs + i * dh);
+    queries = qs;
+  }
+  float* out = att_row + g * rep * dh;
+  if (c.half && together) {  // the group's heads together, over the float16 cache as stored
+    const uint16_t* keys = static_cast<const uint16_t*>(c.keys[at]) + g * cap * dh;
+    const uint16_t* values = static_cast<const uint16_t*>(c.values[at]) + g * cap * dh;
+    c.math.heads_half(queries, static_cast<int>(rep), keys + first * dh, values + first * dh, n1, keys, values, n2,
+                      dh, p.scale, p.attn_softcap, scores, out);
+    return;
+  }
   // The window's keys and values: n1 from column `first` on, then n2 from column 0 (a ring that wraps).
   const float *k1, *v1, *k2, *v2;
   if (c.half) {  // widened into scratch, side by side
@@ -103,13 +117,7 @@ void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g,
     const float* values = static_cast<const float*>(c.values[at]) + g * cap * dh;
     k1 = keys + first * dh, v1 = values + first * dh, k2 = keys, v2 = values;
   }
-  const float* queries = qkv_row + g * rep * dh;  // as projected, when neither normalized nor rotated
-  if (layer.q_norm_w != nullptr || layer.rope_cos != nullptr) {
-    for (int64_t i = 0; i < rep; ++i) place(p, c, layer, r, queries + i * dh, layer.q_norm_w, normed, qs + i * dh);
-    queries = qs;
-  }
-  float* out = att_row + g * rep * dh;
-  if (c.math.heads != nullptr && dh % 8 == 0) {  // the group's heads together
+  if (together) {  // the group's heads together
     c.math.heads(queries, static_cast<int>(rep), k1, v1, n1, k2, v2, n2, dh, p.scale, p.attn_softcap, scores, out);
     return;
   }

@@ -114,10 +114,15 @@ FloatMath float_math(int isa) {
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (isa == kScalar || !avx2) {
-    return {float_dot_scalar, axpy_scalar, nullptr, activate_scalar, narrow_scalar, widen_scalar};
+    return {float_dot_scalar, axpy_scalar, nullptr, nullptr, activate_scalar, narrow_scalar, widen_scalar};
   }
   const bool avx512 = isa >= kAvx512 && __builtin_cpu_supports("avx512f");
-  return {float_dot_avx2, axpy_avx2, avx512 ? attend_heads_avx512 : attend_heads_avx2, activate_avx2, narrow_f16c,
+  return {float_dot_avx2,
+          axpy_avx2,
+          avx512 ? attend_heads_avx512 : attend_heads_avx2,
+          avx512 ? attend_heads_half_avx512 : attend_heads_half_avx2,
+          activate_avx2,
+          narrow_f16c,
           widen_f16c};
 }
 

@@ -43,10 +43,24 @@ void attend_heads_avx2(const float* q, int rep, const float* keys, const float* 
 void attend_heads_avx512(const float* q, int rep, const float* keys, const float* values, int64_t n,
                          const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale, float cap,
                          float* scores, float* out);
+// The same over a float16 cache read as stored (F16C): each key and value widened in a register as it is read, the
+// result bit for bit that of the float32 variant over the widened cache.
+using AttendHeadsHalfFn = void (*)(const float* q, int rep, const uint16_t* keys, const uint16_t* values, int64_t n,
+                                   const uint16_t* keys2, const uint16_t* values2, int64_t n2, int64_t d_head,
+                                   float scale, float cap, float* scores, float* out);
+
+void attend_heads_half_avx2(const float* q, int rep, const uint16_t* keys, const uint16_t* values, int64_t n,
+                            const uint16_t* keys2, const uint16_t* values2, int64_t n2, int64_t d_head, float scale,
+                            float cap, float* scores, float* out);
+void attend_heads_half_avx512(const float* q, int rep, const uint16_t* keys, const uint16_t* values, int64_t n,
+                              const uint16_t* keys2, const uint16_t* values2, int64_t n2, int64_t d_head, float scale,
+                              float cap, float* scores, float* out);
 // out (rep, d_head) = inv[h] * sum_j p[h * stride + j] v_j over the n values then the n2 at values2 (d_head a
-// multiple of 16; weigh_avx512.cpp).
+// multiple of 16; weigh_avx512.cpp), from float32 or float16 values.
 void weigh_heads_avx512(const float* p, int rep, int64_t stride, const float* values, int64_t n,
                         const float* values2, int64_t n2, int64_t d_head, const float* inv, float* out);
+void weigh_heads_avx512(const float* p, int rep, int64_t stride, const uint16_t* values, int64_t n,
+                        const uint16_t* values2, int64_t n2, int64_t d_head, const float* inv, float* out);
 
 // out[i] = act(gate[i]) * up[i] over n values (`up` null: act(gate[i])), `act` one of `activation`'s. The AVX2 variant
 // computes SiLU and tanh-GELU 8 values at a time as x sigmoid(z), within a few ulp of the exact functions
@@ -66,11 +80,13 @@ void widen_scalar(const uint16_t* x, float* out, int64_t n);
 void narrow_f16c(const float* x, uint16_t* out, int64_t n);
 void widen_f16c(const uint16_t* x, float* out, int64_t n);
 
-// The float routines of one instruction set (`heads` null where each head attends alone, by `attend`).
+// The float routines of one instruction set (`heads` and `heads_half` null where each head attends alone, by
+// `attend`, over a float32 cache or a float16 one widened first).
 struct FloatMath {
   FloatDotFn dot;
   AxpyFn axpy;
   AttendHeadsFn heads;
+  AttendHeadsHalfFn heads_half;
   ActivateFn activate;
   NarrowFn narrow;
   WidenFn widen;
