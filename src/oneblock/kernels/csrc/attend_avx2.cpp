@@ -2,9 +2,9 @@
 // AVX2 and FMA and the head width is a multiple of 8. Each block of 8 keys is read once for every head and its 8
 // scores summed in one register; the exponentials are a vector polynomial; each head's weighted sum of values
 // stays in registers over all the keys. It computes what `attend` (step_math.cpp) computes, in another order. A
-// float16 cache is read as stored, each 8 values widened in a register as they are read: the same float32 values as
-// widened first, so the same result bit for bit, without writing and reading back a float32 copy of every key and
-// value the heads attend over.
+// float16 cache is read as stored: each 8 keys widened once into a small block that every head reads, each value
+// widened in registers as it is weighed. Those are the float32 values a copy widened first would hold, so the result
+// is the same bit for bit, without writing and reading back a float32 copy of every key and value.
 #include <immintrin.h>
 
 #include <algorithm>
