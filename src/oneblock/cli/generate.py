@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from oneblock.cli import lora_options, options, precision
@@ -114,10 +114,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = Sampling(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed
     )
-    import oneblock.io.gguf.pieces  # noqa: F401  # now, not among the vocabulary's strings (_encode_then_decoding_only)
-
     encoded: list[list[int]] = []
-    loaded = _load(args, functools.partial(_encode_then_decoding_only, args.prompt, encoded))
+    loaded = _load(args, _encode_then_decoding_only(args.prompt, encoded))
     start_up_done()
     model, tokenizer, prompt = loaded.model, loaded.tokenizer, encoded[0]
     if not prompt:
@@ -203,16 +201,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _encode_then_decoding_only(prompt: str, encoded: list[list[int]], tokenizer: Any) -> Any:
-    """Encode ``prompt`` (appended to ``encoded``), then keep the tokenizer's decoding half where it has one (a GGUF
-    file's): called by the load before the weights are read, so that the encoder's maps (36 MiB for a
-    151,936-token vocabulary) are gone before the weights come in. Its modules are imported with this one, before
-    the load: made among the vocabulary's strings, their objects would keep the strings' memory resident."""
+def _encode_then_decoding_only(prompt: str, encoded: list[list[int]]) -> Callable[[Any], Any]:
+    """The load's ``prepare``: encode ``prompt`` (appended to ``encoded``), then keep the tokenizer's decoding half
+    where it has one (a GGUF file's), so that the encoder's maps (36 MiB for a 151,936-token vocabulary) are gone
+    before the weights come in. Its modules are imported here, before the load: made among the vocabulary's
+    strings, their objects would keep the strings' memory resident."""
     from oneblock.io.gguf.pieces import TokenPieces
     from oneblock.io.gguf.tokenizer import GGUFTokenizer
 
-    encoded.append(tokenizer.encode(prompt))
-    return TokenPieces.of(tokenizer) if isinstance(tokenizer, GGUFTokenizer) else tokenizer
+    def prepare(tokenizer: Any) -> Any:
+        encoded.append(tokenizer.encode(prompt))
+        return TokenPieces.of(tokenizer) if isinstance(tokenizer, GGUFTokenizer) else tokenizer
+
+    return prepare
 
 
 def _threads() -> int:

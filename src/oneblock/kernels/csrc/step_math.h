@@ -43,8 +43,8 @@ void attend_heads_avx2(const float* q, int rep, const float* keys, const float* 
 void attend_heads_avx512(const float* q, int rep, const float* keys, const float* values, int64_t n,
                          const float* keys2, const float* values2, int64_t n2, int64_t d_head, float scale, float cap,
                          float* scores, float* out);
-// The same over a float16 cache read as stored (F16C): each key and value widened in a register as it is read, the
-// result bit for bit that of the float32 variant over the widened cache.
+// The same over a float16 cache read as stored (F16C): each 8 keys widened once into a block every head reads, each
+// value in registers as it is weighed; the result bit for bit that of the float32 variant over the widened cache.
 using AttendHeadsHalfFn = void (*)(const float* q, int rep, const uint16_t* keys, const uint16_t* values, int64_t n,
                                    const uint16_t* keys2, const uint16_t* values2, int64_t n2, int64_t d_head,
                                    float scale, float cap, float* scores, float* out);
