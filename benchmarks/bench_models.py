@@ -9,7 +9,7 @@ C 2048, 16 layers, 32 query and 8 key/value heads, FFN 8192, SmolLM2's 49,152-to
 shape: C 896, 24 layers, 14/2 heads, FFN 4864, q/k/v biases, Qwen2's 151,936-token vocabulary from the sdist; both
 tied), converts it with llama.cpp's own ``convert_hf_to_gguf.py`` to F16, and quantizes that with its
 ``llama-quantize`` to each type, all kept under ``~/.cache/oneblock/bench-models/<shape>/``. Nothing is
-downloaded; ``make bench-llamacpp`` builds the tools.
+downloaded; ``make bench-llamacpp`` builds the tools. ``--types f16`` runs the F16 file itself (not by default).
 
 ``run`` decodes each file in interleaved rounds, nothing else running: ``oneblock generate --json`` (greedy, the
 prompt's tokens then ``--new`` tokens, a float16 key/value cache as llama-bench's unless ``--cache-dtype float32``)
@@ -54,6 +54,7 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     }),
 }  # fmt: skip
 TYPES = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}
+FLOAT_TYPES = ("f16",)  # the converter's own file, which the quantized ones are made from: `--types f16` runs it
 PROMPT = "The transformer block is attention, a feed-forward network, two residual wires and two norms. "
 
 
@@ -104,6 +105,8 @@ def make(shapes: list[str], types: list[str]) -> None:
             _run([*argv, "--outfile", str(f16.with_suffix(".partial")), "--model-name", shape], env=env)
             f16.with_suffix(".partial").rename(f16)
         for kind in types:
+            if kind in FLOAT_TYPES:  # made above
+                continue
             out = folder / f"{kind}.gguf"
             if not out.is_file() and quantize is None:
                 raise SystemExit("llama-quantize is not built: run `make bench-llamacpp` first")
@@ -275,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["make", "run"])
     parser.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    parser.add_argument("--types", nargs="+", choices=list(TYPES), default=list(TYPES))
+    parser.add_argument("--types", nargs="+", choices=[*TYPES, *FLOAT_TYPES], default=list(TYPES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=512)

@@ -118,7 +118,7 @@ def test_hf_directory_tokenizer_json_becomes_the_same_vocabulary(source_and_adap
     ("extra", "match"),
     [
         (["--adapter-only"], "--adapter-only writes the adapter given by --adapter DIR"),
-        (["--dtype", "float16"], "for --to gguf say --type f32, f16 or q8_0"),
+        (["--dtype", "float16"], "for --to gguf say --type f32, f16, bf16 or q8_0"),
         (["--adapter", "ADAPTER", "--adapter-only", "--type", "q8_0"], "writes f32 or f16 LoRA tensors"),
     ],
 )

@@ -124,6 +124,33 @@ def test_adapter_gradients_over_4bit_equal_those_over_the_dequantized_float_mode
     assert all(p.grad is None for n, p in quantized.named_parameters() if "lora_" not in n)
 
 
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_adapter_gradients_over_a_float_gguf_base_equal_those_over_its_float32_weights(kind, tmp_path):
+    """An F16 / BF16 file's matrices stay two-byte BlockLinear layers under the adapters, multiplied in float32: the
+    loss and the adapters' gradients are the float32 model's within float32's summation order."""
+    from oneblock.io.gguf.load import from_gguf
+    from oneblock.io.gguf.write import save_gguf
+
+    base = from_gguf(save_gguf(tiny_llama(), tmp_path / "m.gguf", tensor_type=kind))
+    apply_lora(base, LoraConfig(rank=4, alpha=8.0))
+    randomize_adapters(base)
+    assert {m.base.fmt for m in lora_modules(base).values()} == {kind}
+    reference = dequantize_all(base)
+    x = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(2))
+    losses = []
+    for model in (base, reference):
+        loss = probe(model(x))
+        loss.backward()
+        losses.append(loss.item())
+    assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
+    ours, theirs = lora_modules(base), lora_modules(reference)
+    for name, module in ours.items():
+        for part in ("lora_A", "lora_B"):
+            got, want = getattr(module, part).weight.grad, getattr(theirs[name], part).weight.grad
+            assert got is not None and want is not None
+            assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item(), (name, part)
+
+
 CHATS = [chat("Reverse: lamp", "pmal"), chat("Reverse: stone", "enots"), chat("Reverse: river", "revir")]
 
 

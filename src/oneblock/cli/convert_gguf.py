@@ -8,7 +8,7 @@ from typing import Any
 
 from oneblock.cli.render import report
 
-GGUF_TYPES = ("f32", "f16", "q8_0")
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,10 +89,10 @@ def _check(args: argparse.Namespace, src: Path, dst: Path) -> None:
         raise ConversionError(f"convert: the source {str(src)!r} does not exist")
     if args.adapter_only and args.adapter is None:
         raise ConversionError("--adapter-only writes the adapter given by --adapter DIR; give it")
-    if args.adapter_only and args.type == "q8_0":
-        raise ConversionError("--adapter-only writes f32 or f16 LoRA tensors; --type q8_0 is for models")
+    if args.adapter_only and args.type in ("q8_0", "bf16"):
+        raise ConversionError(f"--adapter-only writes f32 or f16 LoRA tensors; --type {args.type} is for models")
     if args.dtype is not None:
-        raise ConversionError("--dtype casts checkpoints; for --to gguf say --type f32, f16 or q8_0")
+        raise ConversionError("--dtype casts checkpoints; for --to gguf say --type f32, f16, bf16 or q8_0")
     if not args.adapter_only and not (src.is_dir() or src.suffix.lower() == ".gguf"):
         vocabulary_of(src)  # refused before the model is read
     if dst.is_dir():

@@ -1,8 +1,8 @@
 """Float activations times GGUF block matrices, computed as llama.cpp computes them.
 
 A weight matrix W (N, K) stays in its file format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL: blocks of 32 values; Q4_K,
-Q5_K, Q6_K, IQ4_XS: super-blocks of 256, multiplied with llama.cpp's Q8_K activation blocks; see
-:mod:`oneblock.kernels.formats`).
+Q5_K, Q6_K, IQ4_XS: super-blocks of 256, multiplied with llama.cpp's Q8_K activation blocks; F16 and BF16, two bytes
+a value, multiplied in float32; see :mod:`oneblock.kernels.formats`).
 :func:`block_mm` quantizes each activation row once to 8-bit blocks and multiplies integers, one float multiply-add
 per block: a decoding step reads 4.5 to 8.5 bits per weight and never a float copy of the matrix. The C++
 (``csrc/``) is built on first use and cached; without a compiler the same numbers come from PyTorch

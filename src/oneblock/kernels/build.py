@@ -45,6 +45,7 @@ SOURCES = (
     "attend_avx2.cpp",
     "weigh_avx512.cpp",
     "half_rows.cpp",
+    "float_rows.cpp",
     "interleave.cpp",
     "quantize_avx512.cpp",
 )

@@ -121,6 +121,8 @@ def block_mm(x: Tensor, blocks: Tensor, fmt: BlockFormat, *, bf16: bool = False,
     x, blocks = x.contiguous(), blocks.contiguous()
     m, k = x.shape
     n, nb = blocks.shape[0], k // fmt.block
+    if fmt.is_float:  # f16 / bf16: float32 products of the exact values at every M (no roundings asked for)
+        return _block_mm_dense(x, blocks, fmt, bf16=False)
     if m >= GEMM_ROWS and not integer:
         return _block_mm_dense(x, blocks, fmt, bf16)
     if fmt.k_quant:

@@ -16,6 +16,8 @@ q4_k   144 / 256   d, dmin (f16), 12 B of 6-bit scales/mins, 128 B nibbles  d * 
 q5_k   176 / 256   d, dmin (f16), 12 B of scales/mins, qh (32 B), nibbles  d * sc * q - dmin * m
 iq4_nl 18 / 32     d (f16), 16 bytes of 4-bit indices                     d * IQ4_VALUES[q]
 iq4_xs 136 / 256   d (f16), scales_h (u16), scales_l (4 B), 128 B indices  d * (ls - 32) * IQ4_VALUES[q]
+f16    2 / 1       one IEEE half                                          the half
+bf16   2 / 1       the top 16 bits of a float32                           that float32
 =====  ==========  =====================================================  ==================
 
 In the 4- and 5-bit formats byte ``j`` holds (the low 4 bits of) value ``j`` in its low nibble and value ``j + 16``
@@ -30,6 +32,9 @@ formats' 4-bit indices pick one of 16 fixed values (ggml's ``kvalues_iq4nl``); i
 codes and is multiplied with Q8_0 activations; iq4_xs's sub-block ``s`` of 32 holds them so in bytes
 ``16s .. 16s + 15``, its 6-bit scale ``ls`` the nibble ``s % 2`` of ``scales_l[s // 2]`` and bits ``2s, 2s + 1`` of
 ``scales_h`` above it.
+
+f16 and bf16 are the float formats (:attr:`BlockFormat.is_float`): a "block" of one value, multiplied in float32
+against the activations as they are (no 8-bit activation blocks), each value widened exactly.
 
 ``q4_0x16``, ``q4_1x16``, ``q8_0x16``, ``q5_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16`` and ``iq4_xsx16`` hold
 the same blocks with the rows interleaved 16 at a time (see :mod:`oneblock.kernels.interleave`): the layout the vector
@@ -85,6 +90,11 @@ class BlockFormat:
         """Whether this is a K-quant: 256-value super-blocks, multiplied with Q8_K activation blocks."""
         return self.block == QK_K
 
+    @property
+    def is_float(self) -> bool:
+        """Whether this is f16 or bf16: one float per value, multiplied in float32 with float activations."""
+        return self.block == 1
+
 
 FORMATS: dict[str, BlockFormat] = {
     "q4_0": BlockFormat("q4_0", QK, 18, 2),
@@ -97,6 +107,8 @@ FORMATS: dict[str, BlockFormat] = {
     "q5_k": BlockFormat("q5_k", QK_K, 176, 13, has_min=True),
     "iq4_nl": BlockFormat("iq4_nl", QK, 18, 20),
     "iq4_xs": BlockFormat("iq4_xs", QK_K, 136, 23),
+    "f16": BlockFormat("f16", 1, 2, 1),
+    "bf16": BlockFormat("bf16", 1, 2, 30),
 }
 """The formats :func:`oneblock.kernels.block_mm` multiplies, by name."""
 
@@ -230,8 +242,16 @@ def block_parts(blocks: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor, Tenso
     return q - 16, d, None  # codes centred on zero
 
 
+def widen(raw: Tensor, fmt: BlockFormat) -> Tensor:
+    """(..., 2 V) uint8 f16 or bf16 bytes -> (..., V) float32, exact (every half and bfloat16 is a float32)."""
+    dtype = torch.float16 if fmt.name == "f16" else torch.bfloat16
+    return raw.contiguous().view(dtype).float()
+
+
 def decode_blocks(blocks: Tensor, fmt: BlockFormat) -> Tensor:
     """(G, nbytes) uint8 blocks -> (G, block) float32 values, exactly as the C++ ``dequantize_rows`` computes them."""
+    if fmt.is_float:
+        return widen(blocks, fmt)  # (G, 1)
     if fmt.name == "q6_k":
         q6, sc6, d6 = q6_k_parts(blocks)
         return (d6 * sc6.float()).repeat_interleave(16, dim=1) * q6.float()  # (G, 256)

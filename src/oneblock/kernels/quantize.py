@@ -87,10 +87,19 @@ def _q5_1(w: Tensor) -> Tensor:
     return torch.cat([_f16_bytes(d), _f16_bytes(lo), _pack_q5(q)], dim=1)
 
 
+def _f16(w: Tensor) -> Tensor:
+    return w.half().view(torch.uint8)  # rounded to nearest even
+
+
+def _bf16(w: Tensor) -> Tensor:
+    return w.bfloat16().view(torch.uint8)  # rounded to nearest even
+
+
 _QUANTIZERS = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1}
 QUANTIZABLE: tuple[str, ...] = tuple(sorted(_QUANTIZERS))
-"""The formats :func:`quantize_rows` writes (the K-quants' searching quantizers are not here: they are read from
-GGUF files only)."""
+"""The block formats :func:`quantize_rows` writes (the K-quants' searching quantizers are not here: they are read
+from GGUF files only); it writes the float formats f16 and bf16 too."""
+_QUANTIZERS |= {"f16": _f16, "bf16": _bf16}
 
 
 def quantize_rows(w: Tensor, fmt: BlockFormat) -> Tensor:

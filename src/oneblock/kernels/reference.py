@@ -199,7 +199,10 @@ def _block_mm_k(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def block_mm(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
-    """(M, K) float32 activations times the (N, K) block matrix transposed -> (M, N) float32."""
+    """(M, K) float32 activations times the (N, K) block matrix transposed -> (M, N) float32 (f16 / bf16: the
+    float32 product of the exact values, summed in float64 and rounded once)."""
+    if get_format(fmt).is_float:
+        return (x.astype(np.float64) @ dequantize(blocks, fmt).astype(np.float64).T).astype(F32)
     if get_format(fmt).k_quant:
         return _block_mm_k(x, blocks, fmt)
     qw, dw, mw = weight_codes(blocks, fmt)
@@ -215,7 +218,12 @@ def block_mm(x: np.ndarray, blocks: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
-    """(N, K / block * nbytes) uint8 rows -> (N, K) float32 values ``d * q (+ m)`` (q6_k: ``(d * sc) * q``)."""
+    """(N, K / block * nbytes) uint8 rows -> (N, K) float32 values ``d * q (+ m)`` (q6_k: ``(d * sc) * q``; f16 and
+    bf16: the values, widened)."""
+    if fmt == "f16":
+        return np.ascontiguousarray(blocks).view("<f2").astype(F32)
+    if fmt == "bf16":
+        return (np.ascontiguousarray(blocks).view("<u2").astype(np.uint32) << 16).view(F32)
     if fmt == "q6_k":
         qw, sc6, d6 = q6_k_codes(blocks)
         scale = np.repeat(d6[..., None] * sc6.astype(F32), 16, axis=-1)  # (N, nb, 256)

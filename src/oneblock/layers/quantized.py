@@ -1,4 +1,5 @@
-"""Linear layers and embeddings whose weights stay in a GGUF block format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
+"""Linear layers and embeddings whose weights stay in a GGUF block format (Q4_0 ... Q8_0, the K-quants, IQ4, and
+the float formats F16 and BF16).
 
 Decoding one token reads every weight once: its speed is the memory traffic. A block format stores each row of
 ``W`` (N, K) in groups of 32 weights with one or two float16 numbers per group (4.5 to 8.5 bits a weight, against
@@ -6,7 +7,9 @@ Decoding one token reads every weight once: its speed is the memory traffic. A b
 :func:`oneblock.kernels.block_mm`, which computes what llama.cpp computes: each activation row rounded once to
 8-bit blocks, integer dot products per block, one float multiply-add per block. Its output therefore differs from
 ``x @ dequantized().T`` by the rounding of the activations (about 0.5% of a product's scale, the kernels' stated
-bound), not by float32's; ``dequantized()`` gives the exact weights, for the reference path and for tests.
+bound), not by float32's; ``dequantized()`` gives the exact weights, for the reference path and for tests. An
+F16 or BF16 matrix (two bytes a weight) is multiplied in float32 instead, its values widened exactly: its output is
+``x @ dequantized().T`` within float32's summation order.
 
 ``BlockLinear.interleave()`` reorders the bytes once, at load, into the layout the vector kernels read fastest
 (rows interleaved 16 at a time, :mod:`oneblock.kernels.interleave`; the same bytes, moved): the loaders call it.

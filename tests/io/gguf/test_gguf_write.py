@@ -104,6 +104,29 @@ def test_f16_and_q8_0_equal_the_formats_rounding(tmp_path, kind):
     assert layout.metadata["general.file_type"] == (1 if kind == "f16" else 7)
 
 
+def test_bf16_matrices_are_the_weights_rounded_to_bfloat16_and_load_as_stored(tmp_path):
+    model = tiny_llama(tie=True, d_model=36, n_heads=3, n_kv=1)
+    path = save_gguf(model, tmp_path / "m.gguf", tensor_type="bf16")
+    layout = read_layout(path)
+    back = from_gguf(path, dtype=torch.float32).state_dict()
+    for name, weight in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied: not written
+        record = layout.tensors[gguf_name(name)]
+        assert record.ggml_type == (Q.F32 if weight.ndim == 1 else Q.BF16), name
+        expected = weight if weight.ndim == 1 else weight.bfloat16().float()
+        assert torch.equal(back[name], expected), name
+        stored = gguf.quants.dequantize(record.data.numpy(), record.ggml_type)  # the gguf package reads the same
+        heads = {"q_proj": 3, "k_proj": 1}.get(name.split(".")[-2])  # llama.cpp's row order for q and k
+        in_file = expected if heads is None else permute_rows(expected, heads)
+        assert np.array_equal(np.asarray(stored, dtype=np.float32).reshape(expected.shape), in_file.numpy()), name
+    assert layout.metadata["general.file_type"] == 32  # llama.cpp's LLAMA_FTYPE_MOSTLY_BF16
+    kept = from_gguf(path)
+    ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(kept(ids), from_gguf(path, dtype=torch.float32)(ids), rtol=0, atol=1e-5)
+
+
 def test_tokenizer_entries_are_copied_with_their_types(tmp_path):
     vocab = [
         Entry("tokenizer.ggml.model", "gpt2", 8),

@@ -200,7 +200,8 @@ def from_gguf(
 
     By default (``dtype=None``, on the CPU) every Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K / IQ4_NL /
     IQ4_XS matrix stays as stored, in a :class:`~oneblock.layers.quantized.BlockLinear` multiplied by oneblock's block
-    kernels the way llama.cpp multiplies it (activations rounded to 8-bit blocks, integer dot products); the query, key
+    kernels the way llama.cpp multiplies it (activations rounded to 8-bit blocks, integer dot products); an F16 or
+    BF16 matrix too, multiplied in float32 (each value widened exactly, the activations as they are); the query, key
     and value projections are stacked into one, as are the FFN's gate and up projections; a token table in a block
     format is read row by row (:class:`~oneblock.layers.quantized.BlockEmbedding`) and, tied, is the head's matrix too.
     Tensors in other formats (norms, the other K-quants) are dequantized to float32. With a ``dtype`` every tensor is

@@ -1,9 +1,10 @@
 """A GGUF file's quantized matrices as block modules, the bytes kept as stored (``from_gguf``'s default path).
 
 Every matrix in a format the block kernels multiply (``oneblock.kernels.FORMATS``: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-Q5_K, Q6_K, IQ4_NL, IQ4_XS) becomes a :class:`~oneblock.layers.quantized.BlockLinear` holding the file's bytes; nothing
-is decoded to float. Where it saves a pass over the activations, matrices that read the same input are stacked into one
-(rows hold whole blocks, so stacking is a concatenation of bytes): the query, key and value projections as
+Q5_K, Q6_K, IQ4_NL, IQ4_XS, and the float formats F16 and BF16) becomes a
+:class:`~oneblock.layers.quantized.BlockLinear` holding the file's bytes; nothing is decoded to float. Where it saves a
+pass over the activations, matrices that read the same input are stacked into one (rows hold whole blocks, so
+stacking is a concatenation of bytes): the query, key and value projections as
 ``attn.qkv_proj``, the gate and up projections of the SwiGLU FFN as ``ffn.w13``, when the stacked matrices share a
 format. The token table becomes a :class:`~oneblock.layers.quantized.BlockEmbedding`; tied to the head (SmolLM2's Q8_0
 table), one buffer serves both the lookup and the head's product.

@@ -39,7 +39,7 @@ from oneblock.io.gguf.writer import Entry, TensorData, write_gguf
 from oneblock.models.inputs import config_of
 
 # --type -> (GGMLQuantizationType id of the matrices, llama.cpp's LlamaFileType id for general.file_type)
-TENSOR_TYPES: dict[str, tuple[int, int]] = {"f32": (0, 0), "f16": (1, 1), "q8_0": (8, 7)}
+TENSOR_TYPES: dict[str, tuple[int, int]] = {"f32": (0, 0), "f16": (1, 1), "bf16": (30, 32), "q8_0": (8, 7)}
 _Q8_0_BLOCK = 32  # weights per Q8_0 block: a row must hold whole blocks
 _U32, _STR = 4, 8
 
@@ -168,8 +168,8 @@ def llama_metadata(cfg: ModelConfig, tensor_type: str, name: str | None = None) 
 
 
 def encode_tensor(name: str, weight: Tensor, tensor_type: str) -> TensorData:
-    """One tensor in the file's type: 1-D tensors F32; matrices F32, F16, or Q8_0 when rows hold whole blocks
-    (F16 otherwise, as llama.cpp's converter does)."""
+    """One tensor in the file's type: 1-D tensors F32; matrices F32, F16, BF16 (rounded to nearest even), or Q8_0
+    when rows hold whole blocks (F16 otherwise, as llama.cpp's converter does)."""
     from gguf import GGMLQuantizationType, quants
 
     values = weight.detach().to("cpu", torch.float32).contiguous().numpy()
@@ -177,6 +177,9 @@ def encode_tensor(name: str, weight: Tensor, tensor_type: str) -> TensorData:
         return TensorData(name, values)
     if tensor_type == "q8_0" and values.shape[-1] % _Q8_0_BLOCK == 0:
         return TensorData(name, quants.quantize(values, GGMLQuantizationType.Q8_0), int(GGMLQuantizationType.Q8_0))
+    if tensor_type == "bf16":
+        rounded = torch.from_numpy(values).bfloat16().view(torch.uint8).numpy()  # (rows, 2 K) bytes
+        return TensorData(name, rounded, int(GGMLQuantizationType.BF16))
     return TensorData(name, values.astype(np.float16))
 
 
@@ -194,7 +197,8 @@ def save_gguf(
         model: a float ``Decoder`` whose config fits one of the architectures (:func:`architecture_for`; load a
             GGUF file with ``dtype=torch.float32``; merge LoRA adapters first).
         path: the ``.gguf`` file to write, atomically.
-        tensor_type: ``"f32"`` (read back bit-equal), ``"f16"`` or ``"q8_0"`` for the matrices; norms stay F32.
+        tensor_type: ``"f32"`` (read back bit-equal), ``"f16"``, ``"bf16"`` or ``"q8_0"`` for the matrices; norms
+            stay F32.
         vocabulary: the ``tokenizer.*`` entries (see ``typed_metadata``); without them llama.cpp cannot run the
             file, though oneblock can read it.
         name: ``general.name``.

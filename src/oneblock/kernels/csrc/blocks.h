@@ -27,6 +27,9 @@
 // IQ4_NL: d (f16), 16 bytes of 4-bit indices = 18 bytes per 32 weights; w = d * kIq4nlValues[q] (a block of 32,
 // multiplied with Q8_0 activations).
 //
+// F16 and BF16 matrices hold one float per weight (IEEE half; the top 16 bits of a float32), multiplied in float32
+// against float activations: no activation blocks.
+//
 // In the 4- and 5-bit formats byte j holds the low 4 bits of weight j in its low nibble and those of weight j + 16
 // in its high nibble; the 5-bit formats' qh, read as a little-endian uint32, holds bit 4 of weight j in bit j.
 #pragma once
@@ -108,6 +111,7 @@ inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22,
 
 // The GGUF type ids, which are also the `fmt` argument of the ops.
 enum Format : int64_t {
+  kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
   kQ5_0 = 6,
@@ -117,7 +121,8 @@ enum Format : int64_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kIQ4_NL = 20,
-  kIQ4_XS = 23
+  kIQ4_XS = 23,
+  kBF16 = 30
 };
 
 inline int64_t block_bytes(int64_t fmt) {
@@ -132,6 +137,8 @@ inline int64_t block_bytes(int64_t fmt) {
     case kQ5_K: return sizeof(BlockQ5_K);
     case kIQ4_NL: return sizeof(BlockIQ4_NL);
     case kIQ4_XS: return sizeof(BlockIQ4_XS);
+    case kF16:
+    case kBF16: return 2;
     default: return 0;
   }
 }
@@ -139,8 +146,12 @@ inline int64_t block_bytes(int64_t fmt) {
 // Whether a file format is a K-quant: 256-value super-blocks, multiplied with Q8_K activation blocks.
 inline bool is_k_quant(int64_t fmt) { return fmt == kQ4_K || fmt == kQ5_K || fmt == kQ6_K || fmt == kIQ4_XS; }
 
+// Whether a file format stores plain float values (F16, BF16: a "block" of one value, two bytes): its products
+// take the float activations as they are, widening each weight exactly to float32 (half_dot.cpp).
+inline bool is_float_format(int64_t fmt) { return fmt == kF16 || fmt == kBF16; }
+
 // Weights per block of a file format.
-inline int64_t block_values(int64_t fmt) { return is_k_quant(fmt) ? QK_K : QK; }
+inline int64_t block_values(int64_t fmt) { return is_float_format(fmt) ? 1 : is_k_quant(fmt) ? QK_K : QK; }
 
 // Whether a file format stores a minimum m per block (w = d * q + m): its products need the activations' sums.
 inline bool has_min(int64_t fmt) { return fmt == kQ4_1 || fmt == kQ5_1; }

@@ -98,10 +98,11 @@ Matrix matrix(const at::Tensor& w, int64_t fmt, const at::Tensor& bias, int64_t 
     m.row_bytes = k * static_cast<int64_t>(sizeof(float));
   } else {
     const int64_t nbytes = block_bytes(file_format(fmt));  // an interleaved matrix holds the file's blocks
-    TORCH_CHECK(nbytes > 0 && dot_kernel(fmt) != nullptr, kPlan, what, ": unknown block format ", fmt);
+    TORCH_CHECK(nbytes > 0 && (dot_kernel(fmt) != nullptr || is_float_format(fmt)), kPlan, what,
+                ": unknown block format ", fmt);
     TORCH_CHECK(!is_interleaved(fmt) || m.n % kGroupRows == 0, kPlan, what,
                 ": an interleaved matrix has a multiple of ", kGroupRows, " rows; got ", m.n);
-    const int64_t qk = block_values(file_format(fmt));  // 32, or 256 for a K-quant
+    const int64_t qk = block_values(file_format(fmt));  // 32, 256 for a K-quant, 1 for F16 / BF16
     TORCH_CHECK(k % qk == 0, kPlan, what, ": GGUF type ", fmt, " holds blocks of ", qk, " values, so K = ", k,
                 " must be a multiple of ", qk);
     TORCH_CHECK(w.scalar_type() == at::kByte && w.size(1) == k / qk * nbytes, kPlan, what, " must be uint8 (N, ",
@@ -127,7 +128,7 @@ Product product(const std::array<at::Tensor, N>& w, const std::array<int64_t, N>
     if (!w[at].defined()) continue;
     Matrix m = matrix(w[at], formats[at], w[at + 1], k, its + keys[at]);
     const bool k_quant = m.fmt != 0 && is_k_quant(file_format(m.fmt));
-    p.block = p.block || (m.fmt != 0 && !k_quant);
+    p.block = p.block || (m.fmt != 0 && !k_quant && !is_float_format(m.fmt));  // F16 / BF16 read the float rows
     p.k_block = p.k_block || k_quant;
     p.n += m.n;
     p.parts[p.count++] = m;

@@ -1,6 +1,8 @@
 // The products of the native decode step (decode_step.h): each input row rounded to the 8-bit activation blocks
 // its product's matrices read, and the product of a range of its side-by-side output columns.
 //
+// An F16 or BF16 matrix reads the float input rows as they are, as a float32 one does.
+//
 // A product's matrices may mix block sizes: the 32-value formats (Q4_0 ... Q8_0, interleaved or not) read Q8_0 /
 // Q8_1 blocks of 32, the K-quants (Q4_K, Q6_K: super-blocks of 256) llama.cpp's Q8_K blocks of 256 (a float32
 // scale per block, the sums of each 16 codes). An input is rounded to each kind its product needs, once per row,
@@ -54,13 +56,18 @@ void multiply(const Call& c, const Product& prod, const Input& in, int64_t j0, i
     const ActRow* acts = k_quant ? in.k : in.q;
     const int64_t nb = m.fmt == 0 ? 0 : k / block_values(file_format(m.fmt));
     const DotFn dot = m.fmt == 0 ? nullptr : dot_kernel(m.fmt);  // the instruction set in use (set_isa)
-    if (is_interleaved(m.fmt) && a < b) {
+    if (is_float_format(m.fmt)) {  // F16 / BF16: the float rows, each weight widened (float_rows.cpp)
+      if (a < b) {
+        float_dot(m.data + (a - offset) * m.row_bytes, m.row_bytes, b - a, in.x, k, rows, k, out + a, stride,
+                  m.fmt == kBF16);
+      }
+    } else if (is_interleaved(m.fmt) && a < b) {
       // Groups of 16 rows: chunks are whole blocks of 32 columns and every part has a multiple of 16 rows, so
       // [a, b) starts and ends on a group. One call serves every activation row.
       const uint8_t* w = m.data + (a - offset) * m.row_bytes;
       dot(w, m.row_bytes, static_cast<int>(b - a), acts, static_cast<int>(rows), nb, out + a, stride);
     }
-    for (int64_t j = a; j < b && !is_interleaved(m.fmt); j += 4) {
+    for (int64_t j = a; j < b && !is_interleaved(m.fmt) && !is_float_format(m.fmt); j += 4) {
       const int cols = static_cast<int>(std::min<int64_t>(4, b - j));
       const uint8_t* w = m.data + (j - offset) * m.row_bytes;
       if (m.fmt == 0) {

@@ -10,6 +10,10 @@
 namespace oneblock {
 
 void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out) {
+  if (is_float_format(fmt)) {  // nb values of two bytes: widened exactly
+    widen_row(row, fmt == kBF16, nb, out);
+    return;
+  }
   if (fmt == kQ6_K) {
     for (int64_t b = 0; b < nb; ++b, out += QK_K) {
       const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b];

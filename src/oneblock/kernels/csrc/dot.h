@@ -73,6 +73,14 @@ void quantize_row_q8_k_avx512(const float* x, int64_t k, int8_t* q, float* d, in
 // The float32 values of one weight row of `nb` blocks of a file format into out (nb * block_values(fmt),).
 void decode_row(const uint8_t* row, int64_t fmt, int64_t nb, float* out);
 
+// F16 (bf16 false) or BF16 values of one row, n of them, widened exactly into out (float_rows.cpp).
+void widen_row(const uint8_t* row, bool bf16, int64_t n, float* out);
+
+// y[r * ldy + c] = the float32 sum over j < k of weight row c's value j (widened) times x[r * ldx + j], for the
+// `cols` F16 or BF16 weight rows at w (row_bytes apart) and the `rows` float activation rows at x (float_rows.cpp).
+void float_dot(const uint8_t* w, int64_t row_bytes, int64_t cols, const float* x, int64_t ldx, int64_t rows,
+               int64_t k, float* y, int64_t ldy, bool bf16);
+
 // The kernel that block_mm runs for format id `fmt` (a GGUF id, or an interleaved one) on the instruction set
 // chosen at load (or by set_isa); nullptr for an unknown id. For callers that drive the kernels themselves.
 DotFn dot_kernel(int64_t fmt);

@@ -25,6 +25,9 @@
 // never takes the dense path: each row's result is the row's alone. Over the interleaved layouts, whose group
 // kernels unpack a sub-block once for 8 activation rows, it is a prompt's fastest path where the CPU has AVX-512
 // VNNI (measured on Zen 4: 1.5x the bfloat16 tiles on a Q4_K matrix of 16,384 x 2,048 at 496 rows).
+//
+// An F16 or BF16 matrix (fmt 1 or 30: two bytes a value) takes none of these roundings: every op multiplies it in
+// float32 (float_mm), its values widened exactly, the activations as given.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -231,11 +234,45 @@ void rows_file_layout(DotFn dot, const uint8_t* w, int64_t row_bytes, const ActR
 // What block_mm_any does from kGemmRows activation rows up: float32 tiles, bfloat16 tiles, or the integer kernels.
 enum class Rows { kFloat, kBf16, kInteger };
 
+// block_mm_any for an F16 or BF16 matrix: products in float32 at every M, whatever `many` asks (the file's values
+// are floats already; rounding them or the activations to bfloat16 or 8 bits would only lose precision). Below
+// kGemmRows rows each weight row is widened and multiplied as it is read (float_dot); from kGemmRows up, float32
+// tiles and at::mm, as block_mm_dense computes them for the block formats.
+at::Tensor float_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t fmt, const at::Tensor* into) {
+  const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0), ld = x.stride(0), row_bytes = blocks.size(1);
+  if (into != nullptr) {
+    TORCH_CHECK(into->scalar_type() == at::kFloat && into->dim() == 2 && into->size(0) == m && into->size(1) == n &&
+                    into->is_contiguous(),
+                "oneblock::block_mm_int8_out: out must be a contiguous (", m, ", ", n, ") float32 tensor");
+  }
+  if (m >= kGemmRows && n > 0 && k > 0) {
+    const at::Tensor product = block_mm_dense(x.contiguous(), blocks.data_ptr<uint8_t>(), row_bytes, n, fmt, false);
+    if (into == nullptr) return product;
+    into->copy_(product);
+    return *into;
+  }
+  at::Tensor out = into != nullptr ? *into : at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return out;
+  if (k == 0) return out.zero_();
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  const float* xs = x.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  const bool bf16 = fmt == kBF16;
+  const int64_t units = (n + kRowsPerCall - 1) / kRowsPerCall;
+  const int64_t least = std::max<int64_t>(1, kLeastChunkBytes / (kRowsPerCall * row_bytes));
+  const int64_t chunk = std::max(least, units / (kChunksPerThread * at::get_num_threads()));
+  parallel_chunks(units, chunk, n * row_bytes * m < kSerialBytes, [&](int64_t begin, int64_t end) {
+    const int64_t j0 = begin * kRowsPerCall, j1 = std::min(n, end * kRowsPerCall);
+    float_dot(w + j0 * row_bytes, row_bytes, j1 - j0, xs, ld, m, k, y + j0, n, bf16);
+  });
+  return out;
+}
+
 // `into`: an (M, N) float32 contiguous tensor to write the product into (the integer path only), else a new one.
 at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int64_t fmt, Rows many,
                         const at::Tensor* into = nullptr) {
   const int column = kernel_column(fmt);
-  TORCH_CHECK(column >= 0, "oneblock::block_mm: unknown format id ", fmt);
+  TORCH_CHECK(column >= 0 || is_float_format(fmt), "oneblock::block_mm: unknown format id ", fmt);
   const int64_t nbytes = block_bytes(file_format(fmt));
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "oneblock::block_mm: x must be (M, K) float32");
   TORCH_CHECK(blocks_in.dim() == 2 && blocks_in.scalar_type() == at::kByte,
@@ -252,6 +289,7 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
   TORCH_CHECK(!interleaved || n % kGroupRows == 0, "oneblock::block_mm: an interleaved matrix has a multiple of ",
               kGroupRows, " rows; got ", n);
   const int64_t nb = k / qk, row_bytes = blocks.size(1);
+  if (is_float_format(fmt)) return float_mm(x, blocks, fmt, into);
   if (m >= kGemmRows && n > 0 && k > 0 && many != Rows::kInteger) {
     return block_mm_dense(x.contiguous(), blocks.data_ptr<uint8_t>(), row_bytes, n, fmt, many == Rows::kBf16);
   }
