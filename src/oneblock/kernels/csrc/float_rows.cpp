@@ -43,25 +43,21 @@ OB_F16C_FMA inline float sum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// `cols` (at most 4) weight rows, row_bytes apart, times one activation row: 8 lanes each, two sums per row.
+// One weight row times one activation row, 8 lanes, four sums: the row is read once, front to back (a matrix's
+// rows one after another are one stream, which the hardware prefetcher follows), the activations from L1.
 template <bool BF16>
-OB_F16C_FMA void dot_avx2(const uint8_t* w, int64_t row_bytes, int cols, const float* x, int64_t k, float* y) {
-  __m256 acc[4][2];
-  for (int c = 0; c < 4; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+OB_F16C_FMA float row_avx2(const uint8_t* w, const float* x, int64_t k) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t j = 0;
-  for (; j + 16 <= k; j += 16) {
-    const __m256 x0 = _mm256_loadu_ps(x + j), x1 = _mm256_loadu_ps(x + j + 8);
-    for (int c = 0; c < cols; ++c) {
-      const uint8_t* row = w + c * row_bytes + 2 * j;
-      acc[c][0] = _mm256_fmadd_ps(widen8<BF16>(row), x0, acc[c][0]);
-      acc[c][1] = _mm256_fmadd_ps(widen8<BF16>(row + 16), x1, acc[c][1]);
+  for (; j + 32 <= k; j += 32) {
+    for (int i = 0; i < 4; ++i) {
+      acc[i] = _mm256_fmadd_ps(widen8<BF16>(w + 2 * (j + 8 * i)), _mm256_loadu_ps(x + j + 8 * i), acc[i]);
     }
   }
-  for (int c = 0; c < cols; ++c) {
-    float s = sum8(_mm256_add_ps(acc[c][0], acc[c][1]));
-    for (int64_t i = j; i < k; ++i) s += widen_one(w + c * row_bytes + 2 * i, BF16) * x[i];
-    y[c] = s;
-  }
+  for (; j + 8 <= k; j += 8) acc[0] = _mm256_fmadd_ps(widen8<BF16>(w + 2 * j), _mm256_loadu_ps(x + j), acc[0]);
+  float s = sum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; j < k; ++j) s += widen_one(w + 2 * j, BF16) * x[j];
+  return s;
 }
 
 template <bool BF16>
@@ -71,49 +67,63 @@ OB_AVX512 inline __m512 widen16(const uint8_t* p) {
   return _mm512_cvtph_ps(h);
 }
 
-// As dot_avx2, 16 lanes.
+// As row_avx2, 16 lanes.
 template <bool BF16>
-OB_AVX512 void dot_avx512(const uint8_t* w, int64_t row_bytes, int cols, const float* x, int64_t k, float* y) {
-  __m512 acc[4][2];
-  for (int c = 0; c < 4; ++c) acc[c][0] = acc[c][1] = _mm512_setzero_ps();
+OB_AVX512 float row_avx512(const uint8_t* w, const float* x, int64_t k) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   int64_t j = 0;
-  for (; j + 32 <= k; j += 32) {
-    const __m512 x0 = _mm512_loadu_ps(x + j), x1 = _mm512_loadu_ps(x + j + 16);
-    for (int c = 0; c < cols; ++c) {
-      const uint8_t* row = w + c * row_bytes + 2 * j;
-      acc[c][0] = _mm512_fmadd_ps(widen16<BF16>(row), x0, acc[c][0]);
-      acc[c][1] = _mm512_fmadd_ps(widen16<BF16>(row + 32), x1, acc[c][1]);
+  for (; j + 64 <= k; j += 64) {
+    for (int i = 0; i < 4; ++i) {
+      acc[i] = _mm512_fmadd_ps(widen16<BF16>(w + 2 * (j + 16 * i)), _mm512_loadu_ps(x + j + 16 * i), acc[i]);
     }
   }
-  for (int c = 0; c < cols; ++c) {
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[c][0], acc[c][1]));
-    for (int64_t i = j; i < k; ++i) s += widen_one(w + c * row_bytes + 2 * i, BF16) * x[i];
-    y[c] = s;
-  }
+  for (; j + 16 <= k; j += 16) acc[0] = _mm512_fmadd_ps(widen16<BF16>(w + 2 * j), _mm512_loadu_ps(x + j), acc[0]);
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  for (; j < k; ++j) s += widen_one(w + 2 * j, BF16) * x[j];
+  return s;
+}
+
+// n values widened, 16 an instruction: the tiles of the prompt's float GEMM.
+template <bool BF16>
+OB_AVX512 void widen_avx512(const uint8_t* row, int64_t n, float* out) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(out + j, widen16<BF16>(row + 2 * j));
+  for (; j < n; ++j) out[j] = widen_one(row + 2 * j, BF16);
+}
+
+template <bool BF16>
+OB_F16C_FMA void widen_avx2(const uint8_t* row, int64_t n, float* out) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, widen8<BF16>(row + 2 * j));
+  for (; j < n; ++j) out[j] = widen_one(row + 2 * j, BF16);
 }
 
 }  // namespace
 
 void widen_row(const uint8_t* row, bool bf16, int64_t n, float* out) {
+  const int isa = current_isa();
+  if (isa >= kAvx512) return bf16 ? widen_avx512<true>(row, n, out) : widen_avx512<false>(row, n, out);
+  if (isa >= kAvx2) return bf16 ? widen_avx2<true>(row, n, out) : widen_avx2<false>(row, n, out);
   for (int64_t j = 0; j < n; ++j) out[j] = widen_one(row + 2 * j, bf16);
 }
 
 void float_dot(const uint8_t* w, int64_t row_bytes, int64_t cols, const float* x, int64_t ldx, int64_t rows,
                int64_t k, float* y, int64_t ldy, bool bf16) {
   const int isa = current_isa();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * ldx;
-    for (int64_t c = 0; c < cols; c += 4) {
-      const int n = static_cast<int>(cols - c < 4 ? cols - c : 4);
-      const uint8_t* wc = w + c * row_bytes;
-      float* yc = y + r * ldy + c;
+  // Each weight row once, against every activation row while it is in L1.
+  for (int64_t c = 0; c < cols; ++c) {
+    const uint8_t* wc = w + c * row_bytes;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * ldx;
+      float v;
       if (isa >= kAvx512) {
-        bf16 ? dot_avx512<true>(wc, row_bytes, n, xr, k, yc) : dot_avx512<false>(wc, row_bytes, n, xr, k, yc);
+        v = bf16 ? row_avx512<true>(wc, xr, k) : row_avx512<false>(wc, xr, k);
       } else if (isa >= kAvx2) {
-        bf16 ? dot_avx2<true>(wc, row_bytes, n, xr, k, yc) : dot_avx2<false>(wc, row_bytes, n, xr, k, yc);
+        v = bf16 ? row_avx2<true>(wc, xr, k) : row_avx2<false>(wc, xr, k);
       } else {
-        for (int i = 0; i < n; ++i) yc[i] = dot_scalar(wc + i * row_bytes, xr, k, bf16);
+        v = dot_scalar(wc, xr, k, bf16);
       }
+      y[r * ldy + c] = v;
     }
   }
 }
