@@ -2,7 +2,8 @@
 
 The values equal the ``gguf`` package's ``dequantize`` bit for bit; every product (each instruction set, the
 NumPy reference, the PyTorch fallback, below and from ``GEMM_ROWS`` rows, and the ops a prompt's pass picks) is
-the float64 product of the exact values within float32's summation bound, with no activation rounding.
+the float64 product of the exact values within float32's summation bound, with no activation rounding; and a row's
+result is the same bits whatever rows are multiplied beside it.
 """
 
 from __future__ import annotations
@@ -103,19 +104,20 @@ def test_a_prompts_ops_multiply_in_float32_too(fmt, m):
     assert torch.equal(torch.ops.oneblock.block_mm_bf16(x, blocks, code), plain)
     out = torch.full((m, 24), float("nan"))
     torch.ops.oneblock.block_mm_int8_out(x, blocks, code, out)
-    assert torch.equal(out, torch.ops.oneblock.block_mm_int8(x, blocks, code))
-    if m < fallback.GEMM_ROWS:  # the same kernel below the tile path
-        assert torch.equal(out, plain)
+    assert torch.equal(out, plain)
+    assert torch.equal(torch.ops.oneblock.block_mm_int8(x, blocks, code), plain)
     _within_float32(out, x, blocks, fmt)
 
 
 @pytest.mark.skipif("not _native()", reason="the C++ kernels did not build here (see stderr)")
 @pytest.mark.parametrize("fmt", FLOATS)
-def test_a_row_does_not_depend_on_the_other_rows_below_gemm_rows(fmt):
-    x, blocks = _case(fmt, 7, 45, 300, seed=3)
+def test_a_row_does_not_depend_on_the_other_rows_at_any_m(fmt):
+    """Alone, among 6 or among a prompt's 41 rows (4 x 4 blocks and the rows left over), a row sums in one order."""
+    x, blocks = _case(fmt, 41, 45, 300, seed=3)
     whole = kernels.block_mm(x, blocks, fmt)
-    for r in range(7):
+    for r in range(41):
         assert torch.equal(kernels.block_mm(x[r : r + 1], blocks, fmt), whole[r : r + 1])
-    strided = torch.randn(7, 600)
-    strided[:, ::2] = x  # a column-strided view is read where it lies
+    assert torch.equal(kernels.block_mm(x[3:9], blocks, fmt), whole[3:9])
+    strided = torch.randn(41, 600)
+    strided[:, ::2] = x  # a column-strided view
     assert torch.equal(kernels.block_mm(strided[:, ::2], blocks, fmt), whole)

@@ -2,7 +2,7 @@
 
 Every matrix loads as a two-byte ``BlockLinear`` (the file's bytes: no float32 copy, the model's memory the file's
 size), multiplied in float32 with each value widened exactly. So the logits are the float32 model's of the same
-file (``dtype=torch.float32``) within float32's summation order, on the prompt pass (float tiles) and on the
+file (``dtype=torch.float32``) within float32's summation order, on the prompt pass (4 x 4 blocks) and on the
 decoding step (the native step, which equals the Python step); against llama.cpp on the same file, as faithful to
 the F32 conversion (mean KL divergence, top-1 agreement).
 """
@@ -59,14 +59,15 @@ def test_the_logits_are_the_float32_models_of_the_same_file(converted):
     exact = from_gguf(path, dtype=torch.float32)
     kept = from_gguf(path)
     ids = _ids(80, exact.config.vocab_size)
+    # Float32 sums in another order than the float32 model's GEMM: 1e-4 of the range, as for the F32 file.
     with torch.no_grad():
-        assert _spread(kept(ids)[0], exact(ids)[0]) < 1e-5  # the prompt pass: float tiles
-        assert _spread(kept(ids[:, :9])[0], exact(ids[:, :9])[0]) < 1e-5  # below GEMM_ROWS: widened row by row
+        assert _spread(kept(ids)[0], exact(ids)[0]) < 1e-4  # the prompt pass: 4 x 4 blocks
+        assert _spread(kept(ids[:, :3])[0], exact(ids[:, :3])[0]) < 1e-4  # fewer than 4 rows: row by row
     stats: dict = {}
     _, logits = generate(kept, ids[:, :20], 12, greedy=True, return_logits=True, stats=stats)
     _, reference = generate(exact, ids[:, :20], 12, greedy=True, return_logits=True)
     assert stats["decode_step"] == "native"
-    assert _spread(logits, reference) < 1e-5
+    assert _spread(logits, reference) < 1e-4
 
 
 def test_the_native_step_equals_the_python_step(converted, monkeypatch):

@@ -1,4 +1,4 @@
-// Products of F16 and BF16 matrices (block_mm below kGemmRows rows, the native step): each weight widened exactly
+// Products of F16 and BF16 matrices (block_mm at every M, the native step): each weight widened exactly
 // to float32 (every half and every bfloat16 is a float32) and multiplied with the float activations as they are,
 // float32 sums. No activation blocks: the only rounding is float32's, so a row's result is the float32 product
 // of the file's exact weights, summed in the order of the instruction set in use (16 lanes, 8 lanes or one).
@@ -67,20 +67,45 @@ OB_AVX512 inline __m512 widen16(const uint8_t* p) {
   return _mm512_cvtph_ps(h);
 }
 
-// As row_avx2, 16 lanes.
+// One weight row times one activation row, 16 lanes: one sum, added to in the order block4x4_avx512 adds each of
+// its 16, so that a row's result is the same whether it is multiplied alone or among others (bit for bit). The
+// chain of fused multiply-adds waits on itself, 16 values each 4 cycles: twice what memory feeds a decoding step.
 template <bool BF16>
 OB_AVX512 float row_avx512(const uint8_t* w, const float* x, int64_t k) {
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 acc = _mm512_setzero_ps();
   int64_t j = 0;
-  for (; j + 64 <= k; j += 64) {
-    for (int i = 0; i < 4; ++i) {
-      acc[i] = _mm512_fmadd_ps(widen16<BF16>(w + 2 * (j + 16 * i)), _mm512_loadu_ps(x + j + 16 * i), acc[i]);
-    }
-  }
-  for (; j + 16 <= k; j += 16) acc[0] = _mm512_fmadd_ps(widen16<BF16>(w + 2 * j), _mm512_loadu_ps(x + j), acc[0]);
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  for (; j + 16 <= k; j += 16) acc = _mm512_fmadd_ps(widen16<BF16>(w + 2 * j), _mm512_loadu_ps(x + j), acc);
+  float s = _mm512_reduce_add_ps(acc);
   for (; j < k; ++j) s += widen_one(w + 2 * j, BF16) * x[j];
   return s;
+}
+
+// Weight rows w[0..3] (row_bytes apart) times activation rows x[0..3] (ldx apart) into y[r * ldy + c]: 16 sums in
+// registers, each value of the 4 weight rows widened once for the 4 activation rows (a prompt's rows: the
+// products then outrun the reads, unlike one row at a time).
+template <bool BF16>
+OB_AVX512 void block4x4_avx512(const uint8_t* w, int64_t row_bytes, const float* x, int64_t ldx, int64_t k, float* y,
+                               int64_t ldy) {
+  __m512 acc[4][4];
+  for (int c = 0; c < 4; ++c) {
+    for (int r = 0; r < 4; ++r) acc[c][r] = _mm512_setzero_ps();
+  }
+  int64_t j = 0;
+  for (; j + 16 <= k; j += 16) {
+    __m512 xs[4];
+    for (int r = 0; r < 4; ++r) xs[r] = _mm512_loadu_ps(x + r * ldx + j);
+    for (int c = 0; c < 4; ++c) {
+      const __m512 wv = widen16<BF16>(w + c * row_bytes + 2 * j);
+      for (int r = 0; r < 4; ++r) acc[c][r] = _mm512_fmadd_ps(wv, xs[r], acc[c][r]);
+    }
+  }
+  for (int c = 0; c < 4; ++c) {
+    for (int r = 0; r < 4; ++r) {
+      float s = _mm512_reduce_add_ps(acc[c][r]);
+      for (int64_t i = j; i < k; ++i) s += widen_one(w + c * row_bytes + 2 * i, BF16) * x[r * ldx + i];
+      y[r * ldy + c] = s;
+    }
+  }
 }
 
 // n values widened, 16 an instruction: the tiles of the prompt's float GEMM.
@@ -110,8 +135,24 @@ void widen_row(const uint8_t* row, bool bf16, int64_t n, float* out) {
 void float_dot(const uint8_t* w, int64_t row_bytes, int64_t cols, const float* x, int64_t ldx, int64_t rows,
                int64_t k, float* y, int64_t ldy, bool bf16) {
   const int isa = current_isa();
+  int64_t c = 0;
+  if (isa >= kAvx512 && rows >= 4) {  // 4 weight rows against each 4 activation rows, the rest one by one below
+    for (; c + 4 <= cols; c += 4) {
+      const uint8_t* wc = w + c * row_bytes;
+      int64_t r = 0;
+      for (; r + 4 <= rows; r += 4) {
+        (bf16 ? block4x4_avx512<true> : block4x4_avx512<false>)(wc, row_bytes, x + r * ldx, ldx, k, y + r * ldy + c,
+                                                                 ldy);
+      }
+      for (; r < rows; ++r) {
+        for (int64_t i = 0; i < 4; ++i) {
+          y[r * ldy + c + i] = (bf16 ? row_avx512<true> : row_avx512<false>)(wc + i * row_bytes, x + r * ldx, k);
+        }
+      }
+    }
+  }
   // Each weight row once, against every activation row while it is in L1.
-  for (int64_t c = 0; c < cols; ++c) {
+  for (; c < cols; ++c) {
     const uint8_t* wc = w + c * row_bytes;
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * ldx;
