@@ -9,7 +9,8 @@ C 2048, 16 layers, 32 query and 8 key/value heads, FFN 8192, SmolLM2's 49,152-to
 shape: C 896, 24 layers, 14/2 heads, FFN 4864, q/k/v biases, Qwen2's 151,936-token vocabulary from the sdist; both
 tied), converts it with llama.cpp's own ``convert_hf_to_gguf.py`` to F16, and quantizes that with its
 ``llama-quantize`` to each type, all kept under ``~/.cache/oneblock/bench-models/<shape>/``. Nothing is
-downloaded; ``make bench-llamacpp`` builds the tools. ``--types f16`` runs the F16 file itself (not by default).
+downloaded; ``make bench-llamacpp`` builds the tools. ``--types f16 bf16`` converts to BF16 too and runs the
+converter's files themselves (not by default).
 
 ``run`` decodes each file in interleaved rounds, nothing else running: ``oneblock generate --json`` (greedy, the
 prompt's tokens then ``--new`` tokens, a float16 key/value cache as llama-bench's unless ``--cache-dtype float32``)
@@ -54,7 +55,7 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     }),
 }  # fmt: skip
 TYPES = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}
-FLOAT_TYPES = ("f16",)  # the converter's own file, which the quantized ones are made from: `--types f16` runs it
+FLOAT_TYPES = ("f16", "bf16")  # the converter's own files (the quantized ones are made from F16): `--types f16 bf16`
 PROMPT = "The transformer block is attention, a feed-forward network, two residual wires and two norms. "
 
 
@@ -94,18 +95,21 @@ def make(shapes: list[str], types: list[str]) -> None:
     for shape in shapes:
         folder = ROOT / shape
         f16 = folder / "f16.gguf"
-        if not f16.is_file():
+        for kind in ["f16", *(t for t in types if t in FLOAT_TYPES and t != "f16")]:
+            converted = folder / f"{kind}.gguf"
+            if converted.is_file():
+                continue
             hf = folder / "hf"
             if not (hf / "config.json").is_file():
                 print(f"{shape}: random weights through transformers", flush=True)
                 make_hf(shape, hf)
-            print(f"{shape}: converting with convert_hf_to_gguf.py", flush=True)
+            print(f"{shape}: converting to {kind.upper()} with convert_hf_to_gguf.py", flush=True)
             env = {**os.environ, "PYTHONPATH": str(SDIST / "gguf-py"), "NO_LOCAL_GGUF": ""}
-            argv = [sys.executable, str(SDIST / "convert_hf_to_gguf.py"), str(hf), "--outtype", "f16"]
-            _run([*argv, "--outfile", str(f16.with_suffix(".partial")), "--model-name", shape], env=env)
-            f16.with_suffix(".partial").rename(f16)
+            argv = [sys.executable, str(SDIST / "convert_hf_to_gguf.py"), str(hf), "--outtype", kind]
+            _run([*argv, "--outfile", str(converted.with_suffix(".partial")), "--model-name", shape], env=env)
+            converted.with_suffix(".partial").rename(converted)
         for kind in types:
-            if kind in FLOAT_TYPES:  # made above
+            if kind in FLOAT_TYPES:  # converted above
                 continue
             out = folder / f"{kind}.gguf"
             if not out.is_file() and quantize is None:
