@@ -234,6 +234,15 @@ void rows_file_layout(DotFn dot, const uint8_t* w, int64_t row_bytes, const ActR
 // What block_mm_any does from kGemmRows activation rows up: float32 tiles, bfloat16 tiles, or the integer kernels.
 enum class Rows { kFloat, kBf16, kInteger };
 
+// The (M, N) float32 product's tensor: `into` (block_mm_int8_out's), checked, or a new one.
+at::Tensor output_for(const at::Tensor* into, int64_t m, int64_t n, const at::Tensor& x) {
+  if (into == nullptr) return at::empty({m, n}, x.options());
+  TORCH_CHECK(into->scalar_type() == at::kFloat && into->dim() == 2 && into->size(0) == m && into->size(1) == n &&
+                  into->is_contiguous(),
+              "oneblock::block_mm_int8_out: out must be a contiguous (", m, ", ", n, ") float32 tensor");
+  return *into;
+}
+
 // block_mm_any for an F16 or BF16 matrix: products in float32 at every M, whatever `many` asks (the file's values
 // are floats already; rounding them or the activations to bfloat16 or 8 bits would only lose precision), each
 // value widened as it is read (float_dot: 4 weight rows against each 4 activation rows in registers where there
@@ -242,12 +251,7 @@ enum class Rows { kFloat, kBf16, kInteger };
 // quarter of the time.
 at::Tensor float_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t fmt, const at::Tensor* into) {
   const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0), ld = x.stride(0), row_bytes = blocks.size(1);
-  if (into != nullptr) {
-    TORCH_CHECK(into->scalar_type() == at::kFloat && into->dim() == 2 && into->size(0) == m && into->size(1) == n &&
-                    into->is_contiguous(),
-                "oneblock::block_mm_int8_out: out must be a contiguous (", m, ", ", n, ") float32 tensor");
-  }
-  at::Tensor out = into != nullptr ? *into : at::empty({m, n}, x.options());
+  at::Tensor out = output_for(into, m, n, x);
   if (m == 0 || n == 0) return out;
   if (k == 0) return out.zero_();
   const uint8_t* w = blocks.data_ptr<uint8_t>();
@@ -289,12 +293,7 @@ at::Tensor block_mm_any(const at::Tensor& x_in, const at::Tensor& blocks_in, int
   if (m >= kGemmRows && n > 0 && k > 0 && many != Rows::kInteger) {
     return block_mm_dense(x.contiguous(), blocks.data_ptr<uint8_t>(), row_bytes, n, fmt, many == Rows::kBf16);
   }
-  if (into != nullptr) {
-    TORCH_CHECK(into->scalar_type() == at::kFloat && into->dim() == 2 && into->size(0) == m && into->size(1) == n &&
-                    into->is_contiguous(),
-                "oneblock::block_mm_int8_out: out must be a contiguous (", m, ", ", n, ") float32 tensor");
-  }
-  at::Tensor out = into != nullptr ? *into : at::empty({m, n}, x.options());
+  at::Tensor out = output_for(into, m, n, x);
   if (m == 0 || n == 0) return out;
   if (k == 0) return out.zero_();
 
