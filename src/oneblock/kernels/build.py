@@ -46,6 +46,7 @@ SOURCES = (
     "weigh_avx512.cpp",
     "half_rows.cpp",
     "float_rows.cpp",
+    "dispatch.cpp",
     "interleave.cpp",
     "quantize_avx512.cpp",
 )

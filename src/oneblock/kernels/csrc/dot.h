@@ -51,10 +51,10 @@ enum Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kIsaCount
 // Float value of every half, indexed by its bits (256 KB): one load per scale in every path.
 extern float g_half[1 << 16];
 
-// The kernel of block format `fmt` for the instruction set in use (ops.cpp; set_isa switches it).
+// The kernel of block format `fmt` for the instruction set in use (dispatch.cpp; set_isa switches it).
 DotFn dot_kernel(int64_t fmt);
 
-// The instruction set in use (an Isa), chosen at load or by set_isa (ops.cpp).
+// The instruction set in use (an Isa), chosen at load or by set_isa (dispatch.cpp).
 int current_isa();
 
 // Quantizes one (K,) float32 row into `q` (K,) codes, `d` (K/32,) scales and, if `s` is not null, the Q8_1 sums.

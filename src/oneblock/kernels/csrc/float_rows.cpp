@@ -108,7 +108,7 @@ OB_AVX512 void block4x4_avx512(const uint8_t* w, int64_t row_bytes, const float*
   }
 }
 
-// n values widened, 16 an instruction: the tiles of the prompt's float GEMM.
+// n values widened, 16 an instruction: a token table's rows, and the tiles the product's backward multiplies.
 template <bool BF16>
 OB_AVX512 void widen_avx512(const uint8_t* row, int64_t n, float* out) {
   int64_t j = 0;
