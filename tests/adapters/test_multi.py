@@ -140,3 +140,18 @@ def test_refusals_name_the_problem(directories):
         adapted = base()
         load_adapter(adapted, directories[0])
         load_adapters(adapted, pairs)
+
+
+def test_decoding_imports_no_adapter_reader():
+    """The decoding modules hold the multi-adapter layer but import the readers of peft and Hugging Face files only
+    when adapters are loaded: a model served without adapters starts without them (half the import time)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, oneblock.inference.generation, oneblock.inference.batch\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('oneblock.io.hf', 'oneblock.adapters.peft', "
+        "'safetensors'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -27,8 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from oneblock.adapters.apply import lora_modules
-from oneblock.adapters.peft import load_adapter
 from oneblock.errors import ConfigError
 
 
@@ -127,6 +125,9 @@ def load_adapters(
         ConfigError: no adapters, a name twice, or a model that already has adapters.
         CheckpointError, ConversionError: an adapter that ``load_adapter`` refuses (named by its directory).
     """
+    from oneblock.adapters.apply import lora_modules  # here: a model without adapters never reads their files
+    from oneblock.adapters.peft import load_adapter
+
     names = [name for name, _ in adapters]
     if not names:
         raise ConfigError("load_adapters needs at least one (name, directory) pair")
