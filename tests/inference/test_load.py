@@ -87,8 +87,9 @@ def test_a_gguf_files_tokenizer_is_built_and_its_lists_dropped_before_the_weight
     monkeypatch.setattr(GGUFTokenizer, "from_gguf", classmethod(tokenizer))
     monkeypatch.setattr(gguf_load, "from_gguf", model)
     monkeypatch.setattr(front, "return_free_memory", lambda: events.append("trim") or True)
+    monkeypatch.setattr(front, "empty_free_lists", lambda: events.append("empty"))
     loaded = load_model(path)
-    assert events == ["tokenizer", "trim", "model without " + ", ".join(VOCABULARY_ARRAYS)]
+    assert events == ["empty", "tokenizer", "trim", "model without " + ", ".join(VOCABULARY_ARRAYS)]
     reference = build_tokenizer(GGUFTokenizer, path)  # the tokenizer is the file's, as read on its own
     text = "Hello, world! <|eot_id|>"
     assert loaded.tokenizer.encode(text) == reference.encode(text)
@@ -103,3 +104,82 @@ def test_return_free_memory_hands_back_a_freed_heap():
     burst = [bytes(1000) + bytes([i % 256]) for i in range(50_000)]  # 50 MB of C heap (objects over 512 bytes)
     del burst
     assert process.return_free_memory() is (process._malloc_trim() is not None)
+
+
+def _free_tuples_of_length_3() -> int:
+    """How many freed 3-tuples the interpreter keeps for reuse (``sys._debugmallocstats``, written to stderr)."""
+    import os
+    import re
+    import sys
+
+    read, write = os.pipe()
+    saved = os.dup(2)
+    sys.stderr.flush()
+    os.dup2(write, 2)
+    try:
+        sys._debugmallocstats()
+        sys.stderr.flush()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(write)
+    with os.fdopen(read) as f:
+        found = re.search(r"(\d+) free 3-sized PyTupleObject", f.read())
+    assert found is not None, "the interpreter reports no tuple free list"
+    return int(found.group(1))
+
+
+def test_empty_free_lists_empties_them_without_walking_or_collecting_anything():
+    """The freed tuples the interpreter keeps go; the collection it takes frees no cycle (every object frozen, none
+    walked), and the objects frozen before are frozen after, in the same number."""
+    import gc
+
+    class Node:
+        pass
+
+    enabled = gc.isenabled()
+    gc.disable()  # no automatic collection meanwhile
+    try:
+        _empty_free_lists_walks_nothing(Node)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _empty_free_lists_walks_nothing(node: type) -> None:
+    import gc
+    import weakref
+
+    from oneblock.inference import process
+
+    cycle = node()
+    cycle.self = cycle  # type: ignore[attr-defined]
+    alive = weakref.ref(cycle)
+    del cycle  # garbage only a collection that walks it would free
+    burst = [tuple(range(i, i + 3)) for i in range(5_000)]
+    del burst
+    assert _free_tuples_of_length_3() > 1_000
+    frozen = gc.get_freeze_count()
+    process.empty_free_lists()
+    assert gc.get_freeze_count() == frozen
+    if frozen:  # a process past its start-up (objects frozen): left alone
+        return
+    assert _free_tuples_of_length_3() == 0
+    assert alive() is not None  # not collected: the collection walked nothing
+    gc.collect()
+    assert alive() is None
+
+
+def test_empty_free_lists_leaves_frozen_objects_frozen():
+    import gc
+
+    from oneblock.inference import process
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        collections = gc.get_stats()[2]["collections"]
+        process.empty_free_lists()
+        assert gc.get_freeze_count() == frozen and gc.get_stats()[2]["collections"] == collections
+    finally:
+        gc.unfreeze()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from oneblock.errors import CheckpointError, ConfigError, InputError
-from oneblock.inference.process import collector_paused, return_free_memory
+from oneblock.inference.process import collector_paused, empty_free_lists, return_free_memory
 from oneblock.models.inputs import config_of
 from oneblock.text.tokenizer import Tokenizer, load_tokenizer
 
@@ -180,6 +180,7 @@ def _gguf(
     from oneblock.io.gguf.tokenizer import VOCABULARY_ARRAYS, GGUFTokenizer
 
     layout = read_layout(path)  # parsed once, for the weights and the vocabulary both
+    empty_free_lists()  # the parse's freed tuples, not left among the tokenizer's objects (2 arenas fewer for Qwen2)
     vocab_size = config_from_layout(layout).at_context(context).vocab_size  # a file oneblock cannot run: refused first
     if tokenizer is not None:
         tok = load_tokenizer(path, tokenizer=tokenizer, vocab_size=vocab_size)
