@@ -1,5 +1,6 @@
 """What this process has cost so far (seconds since it started, its peak resident memory: Linux figures),
-Python's cyclic garbage collector held off while the process starts, and the C heap's free memory handed back.
+Python's cyclic garbage collector held off while the process starts, and the C heap's free memory handed back
+(Python's free lists emptied first).
 
 Start-up (``import torch``, loading a model and its tokenizer) creates a few million objects and almost no garbage
 cycle, yet the collector, counting allocations, walks every object the process holds several times: 10-12% of
