@@ -96,6 +96,29 @@ def test_lora_on_a_4bit_model_wraps_separate_4bit_layers_and_trains_only_adapter
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
 
 
+def backward_both(model: nn.Module, reference: nn.Module) -> list[float]:
+    """The probe's loss of each model on the same ids, its gradients taken: [model's, reference's]."""
+    x = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(2))
+    losses = []
+    for each in (model, reference):
+        loss = probe(each(x))
+        loss.backward()
+        losses.append(loss.item())
+    return losses
+
+
+def adapter_gradients(
+    model: nn.Module, reference: nn.Module
+) -> list[tuple[str, str, torch.Tensor | None, torch.Tensor | None]]:
+    """(site, "lora_A" or "lora_B", the model's gradient, the reference's) for every adapter of the model."""
+    theirs = lora_modules(reference)
+    return [
+        (name, part, getattr(module, part).weight.grad, getattr(theirs[name], part).weight.grad)
+        for name, module in lora_modules(model).items()
+        for part in ("lora_A", "lora_B")
+    ]
+
+
 def test_adapter_gradients_over_4bit_equal_those_over_the_dequantized_float_model():
     """Same A and B on the 4-bit model and on its exact float32 dequantization: the loss and every adapter's
     gradients agree within the block kernels' rounding of the activations to 8 bits (|diff| <= 2% of the largest
@@ -105,22 +128,14 @@ def test_adapter_gradients_over_4bit_equal_those_over_the_dequantized_float_mode
     randomize_adapters(quantized)
     reference = dequantize_all(quantized)
     assert not any(isinstance(m, BlockLinear) for m in reference.modules())
-    x = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(2))
-    losses = []
-    for model in (quantized, reference):
-        loss = probe(model(x))
-        loss.backward()
-        losses.append(loss.item())
+    losses = backward_both(quantized, reference)
     assert abs(losses[0] - losses[1]) <= 0.02 * abs(losses[1])
-    ours, theirs = lora_modules(quantized), lora_modules(reference)
-    assert ours.keys() == theirs.keys()
-    for name, module in ours.items():
-        for part in ("lora_A", "lora_B"):
-            got, want = getattr(module, part).weight.grad, getattr(theirs[name], part).weight.grad
-            assert got is not None and want is not None and torch.isfinite(got).all(), (name, part)
-            scale = want.abs().max().item()
-            assert scale > 0, (name, part)
-            assert (got - want).abs().max().item() <= 0.02 * scale, (name, part)
+    assert lora_modules(quantized).keys() == lora_modules(reference).keys()
+    for name, part, got, want in adapter_gradients(quantized, reference):
+        assert got is not None and want is not None and torch.isfinite(got).all(), (name, part)
+        scale = want.abs().max().item()
+        assert scale > 0, (name, part)
+        assert (got - want).abs().max().item() <= 0.02 * scale, (name, part)
     assert all(p.grad is None for n, p in quantized.named_parameters() if "lora_" not in n)
 
 
@@ -136,19 +151,11 @@ def test_adapter_gradients_over_a_float_gguf_base_equal_those_over_its_float32_w
     randomize_adapters(base)
     assert {m.base.fmt for m in lora_modules(base).values()} == {kind}
     reference = dequantize_all(base)
-    x = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(2))
-    losses = []
-    for model in (base, reference):
-        loss = probe(model(x))
-        loss.backward()
-        losses.append(loss.item())
+    losses = backward_both(base, reference)
     assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
-    ours, theirs = lora_modules(base), lora_modules(reference)
-    for name, module in ours.items():
-        for part in ("lora_A", "lora_B"):
-            got, want = getattr(module, part).weight.grad, getattr(theirs[name], part).weight.grad
-            assert got is not None and want is not None
-            assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item(), (name, part)
+    for name, part, got, want in adapter_gradients(base, reference):
+        assert got is not None and want is not None
+        assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item(), (name, part)
 
 
 CHATS = [chat("Reverse: lamp", "pmal"), chat("Reverse: stone", "enots"), chat("Reverse: river", "revir")]
