@@ -15,6 +15,7 @@ from oneblock.inference.decode import FullDecode, LeanDecode
 from oneblock.inference.generation import generate
 from oneblock.inference.plan import lean_supported
 from oneblock.inference.request import prepare
+from oneblock.kernels import GEMM_ROWS, backend
 
 SMALL = {"vocab_size": 101, "d_model": 36, "n_heads": 3, "d_ff": 37, "max_seq_len": 32, "n_layers": 2}
 FAMILIES = {
@@ -207,3 +208,68 @@ def test_a_chunked_prompt_s_freed_memory_goes_back_before_the_first_step(monkeyp
         events.append("step")
         lean.next(first.argmax(-1))
     assert events == ["run 32", "run 43", "trim", "step"]
+
+
+def test_a_finished_generation_frees_its_decoder_without_the_collector(monkeypatch):
+    """No reference cycle holds the decoder (and its key/value cache) once ``generate`` returns."""
+    import gc
+    import weakref
+
+    made = []
+    init = LeanDecode.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(LeanDecode, "__init__", record)
+    model = build("llama-style")
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        generate(model, torch.tensor([1, 2, 3]), 4, greedy=True)
+        assert len(made) == 1 and made[0]() is None
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_each_steps_logits_are_freed_before_the_next_step_makes_its_own(monkeypatch):
+    """The generation loop keeps no step's (B, V) logits while the next step computes: one block of the C heap is
+    reused step after step instead of two alternating (return_logits aside, which keeps them all)."""
+    import weakref
+
+    last: list[weakref.ref] = []
+    alive_at_next: list[bool] = []
+    step = LeanDecode.next
+
+    def watched(self, fed):
+        alive_at_next.append(bool(last) and last[-1]() is not None)
+        logits = step(self, fed)
+        last.append(weakref.ref(logits))
+        return logits
+
+    monkeypatch.setattr(LeanDecode, "next", watched)
+    generate(build("llama-style"), torch.tensor([1, 2, 3]), 5, greedy=True)
+    assert alive_at_next == [False] * 5
+
+
+@pytest.mark.skipif(backend() == "torch", reason="the integer path needs the C++ kernels")
+def test_the_prompts_feed_forward_buffer_is_freed_before_the_decode(monkeypatch):
+    """The prompt's stacked gate and up product goes through the thread's scratch buffer; decoding never uses it,
+    so it is freed once the prompt is read (4.75 MiB for a 0.5B model's chunk of 128 positions)."""
+    from oneblock.kernels.tiles import ENV
+    from oneblock.layers import scratch
+
+    monkeypatch.setenv(ENV, "int8")
+    torch.manual_seed(0)
+    sizes = {"max_seq_len": 2 * GEMM_ROWS, "d_model": 96, "d_ff": 64}  # block rows: multiples of 32
+    config = ob.ModelConfig(**{**SMALL, **FAMILIES["llama-style"], **sizes})
+    model = ob.quantize(ob.build_model(config).eval(), "q4_0")
+    made = []
+    make = scratch.scratch
+    monkeypatch.setattr("oneblock.layers.feedforward.scratch", lambda *shape: made.append(shape) or make(*shape))
+    scratch.release()
+    generate(model, torch.arange(GEMM_ROWS + 3) % 101, 2, greedy=True)
+    assert made and made[0][-2] == GEMM_ROWS + 3  # the prompt's rows went through the buffer
+    assert getattr(scratch._local, "buffer", None) is None

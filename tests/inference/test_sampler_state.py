@@ -179,3 +179,15 @@ def test_settings_stay_frozen_hashable_and_comparable():
     assert a == Sampling(logit_bias={1: 2.0, 3: -100.0}) and hash(a) == hash(Sampling(logit_bias={1: 2, 3: -100}))
     with pytest.raises(TypeError):
         a.logit_bias[3] = 0  # type: ignore[index]
+
+
+def test_plain_settings_make_no_copy_of_the_logits_and_changes_never_touch_them():
+    logits = random_logits(9)
+    kept = logits.clone()
+    plain = SamplerState(Sampling(greedy=True), vocab_size=V).apply(logits)
+    assert plain.data_ptr() == logits.data_ptr()  # a (V,) view: nothing new per step
+    biased = SamplerState(Sampling(logit_bias={4: -100.0}), vocab_size=V).apply(logits)
+    assert biased.data_ptr() != logits.data_ptr() and biased[4] == logits[4] - 100.0
+    penalized = SamplerState(Sampling(repetition_penalty=1.5), vocab_size=V, prompt=[3]).apply(logits)
+    assert penalized[3] != logits[3]
+    assert torch.equal(logits, kept)  # the caller's logits are unchanged either way

@@ -43,6 +43,7 @@ from oneblock.inference.spans import PROMPT_CHUNK, spans
 from oneblock.kernels import GEMM_ROWS
 from oneblock.kernels.tiles import prompt_tiles
 from oneblock.layers.kv_cache import Cache
+from oneblock.layers.scratch import release as release_scratch
 from oneblock.models.encoder_decoder import EncoderDecoder
 
 
@@ -155,7 +156,9 @@ class LeanDecode:
         self.end = 0
         self.compile_seconds: float | None = None
         backend = compile_backend(compile, run.seen.device)  # None on the CPU unless forced: see compile_policy
-        self._step = self.step if backend is None else torch.compile(self.step, dynamic=True, backend=backend)
+        # Only a compiled step is kept: a bound method on the instance would make a reference cycle, and so keep the
+        # key/value cache alive past the generation, until the collector's next full pass.
+        self._compiled_step = None if backend is None else torch.compile(self.step, dynamic=True, backend=backend)
         self._compiled = backend is not None
         self.native: NativeStep | None = None
         self.python_reason: str | None = None  # why ``step`` runs rather than the native step, for the user
@@ -171,7 +174,6 @@ class LeanDecode:
             self.native, self.python_reason = (found, None) if isinstance(found, NativeStep) else (None, found)
         if self.native is not None:
             self._native_rows(run, total)
-            self._step = self.native_step
 
     def _native_rows(self, run: DecodeRequest, total: int) -> None:
         """Per position, every row's position and cache column, (total, B) int64; each row's first real column."""
@@ -189,12 +191,14 @@ class LeanDecode:
             return self._prompt()
         position = self.end
         self.end += 1
-        if self._compiled and self.compile_seconds is None:
+        if self._compiled_step is not None:
+            if self.compile_seconds is not None:
+                return self._compiled_step(fed, position)
             start = time.perf_counter()
-            logits = self._step(fed, position)
+            logits = self._compiled_step(fed, position)
             self.compile_seconds = time.perf_counter() - start
             return logits
-        return self._step(fed, position)
+        return self.native_step(fed, position) if self.native is not None else self.step(fed, position)
 
     def _prompt(self) -> Tensor:
         run, model = self.run, self.model
@@ -212,6 +216,7 @@ class LeanDecode:
                 )  # (B, end - start or 1, C)
         # The chunks' temporaries, freed into the C heap, go back to the system before the decode fills the rest of
         # the cache: kept, they would count in the peak beside it.
+        release_scratch()
         return_free_memory()
         self.end = t
         logits = model.logits(hidden[:, -1])  # (B, V)

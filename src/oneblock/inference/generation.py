@@ -251,6 +251,7 @@ def _steps(
                 if trace is not None:
                     trace.record(logits, ids)
                 new[:, n] = ids
+                del logits  # before the next step makes its own: one (B, V) block of the C heap, reused step after step
             n += 1
             if n == 1 and stats is not None:
                 stats["prefill_seconds"] = time.perf_counter() - clock

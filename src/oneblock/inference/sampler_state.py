@@ -104,15 +104,18 @@ class SamplerState:
             logits: (V,) or (1, V), any float dtype.
 
         Returns:
-            (V,) float32, a new tensor.
+            (V,) float32: a new tensor where anything is applied, else ``logits`` itself (or its float32 copy), so
+            that a plain step makes no second (V,) tensor.
 
         Raises:
             InputError: logits of another width than ``vocab_size``; a grammar that allows no token at all.
         """
-        scores = logits.reshape(-1).float().clone()  # (V,)
+        scores = logits.reshape(-1).float()  # (V,)
         if scores.shape[0] != self.vocab_size:
             raise InputError(f"this sampler was made for {self.vocab_size} logits; got {scores.shape[0]}")
         s = self.sampling
+        if self.bias_ids.numel() or self.constraint is not None or self.seen is not None or self.counts is not None:
+            scores = scores.clone() if scores.data_ptr() == logits.data_ptr() else scores  # changed in place below
         if self.bias_ids.numel():
             scores.index_add_(0, self.bias_ids, self.bias_values)
         if self.constraint is not None:
