@@ -125,3 +125,39 @@ def test_a_tensor_of_the_wrong_shape_is_refused(case):
     x, blocks = case("q4_0", M, 32, 96)
     with pytest.raises(RuntimeError, match=r"out must be a contiguous \(41, 32\) float32 tensor"):
         torch.ops.oneblock.block_mm_int8_out(x, blocks, FORMATS["q4_0"].ggml_type, torch.empty(M, 31))
+
+
+@pytest.mark.skipif("not native()")
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q4_k", "q6_k"])
+def test_the_gated_product_is_silu_of_the_gate_half_times_the_up_half(fmt, isa):  # noqa: F811
+    """swiglu_int8_out over a stacked [gate; up] matrix gives F.silu(gate) * up of the stacked product bit for bit,
+    at any number of rows and threads, on every instruction set."""
+    f, k = 64, 512
+    x = activations(M, k, seed=7)
+    k_quant = FORMATS[fmt].block == 256
+    blocks = random_blocks(fmt, 2 * f, k, seed=8) if k_quant else kernels.quantize(torch.randn(2 * f, k), fmt)
+    stacked, code = kernels.interleave(blocks, fmt), kernels.get_format(f"{fmt}x16").ggml_type
+    threads = torch.get_num_threads()
+    try:
+        for path in paths():
+            ops.set_isa(path)
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                for m in (M, 33, 1):
+                    out = torch.full((m, f), float("nan"))
+                    torch.ops.oneblock.swiglu_int8_out(x[:m], stacked, code, out)
+                    gate, up = torch.ops.oneblock.block_mm_int8(x[:m], stacked, code).chunk(2, dim=-1)
+                    assert torch.equal(out, torch.nn.functional.silu(gate) * up), (path, count, m)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif("not native()")
+def test_the_gated_product_refuses_a_matrix_it_cannot_halve(case):
+    x = activations(M, 64)
+    blocks = kernels.quantize(torch.randn(96, 64), "q4_0")
+    layouts = ((blocks, FORMATS["q4_0"].ggml_type), (kernels.interleave(blocks, "q4_0"), None))  # file layout; F 48
+    for matrix, code in layouts:
+        code = code if code is not None else kernels.get_format("q4_0x16").ggml_type
+        with pytest.raises(RuntimeError, match=r"interleaved \[gate; up\] matrix of 2F rows, F a multiple of 32"):
+            torch.ops.oneblock.swiglu_int8_out(x, matrix, code, torch.empty(M, 48))

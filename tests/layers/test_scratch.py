@@ -139,3 +139,22 @@ def test_what_a_hook_keeps_is_not_overwritten_by_the_next_block():
             ffn(torch.randn(1, M, C))  # another block's product, where the buffer would be reused
         handle.remove()
         assert torch.equal(seen[0], first)
+
+
+@native
+def test_swiglu_writes_only_its_hidden_rows_into_the_buffer():
+    """SwiGLU's hidden rows go into the buffer without the stacked product: (M, F) floats, not (M, 2F); a stacked
+    matrix with a bias keeps the stacked product, and either way the numbers are those of the old path."""
+    for bias, used in ((False, M * F), (True, M * 2 * F)):
+        ffn = _ffn(seed=1)
+        if bias:
+            ffn.w13 = _block(ffn.w13.dequantized(), bias=torch.randn(2 * F))
+        x = torch.randn(1, M, C)
+        with torch.no_grad(), tiles.prompt_tiles(torch.int8):
+            release()
+            fast = ffn(x)
+            assert scratch_module._local.buffer.numel() == used
+            handle = ffn.w13.register_forward_hook(lambda *args: None)  # the stacked product, the old way
+            plain = ffn(x)
+            handle.remove()
+        assert torch.equal(fast, plain)

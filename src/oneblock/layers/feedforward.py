@@ -51,6 +51,9 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         w13 = self.w13
+        if isinstance(w13, BlockLinear) and self.kind == "swiglu" and w13.gates_into(x) and self._to_blocks():
+            hidden = w13.swiglu_into(x, scratch(*x.shape[:-1], w13.out_features // 2))  # (B, T, d_ff)
+            return self.w2(hidden)  # (B, T, C)
         if isinstance(w13, BlockLinear) and self._through_scratch(w13, x):
             gate, up = w13.into(x, scratch(*x.shape[:-1], w13.out_features)).chunk(2, dim=-1)
             return self.w2(self._gated(gate, up, own_gate=True))  # (B, T, C); w2 reads the gate half in place
@@ -66,8 +69,14 @@ class FeedForward(nn.Module):
         """Whether the stacked product of a prompt's rows goes into the thread's scratch buffer
         (:mod:`oneblock.layers.scratch`): both matrices in a block format on the integer kernels, and no hook on
         either that could keep a view of the buffer past this block."""
+        return self._to_blocks() and w13.writes_into(x)
+
+    def _to_blocks(self) -> bool:
+        """Whether ``w2`` is a block layer that no hook watches: then the hidden rows may live in the scratch
+        buffer, read by ``w2`` and by nothing after it. SwiGLU's go there without the (N, 2 d_ff) product at all
+        (``BlockLinear.swiglu_into``): half the buffer of a prompt's chunk."""
         w2 = self.w2
-        return isinstance(w2, BlockLinear) and not w2.hooked() and w13.writes_into(x)
+        return isinstance(w2, BlockLinear) and not w2.hooked()
 
     def _gated(self, gate: Tensor, up: Tensor, *, own_gate: bool = False) -> Tensor:
         """``act(gate) * up``, (B, T, d_ff). Without gradients the product is written into the activation's output

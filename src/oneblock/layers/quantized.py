@@ -164,6 +164,28 @@ class BlockLinear(nn.Module):
             y += self.bias
         return out
 
+    def gates_into(self, x: Tensor) -> bool:
+        """Whether :meth:`swiglu_into` applies: :meth:`writes_into` holds, and this is a stacked [gate; up] matrix
+        (2F rows, F a multiple of 32) without a bias, in an interleaved layout."""
+        f, extra = divmod(self.out_features, 2)
+        interleaved = self.fmt in kernels.INTERLEAVED
+        return not extra and f % 32 == 0 and self.bias is None and interleaved and self.writes_into(x)
+
+    def swiglu_into(self, x: Tensor, out: Tensor) -> Tensor:
+        """``silu(gate) * up`` of ``forward(x)``'s halves written into ``out``, a contiguous float32 tensor of
+        ``x.shape[:-1] + (F,)``: the gated feed-forward's hidden rows without its (M, 2F) product, the same numbers
+        as ``F.silu(gate) * up`` over it (ATen's own operators, each row in whole vectors), where :meth:`gates_into`
+        says so.
+
+        Raises:
+            InputError: where :meth:`gates_into` is false.
+        """
+        if not self.gates_into(x):
+            raise InputError("BlockLinear.swiglu_into takes an interleaved [gate; up] matrix and a prompt's rows")
+        rows = x.reshape(-1, self.in_features)  # (M, K)
+        torch.ops.oneblock.swiglu_int8_out(rows, self.blocks, self.ggml_type, out.view(rows.shape[0], -1))
+        return out
+
     def split_rows(self, sizes: Sequence[int]) -> list[BlockLinear]:
         """Split the layer by output rows: ``len(sizes)`` layers whose outputs are this one's column slices.
 
