@@ -159,7 +159,6 @@ class LeanDecode:
         # Only a compiled step is kept: a bound method on the instance would make a reference cycle, and so keep the
         # key/value cache alive past the generation, until the collector's next full pass.
         self._compiled_step = None if backend is None else torch.compile(self.step, dynamic=True, backend=backend)
-        self._compiled = backend is not None
         self.native: NativeStep | None = None
         self.python_reason: str | None = None  # why ``step`` runs rather than the native step, for the user
         cache_type = self.cache.layers[0].k.dtype
@@ -174,6 +173,11 @@ class LeanDecode:
             self.native, self.python_reason = (found, None) if isinstance(found, NativeStep) else (None, found)
         if self.native is not None:
             self._native_rows(run, total)
+
+    @property
+    def _compiled(self) -> bool:
+        """Whether the steps run through ``torch.compile``."""
+        return self._compiled_step is not None
 
     def _native_rows(self, run: DecodeRequest, total: int) -> None:
         """Per position, every row's position and cache column, (total, B) int64; each row's first real column."""

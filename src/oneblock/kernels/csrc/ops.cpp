@@ -23,12 +23,14 @@
 //   oneblock::block_mm_int8_out(Tensor x, Tensor blocks, int fmt, Tensor(a!) out) -> ()   the same, into `out`
 //   oneblock::swiglu_int8_out(Tensor x, Tensor blocks, int fmt, Tensor(a!) out) -> ()   silu(gate) * up, (M, F)
 //
-// never takes the dense path: each row's result is the row's alone. swiglu_int8_out takes the gated feed-forward's
-// stacked [gate; up] matrix (2F rows) and writes the hidden rows silu(x Wg^T) * (x Wu^T) without the (M, 2F) product:
-// each chunk of 32 columns' gate products go into `out`, their up products into the thread's buffer, and ATen's own
-// silu and multiply run over them (whole vectors, rows of a multiple of 32 values). Over the interleaved layouts, whose group
+// never takes the dense path: each row's result is the row's alone. Over the interleaved layouts, whose group
 // kernels unpack a sub-block once for 8 activation rows, it is a prompt's fastest path where the CPU has AVX-512
 // VNNI (measured on Zen 4: 1.5x the bfloat16 tiles on a Q4_K matrix of 16,384 x 2,048 at 496 rows).
+//
+// swiglu_int8_out takes the gated feed-forward's stacked [gate; up] matrix (2F rows, interleaved) and writes the
+// hidden rows silu(x Wg^T) * (x Wu^T) without the (M, 2F) product: each chunk of 32 columns' gate products go into
+// `out`, their up products into the thread's buffer, and ATen's own silu and multiply run over them (whole vectors,
+// rows of a multiple of 32 values).
 //
 // An F16 or BF16 matrix (fmt 1 or 30: two bytes a value) takes none of these roundings: every op multiplies it in
 // float32 (float_mm), its values widened exactly, the activations as given.
