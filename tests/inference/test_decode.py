@@ -257,11 +257,14 @@ def test_each_steps_logits_are_freed_before_the_next_step_makes_its_own(monkeypa
 @pytest.mark.skipif(backend() == "torch", reason="the integer path needs the C++ kernels")
 def test_the_prompts_feed_forward_buffer_is_freed_before_the_decode(monkeypatch):
     """The prompt's stacked gate and up product goes through the thread's scratch buffer; decoding never uses it,
-    so it is freed once the prompt is read (4.75 MiB for a 0.5B model's chunk of 128 positions)."""
+    so it is freed once the prompt is read (4.75 MiB for a 0.5B model's chunk of 128 positions). The Python read's:
+    the native step, which would read this prompt, keeps its own buffers."""
+    from oneblock.inference.native_step import ENV as NATIVE
     from oneblock.kernels.tiles import ENV
     from oneblock.layers import scratch
 
     monkeypatch.setenv(ENV, "int8")
+    monkeypatch.setenv(NATIVE, "0")
     torch.manual_seed(0)
     sizes = {"max_seq_len": 2 * GEMM_ROWS, "d_model": 96, "d_ff": 64}  # block rows: multiples of 32
     config = ob.ModelConfig(**{**SMALL, **FAMILIES["llama-style"], **sizes})

@@ -7,7 +7,9 @@ on an AMD EPYC (Zen 4): 0.00053 and 97.25%. The bounds leave twice that KLD. The
 quantized to 8 bits as in decoding) measured 0.00302 and 96.4% on Zen 4, and on the first window 0.00286 against the
 decode path's 0.00273 over the same tokens. Generation's prompt pass and the server's chunked read both take the
 tiles ``ONEBLOCK_TILES`` names, up to the last block's output projection and feed-forward, which run on the last
-row alone (the one-row kernels decoding runs).
+row alone (the one-row kernels decoding runs). Under int8, a model whose matrices are all interleaved (this one) is
+read by the native step instead, in both: the same integer products, rows that compute what decoding them one at a
+time computes, bit for bit (tests/inference/test_native_long_prompt.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from oneblock.inference.fidelity import fidelity, full_logits, stepwise_logits, windows
+from oneblock.inference.native_step import NativeStep
 from oneblock.kernels.tiles import ENV, prompt_tiles
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,9 +74,13 @@ def test_generation_and_the_chunked_read_take_the_tiles_the_setting_names(dtype,
         last = fast.run(torch.tensor([ids]), last_only=True)  # (1, 1, C): the rows in one pass, the last one's out
         expected = fast.logits(last[:, -1])[0]  # (V,)
     monkeypatch.setenv(ENV, dtype)
+    native = NativeStep.of(fast)
+    if dtype == "int8" and native is not None and native.reads(len(ids)):  # every matrix interleaved: native reads
+        with torch.inference_mode():
+            expected = native.prompt(torch.tensor(ids), 0, fast.new_cache(1, max_len=len(ids)))
     _, logits = generate(fast, torch.tensor(ids), max_new_tokens=1, greedy=True, return_logits=True)
     torch.testing.assert_close(logits[0], expected, rtol=0, atol=1e-4 * float(expected.abs().max()))
-    read = Prefill(fast, ids, fast.new_cache(1, max_len=len(ids)))
+    read = Prefill(fast, ids, fast.new_cache(1, max_len=len(ids)), native=native)  # as the server makes it
     got = read.advance()
     assert got is not None
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4 * float(expected.abs().max()))

@@ -21,7 +21,9 @@ Two implementations compute the same logits:
   (``compile=True``; off on the CPU, where it measured slower). Where the C++ library is built and the model
   qualifies, each token instead goes through the native step (:mod:`oneblock.inference.native_step`: one call per
   token); ``step`` stays the reference it mirrors, and the fallback (``ONEBLOCK_NATIVE_STEP=0``, no compiler, LoRA
-  wrappers, a narrower cache, ``compile``).
+  wrappers, a narrower cache, ``compile``). The native step reads the prompt of one row too, a chunk a call, where
+  it is shorter than ``GEMM_ROWS`` or every chunk takes the integer kernels anyway (``NativeStep.reads``): its rows
+  give what decoding them one at a time gives, the server's chunked read included.
 
 Tests prove the lean step's logits equal the full forward's within 1e-5 in float32, with identical greedy tokens.
 """
@@ -131,8 +133,6 @@ class LeanDecode:
         dtype = model.embed.dtype
         self.compute_dtype = dtype
         total = max(total, 1)
-        # Whole, allocated once; a local layer's a ring of its window and the rows of a native prompt read.
-        self.cache = model.new_cache(b, max_len=total, dtype=cache_dtype, chunk=total, spare=GEMM_ROWS)
         self.arange = torch.arange(total, device=run.seen.device)  # positions of a batch without padding
         self.positions: Tensor | None = None  # (B, total)
         self.mask: Tensor | None = None  # (B, 1, 1, total) True = real key
@@ -161,7 +161,7 @@ class LeanDecode:
         self._compiled_step = None if backend is None else torch.compile(self.step, dynamic=True, backend=backend)
         self.native: NativeStep | None = None
         self.python_reason: str | None = None  # why ``step`` runs rather than the native step, for the user
-        cache_type = self.cache.layers[0].k.dtype
+        cache_type = cache_dtype or dtype  # as ``new_cache`` makes it
         if native is False:
             self.python_reason = "the Python step was asked for (native=False)"
         elif backend is not None:
@@ -171,6 +171,11 @@ class LeanDecode:
         else:
             found = NativeStep.plan(model)
             self.native, self.python_reason = (found, None) if isinstance(found, NativeStep) else (None, found)
+        # Whole, allocated once; a local layer's a ring of its window and the rows of a native prompt read, all
+        # written before any attends (a chunk of spans: fewer than prompt_chunk + GEMM_ROWS rows).
+        long_reads = self.native is not None and self.native.reads(prompt_chunk + GEMM_ROWS)
+        spare = prompt_chunk + GEMM_ROWS if long_reads else GEMM_ROWS
+        self.cache = model.new_cache(b, max_len=total, dtype=cache_dtype, chunk=total, spare=spare)
         if self.native is not None:
             self._native_rows(run, total)
 
@@ -207,7 +212,7 @@ class LeanDecode:
     def _prompt(self) -> Tensor:
         run, model = self.run, self.model
         t = run.seen.shape[1]
-        if self.native is not None and run.seen.shape[0] == 1 and t < GEMM_ROWS and self.positions is None:
+        if self._native_reads(t):
             return self._native_prompt()
         with prompt_tiles():  # bfloat16 tiles where they are faster (oneblock.kernels.tiles)
             for start, end in spans(0, t, self.prompt_chunk, GEMM_ROWS):
@@ -226,11 +231,26 @@ class LeanDecode:
         logits = model.logits(hidden[:, -1])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
+    def _native_reads(self, t: int) -> bool:
+        """Whether the native step reads the prompt of T positions: one row, without padding, each chunk one it
+        reads (``NativeStep.reads``)."""
+        return (
+            self.native is not None and self.run.seen.shape[0] == 1 and self.positions is None
+            and all(self.native.reads(end - start) for start, end in spans(0, t, self.prompt_chunk, GEMM_ROWS))
+        )  # fmt: skip
+
     def _native_prompt(self) -> Tensor:
-        """A prompt of one row, shorter than ``GEMM_ROWS``, in one call of the native step (as the batched decoder
-        and the server read it): logits (1, V) float32."""
-        logits = self.native.prompt(self.run.seen[0], 0, self.cache)  # type: ignore[union-attr]  # caller checked
-        self.end = self.run.seen.shape[1]
+        """A prompt of one row in calls of the native step, ``prompt_chunk`` positions each (as the server reads
+        it, in its own chunks: the rows' results do not depend on the chunks): logits (1, V) float32."""
+        native, seen = self.native, self.run.seen[0]
+        assert native is not None  # the caller checked
+        chunks = spans(0, seen.shape[0], self.prompt_chunk, GEMM_ROWS)
+        for start, end in chunks[:-1]:
+            native.fill(seen[start:end], start, self.cache)
+        start, end = chunks[-1]
+        logits = native.prompt(seen[start:end], start, self.cache)
+        return_free_memory()  # the chunks' buffers, freed into the C heap, back to the system before the decode
+        self.end = end
         return logits[None]
 
     def step(self, fed: Tensor, position: int) -> Tensor:

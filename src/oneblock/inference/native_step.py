@@ -43,6 +43,7 @@ from oneblock import kernels
 from oneblock.adapters.multi import AdapterRows, MultiLoraLinear
 from oneblock.errors import ConfigError
 from oneblock.kernels import decode_step
+from oneblock.kernels.tiles import int8_prompts
 from oneblock.layers.attention import MultiHeadAttention
 from oneblock.layers.block import Block
 from oneblock.layers.feedforward import FeedForward
@@ -141,6 +142,13 @@ class NativeStep:
         self.step_plan = fields.build()
         self.n_layers = len(fields.layers)
         self.adapter_rows = rows if fields.lora else None  # ``None``: no adapters, every row computes the base
+        self.interleaved = fields.interleaved()
+
+    def reads(self, rows: int) -> bool:
+        """Whether a prompt's chunk of ``rows`` positions is read by this step: below ``GEMM_ROWS`` always; more
+        where every layer's matrix is interleaved and a prompt's products take the integer kernels anyway
+        (``int8_prompts``): the rows then give what a Python read gives, faster and with less memory."""
+        return rows < kernels.GEMM_ROWS or (self.interleaved and int8_prompts())
 
     @classmethod
     def of(cls, model: nn.Module) -> NativeStep | None:
@@ -364,7 +372,7 @@ class NativeStep:
         Token i sits at position and cache column ``start + i`` and attends over columns ``0 .. start + i`` (the
         ones before ``start`` already in the cache); every row's key and value are stored before any row attends,
         and only the last row's logits are computed. Each row runs the adapter ``AdapterRows`` selected for the
-        one row.
+        one row. A row's results do not depend on the rows read with it (any chunks read the same).
 
         Args:
             tokens: (T,) int64 ids, T >= 1.
@@ -375,6 +383,13 @@ class NativeStep:
         Raises:
             ConfigError: adapters selected for more than one row.
         """
+        return self._read(tokens, start, cache, tokens.shape[0] - 1)[0]
+
+    def fill(self, tokens: Tensor, start: int, cache: Cache) -> None:
+        """``prompt`` without the logits: a chunk of a prompt that goes on."""
+        self._read(tokens, start, cache, tokens.shape[0])
+
+    def _read(self, tokens: Tensor, start: int, cache: Cache, logits_from: int) -> Tensor:
         t = tokens.shape[0]
         if _computing():
             self._fill(start + t)
@@ -383,9 +398,16 @@ class NativeStep:
         keys = [layer.k for layer in layers] * t  # keys[row * L + layer]: one buffer for all rows
         values = [layer.v for layer in layers] * t
         logits = torch.ops.oneblock.decode_step(
-            self.step_plan, tokens.contiguous(), columns, columns, torch.zeros(t, dtype=torch.long), keys, values,
-            self._rows(t, one_sequence=True), t - 1,
-        )[0]  # fmt: skip
+            self.step_plan,
+            tokens.contiguous(),
+            columns,
+            columns,
+            torch.zeros(t, dtype=torch.long),
+            keys,
+            values,
+            self._rows(t, one_sequence=True),
+            logits_from,
+        )  # (T - logits_from, V); fmt: skip
         for layer in layers:
             layer.length = start + t  # as ``KVCache.write`` leaves it
         return logits

@@ -11,7 +11,10 @@ bit for bit what it computes after keys it read itself only when the tail's chun
 read would run. They also bound what one read costs (a chunk at a time, so a server can interleave a long prompt
 with other rows' decoding steps) and keep a prompt's products of a GGUF model on the path a whole-prompt read takes:
 float tiles from 32 rows, the integer kernels below (a prompt shorter than a chunk is one chunk, which the native
-step reads in one call where the model has one: ``NativeStep.prompt``).
+step reads in one call where the model has one: ``NativeStep.prompt``). Where a prompt's products take the integer
+kernels at every size (``ONEBLOCK_TILES=int8``, the default on AVX-512 VNNI without AMX) and every matrix of the model
+is interleaved, the native step reads every chunk (``NativeStep.reads``): its rows compute what decoding them one at
+a time computes, bit for bit, whatever the chunks, so ``generate``'s larger chunks leave the same cache and logits.
 
 ``Prefill`` reads one prompt of one row (``generate`` reads a prompt in larger chunks, no prefix cache): at its first
 ``advance`` it copies the cached blocks that begin the prompt (then, not when the read is made: a server that reads
@@ -37,7 +40,6 @@ from oneblock.inference.logprobs import TopLogprobs, token_logprobs
 from oneblock.inference.native_step import CACHE_DTYPES, NativeStep
 from oneblock.inference.prefix_cache import PrefixCache, chain
 from oneblock.inference.spans import CHUNK, spans
-from oneblock.kernels import GEMM_ROWS
 from oneblock.kernels.tiles import prompt_tiles
 from oneblock.layers.kv_cache import Cache
 from oneblock.models.decoder import Decoder
@@ -54,8 +56,9 @@ class Prefill:
         namespace: what else the keys and values depend on beside the ids (an adapter's name), hashed into
             the blocks' names.
         reuse: read and keep cached blocks (``False``: compute everything, keep nothing).
-        native: the model's native step, which reads a prompt shorter than ``GEMM_ROWS`` in one call (``None``:
-            every chunk through the model's ``run``).
+        native: the model's native step, which reads the chunks it can (``NativeStep.reads``; ``None``: every
+            chunk through the model's ``run``). A scored chunk is run by both: the scores from ``run``'s hidden
+            states, the keys, values and logits the native step's, as an unscored read leaves them.
         score: N, to score the prompt's tokens as it is read with N alternatives each (``scores``); ``None``
             scores nothing. Settable until the first ``advance``.
 
@@ -104,21 +107,26 @@ class Prefill:
         self.chunks = spans(self.position, len(self.ids))
 
     def _native_fits(self, start: int, end: int) -> bool:
-        """Whether the native step reads the last chunk: one below ``GEMM_ROWS`` rows (the integer kernels), a
-        float32 or float16 cache allocated to hold it (a local layer's ring: its window and the chunk)."""
-        layers = self.cache.layers
-        return (
-            self.native is not None and end - start < GEMM_ROWS and layers[0].k.dtype in CACHE_DTYPES
-            and all(layer.holds(start, end) for layer in layers)
-        )  # fmt: skip
+        """Whether the native step reads the chunk (``NativeStep.reads``), into a float32 or float16 cache."""
+        native, cache_type = self.native, self.cache.layers[0].k.dtype
+        return native is not None and native.reads(end - start) and cache_type in CACHE_DTYPES
 
-    def _native_read(self, start: int, end: int) -> Tensor:
-        """The last chunk in one call of the native step; the logits (V,) float32 of the first new token."""
+    def _native_read(self, start: int, end: int, last: bool) -> Tensor | None:
+        """Positions ``[start, end)`` by the native step, in calls of as many rows as the cache holds together (a
+        local layer's ring: its window and the rows written before they attend; a row's results do not depend on
+        the rows read with it); the logits (V,) float32 of the first new token where ``last``."""
         assert self.native is not None
-        logits = self.native.prompt(torch.tensor(self.ids[start:end], dtype=torch.long), start, self.cache)
-        self.position = end
-        if self.prefix is not None:
-            self.prefix.touch(self.names)
+        layers, logits = self.cache.layers, None
+        while start < end:
+            n = end - start
+            while n > 1 and not all(layer.holds(start, start + n) for layer in layers):
+                n = (n + 1) // 2
+            ids = torch.tensor(self.ids[start : start + n], dtype=torch.long)
+            if last and start + n == end:
+                logits = self.native.prompt(ids, start, self.cache)
+            else:
+                self.native.fill(ids, start, self.cache)
+            start += n
         return logits
 
     @torch.inference_mode()
@@ -130,30 +138,32 @@ class Prefill:
         if not self.chunks:
             raise InputError(f"the prompt's {len(self.ids)} positions are read already; start a new read")
         start, end = self.chunks.pop(0)
-        tokens = torch.tensor([self.ids[start:end]], dtype=torch.long, device=self.device)  # (1, n)
-        native = not self.chunks and self._native_fits(start, end)
-        if native and self.score is None:
-            return self._native_read(start, end)
-        last_only = not self.chunks and self.score is None  # only the last row's logits are read
-        with prompt_tiles():
-            hidden = self.model.run(tokens, cache=self.cache, last_only=last_only)  # (1, n or 1, C)
-        if self.score is not None:
-            self._score(hidden[0], start)
-        if native:  # scored from the hidden states; keys, values and logits as an unscored read leaves them
-            return self._native_read(start, end)
+        last = not self.chunks
+        native = self._native_fits(start, end)
+        hidden = None  # (1, n or 1, C), where the model's ``run`` reads the chunk
+        if not native or self.score is not None:
+            tokens = torch.tensor([self.ids[start:end]], dtype=torch.long, device=self.device)  # (1, n)
+            with prompt_tiles():
+                hidden = self.model.run(tokens, cache=self.cache, last_only=last and self.score is None)
+            if self.score is not None:
+                self._score(hidden[0], start)
+        # a scored chunk too: keys, values and logits as an unscored read leaves them
+        logits = self._native_read(start, end, last) if native else None
         self.position = end
         if self.prefix is not None and end - start == CHUNK:
             index = start // CHUNK
             kv = torch.stack([torch.stack(layer.read(start, end)) for layer in self.cache.layers])[:, :, 0]
-            # (L, 2, Hkv, N, Dh), a copy
-            kept = None if last_only else hidden[0].clone()  # a last-only read has the last row's alone
+            # (L, 2, Hkv, N, Dh), a copy; the hidden states where they were computed for every row (scoring)
+            kept = hidden[0].clone() if hidden is not None and hidden.shape[1] == end - start else None
             self.prefix.store(self.names[index], index, self.ids[start:end], kv, kept)
             self.prefix.touch(self.names[: index + 1])  # a block stays more recent than those extending it
-        if self.chunks:
+        if not last:
             return None
         if self.prefix is not None:
             self.prefix.touch(self.names)
-        logits = self.model.logits(hidden[:, -1])[0]  # (V,)
+        if logits is None:
+            assert hidden is not None
+            logits = self.model.logits(hidden[:, -1])[0]  # (V,)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def _score(self, hidden: Tensor, start: int) -> None:

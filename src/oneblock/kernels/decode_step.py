@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from oneblock.kernels.formats import INTERLEAVED
+
 SIZES = (
     "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab", "norm", "ffn", "activation", "position",
     "position_offset", "final_norm", "out_norm", "qk_norm",
@@ -99,6 +101,14 @@ class StepFields:
         for u in self.lora:
             plan.add_lora(u.layer, u.matrix, u.adapter, float(u.scale), u.a, u.b)
         return plan
+
+    def interleaved(self) -> bool:
+        """Whether every layer's matrix is in an interleaved block layout, which the integer kernels multiply by
+        many rows at once (a float32 or plain block matrix is read again for every few rows)."""
+        types = {f.ggml_type for f in INTERLEAVED.values()}
+        formats = self.layer_formats if self.layer_formats is not None else [{} for _ in self.layers]
+        names = [(i, name) for i, layer in enumerate(self.layers) for name in layer if name in MATRICES]
+        return all(formats[i].get(name, 0) in types for i, name in names)
 
 
 def known_keys(group: str) -> list[str]:

@@ -81,6 +81,16 @@ def prompt_tiles(dtype: torch.dtype | None = None) -> Iterator[torch.dtype]:
         _mode.reset(token)
 
 
+def int8_prompts() -> bool:
+    """Whether a prompt's products take the integer kernels on this machine (:func:`prompt_dtype` is int8): a
+    prompt's rows then compute what decoding them one at a time computes, so the native step reads prompts.
+
+    Raises:
+        ConfigError: a bad ``ONEBLOCK_TILES``.
+    """
+    return prompt_dtype() == torch.int8
+
+
 def bf16_tiles() -> bool:
     """Whether the products made now take bfloat16 tiles (inside :func:`prompt_tiles` with bfloat16)."""
     return _mode.get() == torch.bfloat16

@@ -73,7 +73,7 @@ void lora_a(const Plan& p, const Call& c, const Product& prod, int64_t r, const 
 }
 
 void lora_b(const Plan& p, const Call& c, const Product& prod, const float* t, int64_t j0, int64_t j1, float* out,
-            int64_t stride) {
+            int64_t stride, int64_t first) {
   for (int64_t r = 0; r < c.rows; ++r) {
     const int64_t adapter = c.adapters[r];
     const float* row = t + r * p.lora_width;
@@ -84,7 +84,7 @@ void lora_b(const Plan& p, const Call& c, const Product& prod, const float* t, i
       for (int64_t j = a; j < b; j += 4) {  // (t B^T)_j = B_j . t, four columns at a time; then the scale, the add
         const int cols = static_cast<int>(std::min<int64_t>(4, b - j));
         c.math.dot(u.b + (j - u.offset) * u.rank, u.rank, cols, row + u.t, d);
-        for (int c = 0; c < cols; ++c) out[r * stride + j + c] += d[c] * u.scale;
+        for (int c = 0; c < cols; ++c) out[r * stride + j - first + c] += d[c] * u.scale;
       }
     }
   }

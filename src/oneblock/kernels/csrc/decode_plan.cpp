@@ -263,7 +263,7 @@ Call read_call(const Plan& p, const at::Tensor& tokens, const at::Tensor& positi
   Call c;
   const int64_t rows = c.rows = tokens.numel(), L = p.n_layers;
   TORCH_CHECK(rows > 0, kOp, "a call needs one row or more");
-  TORCH_CHECK(logits_from >= 0 && logits_from < rows, kOp, "logits_from must be in [0, B) = [0, ", rows, "); got ",
+  TORCH_CHECK(logits_from >= 0 && logits_from <= rows, kOp, "logits_from must be in [0, B] = [0, ", rows, "]; got ",
               logits_from);
   c.logits_from = logits_from;
   c.tokens = ids(tokens, rows, "tokens");

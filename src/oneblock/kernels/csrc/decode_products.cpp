@@ -45,7 +45,7 @@ void quantize_range(const Input& in, const Product& prod, int64_t k, int64_t r, 
 }
 
 void multiply(const Call& c, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
-              int64_t stride, int64_t rows) {
+              int64_t stride, int64_t rows, int64_t first) {
   if (rows < 0) rows = c.rows;
   const int64_t k = prod.k;
   int64_t offset = 0;
@@ -58,36 +58,36 @@ void multiply(const Call& c, const Product& prod, const Input& in, int64_t j0, i
     const DotFn dot = m.fmt == 0 ? nullptr : dot_kernel(m.fmt);  // the instruction set in use (set_isa)
     if (is_float_format(m.fmt)) {  // F16 / BF16: the float rows, each weight widened (float_rows.cpp)
       if (a < b) {
-        float_dot(m.data + (a - offset) * m.row_bytes, m.row_bytes, b - a, in.x, k, rows, k, out + a, stride,
-                  m.fmt == kBF16);
+        float_dot(m.data + (a - offset) * m.row_bytes, m.row_bytes, b - a, in.x, k, rows, k, out + a - first,
+                  stride, m.fmt == kBF16);
       }
     } else if (is_interleaved(m.fmt) && a < b) {
       // Groups of 16 rows: chunks are whole blocks of 32 columns and every part has a multiple of 16 rows, so
       // [a, b) starts and ends on a group. One call serves every activation row.
       const uint8_t* w = m.data + (a - offset) * m.row_bytes;
-      dot(w, m.row_bytes, static_cast<int>(b - a), acts, static_cast<int>(rows), nb, out + a, stride);
+      dot(w, m.row_bytes, static_cast<int>(b - a), acts, static_cast<int>(rows), nb, out + a - first, stride);
     }
     for (int64_t j = a; j < b && !is_interleaved(m.fmt) && !is_float_format(m.fmt); j += 4) {
       const int cols = static_cast<int>(std::min<int64_t>(4, b - j));
       const uint8_t* w = m.data + (j - offset) * m.row_bytes;
       if (m.fmt == 0) {
         for (int64_t r = 0; r < rows; ++r) {
-          c.math.dot(reinterpret_cast<const float*>(w), k, cols, in.x + r * k, out + r * stride + j);
+          c.math.dot(reinterpret_cast<const float*>(w), k, cols, in.x + r * k, out + r * stride + j - first);
         }
       } else if (rows == 1) {
-        dot(w, m.row_bytes, cols, acts, 1, nb, out + j, stride);
+        dot(w, m.row_bytes, cols, acts, 1, nb, out + j - first, stride);
       } else {
         for (int c = 0; c < cols; ++c) {
           for (int64_t r = 0; r < rows; r += 4) {
             const int group = static_cast<int>(std::min<int64_t>(4, rows - r));
-            dot(w + c * m.row_bytes, m.row_bytes, 1, acts + r, group, nb, out + r * stride + j + c, stride);
+            dot(w + c * m.row_bytes, m.row_bytes, 1, acts + r, group, nb, out + r * stride + j - first + c, stride);
           }
         }
       }
     }
     if (m.bias != nullptr) {
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t j = a; j < b; ++j) out[r * stride + j] += m.bias[j - offset];
+        for (int64_t j = a; j < b; ++j) out[r * stride + j - first] += m.bias[j - offset];
       }
     }
   }

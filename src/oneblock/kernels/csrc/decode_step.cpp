@@ -104,9 +104,10 @@ class Walk {
   int next_ = 0;
 };
 
-// Buffers reused from call to call (grown, never shrunk): a step allocates only its logits.
+// Buffers reused from step to step (grown, never shrunk): a step allocates only its logits. A prompt's read (rows
+// of one sequence) has its own, freed when it returns.
 struct Workspace {
-  std::vector<float> x, xn, qkv, att, y, ff, h;
+  std::vector<float> x, xn, qkv, att, y, h;
   std::vector<float> lt;  // per row, the low-rank values x A^T of the product being computed (LoRA only)
   InputBlocks bx, batt, bh;  // the 8-bit blocks of xn, att and h
   std::unique_ptr<Counter[]> counters;  // one per pass (atomics do not move: reallocated, never resized)
@@ -147,9 +148,9 @@ void join(const Plan& p, const Call& c, const float* w, const float* b, float* y
 
 void step(const Plan& p, const Call& c, Workspace& ws, float* logits, int64_t threads) {
   const int64_t rows = c.rows, C = p.d_model, F = p.d_ff, hd = p.heads * p.d_head;
-  const int64_t nqkv = p.layers[0].qkv.n, nff = p.ffn == 1 ? 2 * F : F;
+  const int64_t nqkv = p.layers[0].qkv.n;
   fit(ws.x, rows * C), fit(ws.xn, rows * C), fit(ws.y, rows * C), fit(ws.qkv, rows * nqkv);
-  fit(ws.att, rows * hd), fit(ws.ff, rows * nff), fit(ws.h, rows * F);
+  fit(ws.att, rows * hd), fit(ws.h, rows * F);
   fit(ws.lt, rows * p.lora_width);
   bool k_x = p.head.k_block, k_att = false, k_h = false;  // whether some product of the input is a K-quant
   for (const Layer& layer : p.layers) {
@@ -165,7 +166,7 @@ void step(const Plan& p, const Call& c, Workspace& ws, float* logits, int64_t th
   const Input xin = ws.bx.bind(ws.xn.data(), rows, C, k_x);
   const Input ain = ws.batt.bind(ws.att.data(), rows, hd, k_att);
   const Input hin = ws.bh.bind(ws.h.data(), rows, F, k_h);
-  float *x = ws.x.data(), *xn = ws.xn.data(), *y = ws.y.data(), *qkv = ws.qkv.data(), *ff = ws.ff.data();
+  float *x = ws.x.data(), *xn = ws.xn.data(), *y = ws.y.data(), *qkv = ws.qkv.data();
   float *att = ws.att.data(), *h = ws.h.data(), *lt = ws.lt.data();
   const int64_t W = p.lora_width;
   // The up pass quantizes h per chunk of its columns: whole Q8_K blocks where down is a K-quant.
@@ -257,16 +258,21 @@ void step(const Plan& p, const Call& c, Workspace& ws, float* logits, int64_t th
         if (!layer.up.lora.empty()) lora_a(p, c, layer.up, r, xn + r * C, lt + r * W);
       });
       walk.pass(chunks(F, cols_f), [&](int64_t i) {  // h = act(gate) * up, or act(x W_1^T + b)
-        const int64_t j0 = i * cols_f, j1 = std::min(F, j0 + cols_f);
-        multiply(c, layer.up, xin, j0, j1, ff, nff);
-        if (p.ffn == 1) multiply(c, layer.up, xin, F + j0, F + j1, ff, nff);
+        const int64_t j0 = i * cols_f, j1 = std::min(F, j0 + cols_f), n = j1 - j0;
+        // The chunk's columns in this thread's buffer, (rows, n) and for a gated network the up columns beside
+        // them, (rows, 2n): a prompt's rows never hold the whole (rows, 2F).
+        thread_local std::vector<float> ff;
+        const int64_t nff = p.ffn == 1 ? 2 * n : n;
+        fit(ff, rows * nff);
+        multiply(c, layer.up, xin, j0, j1, ff.data(), nff, -1, j0);
+        if (p.ffn == 1) multiply(c, layer.up, xin, F + j0, F + j1, ff.data() + n, nff, -1, F + j0);
         if (!layer.up.lora.empty()) {
-          lora_b(p, c, layer.up, lt, j0, j1, ff, nff);
-          if (p.ffn == 1) lora_b(p, c, layer.up, lt, F + j0, F + j1, ff, nff);
+          lora_b(p, c, layer.up, lt, j0, j1, ff.data(), nff, j0);
+          if (p.ffn == 1) lora_b(p, c, layer.up, lt, F + j0, F + j1, ff.data() + n, nff, F + j0);
         }
         for (int64_t r = 0; r < rows; ++r) {
-          const float* in = ff + r * nff;
-          c.math.activate(p.act, in + j0, p.ffn == 1 ? in + F + j0 : nullptr, h + r * F + j0, j1 - j0);
+          const float* in = ff.data() + r * nff;
+          c.math.activate(p.act, in, p.ffn == 1 ? in + n : nullptr, h + r * F + j0, n);
           quantize_range(hin, layer.down, F, r, j0, j1);
         }
       });
@@ -283,6 +289,7 @@ void step(const Plan& p, const Call& c, Workspace& ws, float* logits, int64_t th
       });
     }
     const int64_t r0 = c.logits_from;  // the rows whose logits are asked for: [r0, rows)
+    if (r0 == rows) return;  // none: a prompt's chunk that others follow
     walk.pass(rows - r0, [&](int64_t i) {
       const int64_t r = r0 + i;
       if (p.out_norm != 0) {
@@ -325,9 +332,14 @@ at::Tensor decode_step(const c10::intrusive_ptr<StepPlan>& plan, const at::Tenso
   const Plan& p = plan->plan();
   const Call c = read_call(p, tokens, positions, columns, starts, keys, values, adapters, logits_from);
   at::Tensor logits = at::empty({c.rows - c.logits_from, p.vocab}, tokens.options().dtype(at::kFloat));
-  thread_local Workspace ws;  // per calling thread: two decoders on two threads never share buffers
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  step(p, c, ws, logits.data_ptr<float>(), threads);
+  if (c.shared_cache) {  // a prompt's rows: buffers as large as its chunk, freed on return, not kept for the decode
+    Workspace ws;
+    step(p, c, ws, logits.data_ptr<float>(), threads);
+  } else {
+    thread_local Workspace ws;  // per calling thread: two decoders on two threads never share buffers
+    step(p, c, ws, logits.data_ptr<float>(), threads);
+  }
   return logits;
 }
 

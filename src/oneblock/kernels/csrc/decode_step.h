@@ -59,7 +59,7 @@
 //                  window plus the columns that later rows sharing it write before this row attends
 //   adapters       (B,) int64: each row's adapter, 0 for the base (read only when the plan holds LoRA updates)
 //   logits_from    the first row whose logits are computed (the op returns (B - logits_from, V)): a prompt read
-//                  in one call as rows of one sequence needs only its last row's.
+//                  in one call as rows of one sequence needs only its last row's, a chunk before its last none (B).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -240,11 +240,11 @@ class StepPlan : public torch::CustomClassHolder {
 // whole blocks of 32, and of 256 where a part is a K-quant.
 void quantize_range(const Input& in, const Product& prod, int64_t k, int64_t r, int64_t j0, int64_t j1);
 
-// out[r * stride + j] = in_r . W_j + b_j for every row r (c.rows where rows < 0) and columns [j0, j1) of the
-// product's side-by-side outputs, each part with the blocks of its own size. Every output is computed by the same
-// instructions whatever the rows and the range.
+// out[r * stride + j - first] = in_r . W_j + b_j for every row r (c.rows where rows < 0) and columns [j0, j1) of
+// the product's side-by-side outputs (`first`: the column out[0] holds, j0 or below), each part with the blocks of
+// its own size. Every output is computed by the same instructions whatever the rows and the range.
 void multiply(const Call& c, const Product& prod, const Input& in, int64_t j0, int64_t j1, float* out,
-              int64_t stride, int64_t rows = -1);
+              int64_t stride, int64_t rows = -1, int64_t first = 0);
 
 // Columns per chunk of a pass over n columns: about eight chunks per thread, in whole units of columns (32, or
 // 256 where a chunk's columns are quantized to Q8_K blocks).
@@ -265,8 +265,9 @@ void attend_group(const Plan& p, const Call& c, int64_t l, int64_t r, int64_t g,
 // The updates of a product, in two halves around its pass (decode_lora.cpp):
 //   lora_a  before the pass, per row: t = x A^T for each update of row r's adapter      (rank,) values each
 //   lora_b  in the pass, after the base product of columns [j0, j1): out += (t B^T) * scale on every row's own
-//           adapter's columns
+//           adapter's columns (out[0] holding column `first`, as multiply's)
 void lora_a(const Plan& p, const Call& c, const Product& prod, int64_t r, const float* x, float* t);
-void lora_b(const Plan& p, const Call& c, const Product& prod, const float* t, int64_t j0, int64_t j1, float* out, int64_t stride);
+void lora_b(const Plan& p, const Call& c, const Product& prod, const float* t, int64_t j0, int64_t j1, float* out, int64_t stride,
+            int64_t first = 0);
 
 }  // namespace oneblock
