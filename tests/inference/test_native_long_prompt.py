@@ -157,3 +157,16 @@ def test_a_chunk_before_the_last_fills_the_cache_without_logits():
         step.prompt(torch.tensor(prompt[:40]), 0, b)
         assert a.layers[0].length == b.layers[0].length == 40 and same_cache(a, b, 40)
         assert torch.equal(step.prompt(torch.tensor(prompt[40:]), 40, a), step.prompt(torch.tensor(prompt[40:]), 40, b))
+
+
+def test_a_growing_cache_too_small_for_a_chunk_is_read_by_the_models_run():
+    model = quantized(LLAMA, "q4_0", seed=5)
+    prompt = ids(150, seed=5)
+    _, want = lean(model, prompt)
+    cache = model.new_cache(1, max_len=len(prompt), chunk=64)  # grows 64 positions at a time, as it is written
+    read = Prefill(model, prompt, cache, native=NativeStep.of(model))
+    got = None
+    while not read.done:
+        got = read.advance()
+    assert got is not None and cache.layers[0].capacity == len(prompt)
+    assert kl_to(want, got) <= 1e-3 and int(got.argmax()) == int(want.argmax())

@@ -107,9 +107,13 @@ class Prefill:
         self.chunks = spans(self.position, len(self.ids))
 
     def _native_fits(self, start: int, end: int) -> bool:
-        """Whether the native step reads the chunk (``NativeStep.reads``), into a float32 or float16 cache."""
-        native, cache_type = self.native, self.cache.layers[0].k.dtype
-        return native is not None and native.reads(end - start) and cache_type in CACHE_DTYPES
+        """Whether the native step reads the chunk (``NativeStep.reads``) into a float32 or float16 cache allocated
+        to hold it (a growing cache grows in the model's ``run``; a local layer's ring holds a row at a time)."""
+        native, layers = self.native, self.cache.layers
+        return (
+            native is not None and native.reads(end - start) and layers[0].k.dtype in CACHE_DTYPES
+            and all(layer.holds(end - 1, end) for layer in layers)
+        )  # fmt: skip
 
     def _native_read(self, start: int, end: int, last: bool) -> Tensor | None:
         """Positions ``[start, end)`` by the native step, in calls of as many rows as the cache holds together (a
