@@ -147,7 +147,8 @@ class NativeStep:
     def reads(self, rows: int) -> bool:
         """Whether a prompt's chunk of ``rows`` positions is read by this step: below ``GEMM_ROWS`` always; more
         where every layer's matrix is interleaved and a prompt's products take the integer kernels anyway
-        (``int8_prompts``): the rows then give what a Python read gives, faster and with less memory."""
+        (``int8_prompts``): the rows then give what decoding them one at a time gives, faster than a Python read
+        and with less memory."""
         return rows < kernels.GEMM_ROWS or (self.interleaved and int8_prompts())
 
     @classmethod
@@ -390,6 +391,7 @@ class NativeStep:
         self._read(tokens, start, cache, tokens.shape[0])
 
     def _read(self, tokens: Tensor, start: int, cache: Cache, logits_from: int) -> Tensor:
+        """The rows' logits from ``logits_from`` on, (T - logits_from, V) float32."""
         t = tokens.shape[0]
         if _computing():
             self._fill(start + t)
@@ -398,16 +400,9 @@ class NativeStep:
         keys = [layer.k for layer in layers] * t  # keys[row * L + layer]: one buffer for all rows
         values = [layer.v for layer in layers] * t
         logits = torch.ops.oneblock.decode_step(
-            self.step_plan,
-            tokens.contiguous(),
-            columns,
-            columns,
-            torch.zeros(t, dtype=torch.long),
-            keys,
-            values,
-            self._rows(t, one_sequence=True),
-            logits_from,
-        )  # (T - logits_from, V); fmt: skip
+            self.step_plan, tokens.contiguous(), columns, columns, torch.zeros(t, dtype=torch.long), keys, values,
+            self._rows(t, one_sequence=True), logits_from,
+        )  # fmt: skip
         for layer in layers:
             layer.length = start + t  # as ``KVCache.write`` leaves it
         return logits
