@@ -23,7 +23,7 @@ from oneblock.inference.native_step import NativeStep
 from oneblock.inference.prefill import Prefill
 from oneblock.inference.prefix_cache import PrefixCache
 from oneblock.inference.request import prepare
-from oneblock.inference.spans import CHUNK
+from oneblock.inference.spans import CHUNK, spans
 from oneblock.kernels import GEMM_ROWS
 from oneblock.kernels.tiles import ENV
 from oneblock.layers.kv_cache import RingKVCache
@@ -85,7 +85,7 @@ def test_any_chunks_compute_what_feeding_the_tokens_one_at_a_time_computes(fmt):
     cache, want = one_at_a_time(model, prompt)
     for chunk in (128, 64, 32, 7):
         decode, got = lean(model, prompt, chunk)
-        assert decode._native_reads(len(prompt))
+        assert decode._native_reads(spans(0, len(prompt), chunk, GEMM_ROWS))
         assert torch.equal(got, want) and same_cache(decode.cache, cache, len(prompt))
 
 

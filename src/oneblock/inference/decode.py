@@ -212,10 +212,11 @@ class LeanDecode:
     def _prompt(self) -> Tensor:
         run, model = self.run, self.model
         t = run.seen.shape[1]
-        if self._native_reads(t):
-            return self._native_prompt()
+        chunks = spans(0, t, self.prompt_chunk, GEMM_ROWS)
+        if self._native_reads(chunks):
+            return self._native_prompt(chunks)
         with prompt_tiles():  # bfloat16 tiles where they are faster (oneblock.kernels.tiles)
-            for start, end in spans(0, t, self.prompt_chunk, GEMM_ROWS):
+            for start, end in chunks:
                 hidden = model.run(
                     run.seen[:, start:end],
                     padding_mask=run.mask[:, :end] if run.mask is not None else None,
@@ -231,20 +232,19 @@ class LeanDecode:
         logits = model.logits(hidden[:, -1])  # (B, V)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
-    def _native_reads(self, t: int) -> bool:
-        """Whether the native step reads the prompt of T positions: one row, without padding, each chunk one it
+    def _native_reads(self, chunks: list[tuple[int, int]]) -> bool:
+        """Whether the native step reads the prompt in these chunks: one row, without padding, each chunk one it
         reads (``NativeStep.reads``)."""
         return (
             self.native is not None and self.run.seen.shape[0] == 1 and self.positions is None
-            and all(self.native.reads(end - start) for start, end in spans(0, t, self.prompt_chunk, GEMM_ROWS))
+            and all(self.native.reads(end - start) for start, end in chunks)
         )  # fmt: skip
 
-    def _native_prompt(self) -> Tensor:
-        """A prompt of one row in calls of the native step, ``prompt_chunk`` positions each (as the server reads
-        it, in its own chunks: the rows' results do not depend on the chunks): logits (1, V) float32."""
+    def _native_prompt(self, chunks: list[tuple[int, int]]) -> Tensor:
+        """A prompt of one row in calls of the native step, a chunk each (as the server reads it, in its own
+        chunks: the rows' results do not depend on the chunks): logits (1, V) float32."""
         native, seen = self.native, self.run.seen[0]
         assert native is not None  # the caller checked
-        chunks = spans(0, seen.shape[0], self.prompt_chunk, GEMM_ROWS)
         for start, end in chunks[:-1]:
             native.fill(seen[start:end], start, self.cache)
         start, end = chunks[-1]
